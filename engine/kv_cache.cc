@@ -1,0 +1,67 @@
+#include "engine/kv_cache.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace specula {
+
+KvCache::KvCache(const ModelConfig& model, const KvCacheConfig& config)
+    : block_size_(config.block_size),
+      num_blocks_(config.num_blocks > 0
+                      ? config.num_blocks
+                      : (model.max_seq_len + config.block_size - 1) / config.block_size),
+      num_kv_heads_(model.num_kv_heads),
+      head_dim_(model.head_dim) {
+  layer_stride_ = static_cast<int64_t>(num_blocks_) * block_size_ * num_kv_heads_ * head_dim_;
+  pool_.assign(static_cast<size_t>(layer_stride_) * 2 * model.num_layers, 0.0f);
+}
+
+PagedKvLayer KvCache::Layer(int32_t layer) {
+  PagedKvLayer l;
+  l.k = pool_.data() + 2 * layer * layer_stride_;
+  l.v = l.k + layer_stride_;
+  l.num_blocks = num_blocks_;
+  l.block_size = block_size_;
+  l.num_kv_heads = num_kv_heads_;
+  l.head_dim = head_dim_;
+  return l;
+}
+
+BlockAllocator::BlockAllocator(int32_t num_blocks) {
+  free_.reserve(num_blocks);
+  for (int32_t i = num_blocks - 1; i >= 0; --i) free_.push_back(i);
+}
+
+absl::StatusOr<BlockId> BlockAllocator::Allocate() {
+  if (free_.empty()) return absl::ResourceExhaustedError("KV cache is out of blocks");
+  BlockId id = free_.back();
+  free_.pop_back();
+  return id;
+}
+
+void BlockAllocator::Free(BlockId id) { free_.push_back(id); }
+
+SequenceBlocks::~SequenceBlocks() { Truncate(0); }
+
+absl::Status SequenceBlocks::Reserve(int32_t num_tokens) {
+  const size_t needed = (static_cast<size_t>(num_tokens) + block_size_ - 1) / block_size_;
+  while (table_.size() < needed) {
+    auto id = allocator_->Allocate();
+    if (!id.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "KV cache is out of blocks: ", num_tokens, " tokens need ", needed,
+          " blocks of ", block_size_, "; raise --num-blocks"));
+    }
+    table_.push_back(*id);
+  }
+  return absl::OkStatus();
+}
+
+void SequenceBlocks::Truncate(int32_t num_tokens) {
+  const size_t keep = (static_cast<size_t>(num_tokens) + block_size_ - 1) / block_size_;
+  while (table_.size() > keep) {
+    allocator_->Free(table_.back());
+    table_.pop_back();
+  }
+}
+
+}  // namespace specula

@@ -1,0 +1,74 @@
+// KV storage addressed by block id: one pool of fixed-size blocks for every layer. Sequences own
+// block tables (lists of ids); attention reads K/V through them. The block manager with reference
+// counts and prefix caching lives in scheduler/; BlockAllocator here is the simple free list the
+// single-sequence paths use.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/core/batch.h"
+#include "engine/model_config.h"
+#include "kernels/backend.h"
+
+namespace specula {
+
+struct KvCacheConfig {
+  int32_t block_size = 16;  // token slots per block
+  int32_t num_blocks = 0;   // pool size; 0 = enough for one sequence of max_seq_len
+};
+
+class KvCache {
+ public:
+  KvCache(const ModelConfig& model, const KvCacheConfig& config);
+
+  PagedKvLayer Layer(int32_t layer);
+  int32_t block_size() const { return block_size_; }
+  int32_t num_blocks() const { return num_blocks_; }
+
+ private:
+  int32_t block_size_;
+  int32_t num_blocks_;
+  int32_t num_kv_heads_;
+  int32_t head_dim_;
+  int64_t layer_stride_;     // floats per layer for K (and again for V)
+  std::vector<float> pool_;  // [num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]
+};
+
+// A free list of block ids.
+class BlockAllocator {
+ public:
+  explicit BlockAllocator(int32_t num_blocks);
+  // ResourceExhausted when the pool is empty.
+  absl::StatusOr<BlockId> Allocate();
+  void Free(BlockId id);
+  int32_t num_free() const { return static_cast<int32_t>(free_.size()); }
+
+ private:
+  std::vector<BlockId> free_;
+};
+
+// The block table of one sequence, grown on demand. Positions can be cut back (a watermark); the
+// blocks then stay owned and their slots are overwritten by the next tokens.
+class SequenceBlocks {
+ public:
+  SequenceBlocks(BlockAllocator* allocator, int32_t block_size)
+      : allocator_(allocator), block_size_(block_size) {}
+  ~SequenceBlocks();
+  SequenceBlocks(const SequenceBlocks&) = delete;
+  SequenceBlocks& operator=(const SequenceBlocks&) = delete;
+
+  // Makes sure slots [0, num_tokens) have blocks.
+  absl::Status Reserve(int32_t num_tokens);
+  // Returns the blocks past `num_tokens` to the allocator.
+  void Truncate(int32_t num_tokens);
+  const std::vector<BlockId>& table() const { return table_; }
+
+ private:
+  BlockAllocator* allocator_;
+  int32_t block_size_;
+  std::vector<BlockId> table_;
+};
+
+}  // namespace specula

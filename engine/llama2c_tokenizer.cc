@@ -1,0 +1,161 @@
+// The llama2.c tokenizer: sentencepiece-style BPE driven by piece scores, with a dummy-prefix
+// space and byte fallback (<0x00>..<0xFF> at ids 3..258).
+#include <sys/stat.h>
+
+#include <cstring>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "engine/core/mapped_file.h"
+#include "engine/core/status_macros.h"
+#include "engine/tokenizer.h"
+
+namespace specula {
+
+std::string Tokenizer::Decode(absl::Span<const TokenId> ids) const {
+  std::string out;
+  TokenId prev = -1;
+  for (TokenId id : ids) {
+    out += DecodeToken(prev, id);
+    prev = id;
+  }
+  return out;
+}
+
+namespace {
+
+constexpr TokenId kBos = 1;
+constexpr TokenId kEos = 2;
+constexpr TokenId kFirstByteToken = 3;
+
+class Llama2cTokenizer final : public Tokenizer {
+ public:
+  Llama2cTokenizer(std::vector<std::string> pieces, std::vector<float> scores)
+      : pieces_(std::move(pieces)), scores_(std::move(scores)) {
+    bos_id_ = kBos;
+    eos_ids_ = {kEos};
+    for (size_t i = 0; i < pieces_.size(); ++i) ids_.emplace(pieces_[i], static_cast<TokenId>(i));
+    byte_tokens_ = pieces_.size() >= 259 && pieces_[kFirstByteToken] == "<0x00>";
+  }
+
+  int32_t vocab_size() const override { return static_cast<int32_t>(pieces_.size()); }
+
+  std::vector<TokenId> Encode(std::string_view text, bool add_bos) const override {
+    std::vector<TokenId> out;
+    if (add_bos) out.push_back(kBos);
+    std::vector<TokenId> syms;
+    if (!text.empty()) {
+      auto space = ids_.find(" ");
+      if (space != ids_.end()) syms.push_back(space->second);  // sentencepiece's dummy prefix
+    }
+    // One symbol per UTF-8 code point (a lead byte and up to 3 continuation bytes); unknown ones
+    // fall back to one token per byte.
+    for (size_t i = 0; i < text.size();) {
+      size_t j = i + 1;
+      while (j < text.size() && j - i < 4 && (static_cast<uint8_t>(text[j]) & 0xC0) == 0x80) ++j;
+      auto it = ids_.find(std::string(text.substr(i, j - i)));
+      if (it != ids_.end()) {
+        syms.push_back(it->second);
+      } else {
+        for (size_t b = i; b < j; ++b) syms.push_back(ByteToken(static_cast<uint8_t>(text[b])));
+      }
+      i = j;
+    }
+    // Merge the adjacent pair with the best score until none is in the vocabulary.
+    std::string merged;
+    while (true) {
+      float best_score = -1e30f;
+      TokenId best_id = -1;
+      size_t best_pos = 0;
+      for (size_t i = 0; i + 1 < syms.size(); ++i) {
+        merged = pieces_[syms[i]];
+        merged += pieces_[syms[i + 1]];
+        auto it = ids_.find(merged);
+        if (it != ids_.end() && scores_[it->second] > best_score) {
+          best_score = scores_[it->second];
+          best_id = it->second;
+          best_pos = i;
+        }
+      }
+      if (best_id < 0) break;
+      syms[best_pos] = best_id;
+      syms.erase(syms.begin() + static_cast<ptrdiff_t>(best_pos) + 1);
+    }
+    out.insert(out.end(), syms.begin(), syms.end());
+    return out;
+  }
+
+  std::string DecodeToken(TokenId prev, TokenId id) const override {
+    if (id < 0 || id >= vocab_size() || id == kBos || id == kEos || id == 0) return "";
+    if (byte_tokens_ && id >= kFirstByteToken && id < kFirstByteToken + 256) {
+      return std::string(1, static_cast<char>(id - kFirstByteToken));
+    }
+    const std::string& piece = pieces_[id];
+    // The dummy-prefix space is dropped at the start of the text.
+    if ((prev == kBos || prev == -1) && !piece.empty() && piece[0] == ' ') return piece.substr(1);
+    return piece;
+  }
+
+ private:
+  TokenId ByteToken(uint8_t b) const {
+    return byte_tokens_ ? kFirstByteToken + b : 0;  // 0 is <unk>
+  }
+
+  std::vector<std::string> pieces_;
+  std::vector<float> scores_;
+  std::unordered_map<std::string, TokenId> ids_;
+  bool byte_tokens_ = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadLlama2cTokenizer(const std::string& path,
+                                                                int32_t vocab_size) {
+  ASSIGN_OR_RETURN(MappedFile f, MappedFile::Open(path));
+  auto bad = [&](const std::string& why) {
+    return absl::DataLossError(absl::StrCat(path, ": bad llama2.c tokenizer: ", why));
+  };
+  if (vocab_size <= 0) return bad("the model's vocab_size must be positive");
+  size_t off = 0;
+  auto read = [&](void* dst, size_t n) {
+    if (off + n > f.size()) return false;
+    std::memcpy(dst, f.data() + off, n);
+    off += n;
+    return true;
+  };
+  int32_t max_len = 0;
+  if (!read(&max_len, 4)) return bad("file is shorter than its 4-byte header");
+  if (max_len <= 0 || max_len > 4096) return bad(absl::StrCat("max_token_length ", max_len));
+  std::vector<std::string> pieces(vocab_size);
+  std::vector<float> scores(vocab_size);
+  for (int32_t i = 0; i < vocab_size; ++i) {
+    int32_t len = 0;
+    if (!read(&scores[i], 4) || !read(&len, 4)) {
+      return bad(absl::StrCat("truncated at token ", i, " of ", vocab_size,
+                              " (does the tokenizer match the model?)"));
+    }
+    if (len < 0 || len > max_len) {
+      return bad(absl::StrCat("token ", i, " has length ", len, " (max_token_length ", max_len, ")"));
+    }
+    pieces[i].resize(len);
+    if (!read(pieces[i].data(), len)) return bad(absl::StrCat("truncated in token ", i));
+  }
+  if (off != f.size()) {
+    return bad(absl::StrCat(f.size() - off, " bytes left after ", vocab_size,
+                            " tokens: the tokenizer does not match the model's vocab_size"));
+  }
+  return std::unique_ptr<Tokenizer>(new Llama2cTokenizer(std::move(pieces), std::move(scores)));
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path,
+                                                         int32_t vocab_size) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat(path, ": no such tokenizer file or directory"));
+  }
+  if (S_ISDIR(st.st_mode)) return LoadHfTokenizer(path + "/tokenizer.json");
+  if (path.size() >= 5 && path.substr(path.size() - 5) == ".json") return LoadHfTokenizer(path);
+  return LoadLlama2cTokenizer(path, vocab_size);
+}
+
+}  // namespace specula

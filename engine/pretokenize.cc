@@ -1,0 +1,199 @@
+#include "engine/pretokenize.h"
+
+#include <unicode/uchar.h>
+
+#include <cstdint>
+
+namespace specula {
+namespace {
+
+struct Cp {
+  int32_t cp;      // -1 for an invalid byte
+  size_t offset;   // byte offset in the text
+};
+
+std::vector<Cp> Decode(std::string_view s) {
+  std::vector<Cp> out;
+  for (size_t i = 0; i < s.size();) {
+    const size_t len = Utf8Len(s, i);
+    int32_t cp = -1;
+    const uint8_t b0 = static_cast<uint8_t>(s[i]);
+    if (len == 1 && b0 < 0x80) {
+      cp = b0;
+    } else if (len > 1) {
+      cp = b0 & (0xFF >> (len + 1));
+      for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<uint8_t>(s[i + k]) & 0x3F);
+    }
+    out.push_back({cp, i});
+    i += len;
+  }
+  return out;
+}
+
+bool IsL(int32_t c) { return c >= 0 && (U_GET_GC_MASK(c) & U_GC_L_MASK) != 0; }
+bool IsN(int32_t c) { return c >= 0 && (U_GET_GC_MASK(c) & U_GC_N_MASK) != 0; }
+bool IsS(int32_t c) { return c >= 0 && u_isUWhiteSpace(c); }
+bool IsOther(int32_t c) { return !IsL(c) && !IsN(c) && !IsS(c); }
+bool IsNewline(int32_t c) { return c == '\r' || c == '\n'; }
+int32_t Lower(int32_t c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
+
+// Length in code points of a contraction ('s 't 're 've 'm 'll 'd) at i, or 0.
+size_t Contraction(const std::vector<Cp>& c, size_t i, bool ignore_case) {
+  if (c[i].cp != '\'' || i + 1 >= c.size()) return 0;
+  auto ch = [&](size_t k) { return ignore_case ? Lower(c[k].cp) : c[k].cp; };
+  const int32_t a = ch(i + 1);
+  if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+  if (i + 2 < c.size()) {
+    const int32_t b = ch(i + 2);
+    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+  }
+  return 0;
+}
+
+// `\s+(?!\S)|\s+` at i (c[i] is whitespace): the run, minus its last space if a non-space follows.
+size_t TrailingSpace(const std::vector<Cp>& c, size_t i) {
+  size_t j = i;
+  while (j < c.size() && IsS(c[j].cp)) ++j;
+  if (j < c.size() && j - i > 1) return j - 1 - i;
+  return j - i;
+}
+
+size_t MatchGpt2(const std::vector<Cp>& c, size_t i) {
+  if (size_t n = Contraction(c, i, false)) return n;
+  const size_t j0 = (c[i].cp == ' ' && i + 1 < c.size()) ? i + 1 : i;
+  for (auto pred : {IsL, IsN, IsOther}) {
+    if (pred(c[j0].cp)) {
+      size_t j = j0;
+      while (j < c.size() && pred(c[j].cp)) ++j;
+      return j - i;
+    }
+  }
+  return TrailingSpace(c, i);
+}
+
+size_t MatchLlama3(const std::vector<Cp>& c, size_t i, size_t max_digits) {
+  if (size_t n = Contraction(c, i, true)) return n;
+  // [^\r\n\p{L}\p{N}]?\p{L}+
+  {
+    size_t j = i;
+    if (!IsNewline(c[j].cp) && !IsL(c[j].cp) && !IsN(c[j].cp) && j + 1 < c.size() &&
+        IsL(c[j + 1].cp)) {
+      ++j;
+    }
+    if (IsL(c[j].cp)) {
+      while (j < c.size() && IsL(c[j].cp)) ++j;
+      return j - i;
+    }
+  }
+  // \p{N}{1,max_digits}
+  if (IsN(c[i].cp)) {
+    size_t j = i;
+    while (j < c.size() && j - i < max_digits && IsN(c[j].cp)) ++j;
+    return j - i;
+  }
+  //  ?[^\s\p{L}\p{N}]+[\r\n]*
+  {
+    const size_t j0 = (c[i].cp == ' ' && i + 1 < c.size()) ? i + 1 : i;
+    if (IsOther(c[j0].cp)) {
+      size_t j = j0;
+      while (j < c.size() && IsOther(c[j].cp)) ++j;
+      while (j < c.size() && IsNewline(c[j].cp)) ++j;
+      return j - i;
+    }
+  }
+  // \s*[\r\n]+ : up to the last newline of the whitespace run.
+  size_t end = i;
+  while (end < c.size() && IsS(c[end].cp)) ++end;
+  for (size_t r = end; r > i; --r) {
+    if (IsNewline(c[r - 1].cp)) return r - i;
+  }
+  return TrailingSpace(c, i);
+}
+
+}  // namespace
+
+std::string Utf8(int32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    s += static_cast<char>(0xE0 | (cp >> 12));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+// GPT-2's reversible byte -> printable code point map.
+std::vector<std::string> ByteToUnicode() {
+  std::vector<std::string> m(256);
+  int32_t n = 0;
+  for (int32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    m[b] = Utf8(printable ? b : 256 + n++);
+  }
+  return m;
+}
+
+size_t Utf8Len(std::string_view s, size_t i) {
+  const uint8_t b = static_cast<uint8_t>(s[i]);
+  size_t len = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 0;
+  if (len == 0 || i + len > s.size()) return 1;
+  for (size_t k = 1; k < len; ++k) {
+    if ((static_cast<uint8_t>(s[i + k]) & 0xC0) != 0x80) return 1;
+  }
+  return len;
+}
+
+bool ParseSplitPattern(const std::string& regex, SplitPattern* out) {
+  static const std::string kGpt2 =
+      R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+  static const std::string kLlama3Head = R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|)";
+  static const std::string kLlama3Tail = R"(| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  if (regex == kGpt2) {
+    *out = SplitPattern::kGpt2;
+  } else if (regex == kLlama3Head + R"(\p{N}{1,3})" + kLlama3Tail) {
+    *out = SplitPattern::kLlama3;
+  } else if (regex == kLlama3Head + R"(\p{N})" + kLlama3Tail) {
+    *out = SplitPattern::kQwen2;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+std::vector<std::string> SplitWithPattern(std::string_view text, SplitPattern pattern) {
+  const std::vector<Cp> c = Decode(text);
+  std::vector<std::string> out;
+  for (size_t i = 0; i < c.size();) {
+    size_t n = pattern == SplitPattern::kGpt2     ? MatchGpt2(c, i)
+               : pattern == SplitPattern::kLlama3 ? MatchLlama3(c, i, 3)
+                                                  : MatchLlama3(c, i, 1);
+    if (n == 0) n = 1;
+    const size_t end = i + n < c.size() ? c[i + n].offset : text.size();
+    out.emplace_back(text.substr(c[i].offset, end - c[i].offset));
+    i += n;
+  }
+  return out;
+}
+
+std::vector<std::string> SplitDigits(std::string_view text) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char ch : text) {
+    if (ch >= '0' && ch <= '9') {
+      if (!cur.empty()) out.push_back(std::move(cur));
+      cur.clear();
+      out.emplace_back(1, ch);
+    } else {
+      cur += ch;
+    }
+  }
+  if (!cur.empty()) out.push_back(std::move(cur));
+  return out;
+}
+
+}  // namespace specula

@@ -1,0 +1,36 @@
+// Pre-tokenizer splits of HF tokenizers, hand-written for the regex patterns the Llama family uses
+// (a general regex engine with \p{L} and look-ahead is not needed for these).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace specula {
+
+enum class SplitPattern {
+  kGpt2,    // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+  kLlama3,  // (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|...
+  kQwen2,   // as kLlama3 with \p{N} (single digits)
+};
+
+// Maps a tokenizer.json Split regex to a known pattern; false if unknown.
+bool ParseSplitPattern(const std::string& regex, SplitPattern* out);
+
+// Splits `text` into consecutive pieces that cover it exactly. Invalid UTF-8 bytes count as
+// punctuation, so nothing is lost.
+std::vector<std::string> SplitWithPattern(std::string_view text, SplitPattern pattern);
+
+// Isolates each decimal digit (the Digits pre-tokenizer with individual_digits).
+std::vector<std::string> SplitDigits(std::string_view text);
+
+// UTF-8 encoding of a code point below 0x10000.
+std::string Utf8(int32_t cp);
+
+// GPT-2's reversible map from bytes to printable code points: [256] UTF-8 strings.
+std::vector<std::string> ByteToUnicode();
+
+// Length of the UTF-8 sequence at text[i] (1 for an invalid byte).
+size_t Utf8Len(std::string_view text, size_t i);
+
+}  // namespace specula

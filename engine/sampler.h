@@ -1,0 +1,44 @@
+// Token sampling from one row of logits: greedy, temperature, top-k, top-p, min-p and a repetition
+// penalty. A seed makes runs reproducible.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "engine/core/batch.h"
+
+namespace specula {
+
+struct SamplingParams {
+  float temperature = 0.0f;         // 0 = greedy
+  int32_t top_k = 0;                // 0 = off
+  float top_p = 1.0f;               // 1 = off
+  float min_p = 0.0f;               // 0 = off
+  float repetition_penalty = 1.0f;  // 1 = off; HF semantics (divide positive, multiply negative)
+  uint64_t seed = 0;
+};
+
+absl::Status ValidateSamplingParams(const SamplingParams& p);
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
+
+  // logits: [vocab]. history: the tokens seen so far (for the repetition penalty).
+  TokenId Sample(absl::Span<const float> logits, absl::Span<const TokenId> history);
+
+  // The distribution Sample() draws from, after all processing: [vocab], sums to 1.
+  // Greedy gives a one-hot vector.
+  void Probabilities(absl::Span<const float> logits, absl::Span<const TokenId> history,
+                     std::vector<float>* probs) const;
+
+ private:
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::vector<float> probs_;  // [vocab]
+};
+
+}  // namespace specula

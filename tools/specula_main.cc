@@ -1,0 +1,269 @@
+// specula: the command-line front end. Subcommands, like git:
+//   specula generate    --model PATH --prompt TEXT ...
+//   specula make-model  --shape NAME|--config config.json --out DIR ...
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <set>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "engine/core/mapped_file.h"
+#include "engine/generate.h"
+#include "engine/make_model.h"
+#include "engine/tokenizer.h"
+#include "kernels/cpu/cpu_backend.h"
+
+namespace specula {
+namespace {
+
+constexpr char kUsage[] = R"(specula: a speculative-decoding research and serving engine
+
+usage: specula <command> [flags]
+
+commands:
+  generate     generate text from a model
+  make-model   write a random-weight HF model of a named real shape
+  help         show this message
+
+Run 'specula <command> --help' for a command's flags.
+)";
+
+constexpr char kGenerateUsage[] = R"(usage: specula generate --model PATH --prompt TEXT [flags]
+
+Writes only the new text to stdout, as it is produced. Statistics go to stderr.
+
+  --model PATH          llama2.c .bin file, or HF directory (config.json + *.safetensors)
+  --tokenizer PATH      tokenizer.bin, tokenizer.json or a directory holding it
+                        (default: tokenizer.json in the model directory, or tokenizer.bin /
+                        tok<vocab>.bin beside a .bin model)
+  --prompt TEXT         the prompt
+  --max-tokens N        tokens to generate (default 256)
+  --temperature T       0 = greedy (default 0)
+  --top-k K             keep the K most likely tokens (default 0 = off)
+  --top-p P             nucleus sampling mass (default 1 = off)
+  --min-p P             drop tokens below P x the top probability (default 0 = off)
+  --repetition-penalty R  HF-style penalty on seen tokens (default 1 = off)
+  --seed S              random seed (default 0)
+  --block-size B        KV cache block size in tokens (default 16)
+  --ignore-eos          keep generating past end-of-sequence tokens
+  --no-bos              do not prepend BOS to the prompt
+)";
+
+constexpr char kMakeModelUsage[] = R"(usage: specula make-model (--shape NAME | --config config.json) --out DIR [flags]
+
+Writes an HF directory (config.json, model.safetensors, tokenizer.json) with random weights of a
+real model's shape, for speed work without downloads.
+
+  --shape NAME     one of: %s
+  --config PATH    an HF config.json to take the shape from instead
+  --out DIR        output directory (created if missing)
+  --vocab N        override the vocabulary size
+  --dtype D        f32, f16 or bf16 (default f32)
+  --seed S         random seed (default 0)
+)";
+
+struct Flags {
+  std::map<std::string, std::string> values;
+  std::set<std::string> switches;
+};
+
+// Parses --name value / --name=value pairs. Flags in `switches` take no value.
+absl::StatusOr<Flags> ParseFlags(int argc, char** argv, const std::set<std::string>& known,
+                                 const std::set<std::string>& switches) {
+  Flags f;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--", 0) != 0) return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "'"));
+    std::string name = a.substr(2), value;
+    const size_t eq = name.find('=');
+    const bool has_eq = eq != std::string::npos;
+    if (has_eq) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    if (switches.count(name)) {
+      f.switches.insert(name);
+      continue;
+    }
+    if (!known.count(name)) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+    if (!has_eq) {
+      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
+      value = argv[++i];
+    }
+    f.values[name] = value;
+  }
+  return f;
+}
+
+template <typename T>
+absl::Status GetNumber(const Flags& f, const std::string& name, T* out) {
+  auto it = f.values.find(name);
+  if (it == f.values.end()) return absl::OkStatus();
+  bool ok;
+  if constexpr (std::is_floating_point_v<T>) {
+    ok = absl::SimpleAtof(it->second, out);
+  } else {
+    ok = absl::SimpleAtoi(it->second, out);
+  }
+  if (!ok) return absl::InvalidArgumentError(absl::StrCat("--", name, ": '", it->second, "' is not a number"));
+  return absl::OkStatus();
+}
+
+bool Exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
+
+std::string DefaultTokenizer(const std::string& model, int32_t vocab) {
+  if (Exists(model + "/tokenizer.json")) return model + "/tokenizer.json";
+  const size_t slash = model.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : model.substr(0, slash);
+  for (const std::string& name : {std::string("tokenizer.bin"), absl::StrCat("tok", vocab, ".bin")}) {
+    if (Exists(dir + "/" + name)) return dir + "/" + name;
+  }
+  return "";
+}
+
+absl::Status RunGenerate(int argc, char** argv) {
+  auto flags = ParseFlags(argc, argv,
+                          {"model", "tokenizer", "prompt", "max-tokens", "temperature", "top-k",
+                           "top-p", "min-p", "repetition-penalty", "seed", "block-size"},
+                          {"help", "ignore-eos", "no-bos"});
+  if (!flags.ok()) return flags.status();
+  if (flags->switches.count("help")) {
+    std::cout << kGenerateUsage;
+    return absl::OkStatus();
+  }
+  if (!flags->values.count("model")) return absl::InvalidArgumentError("--model is required");
+  if (!flags->values.count("prompt")) return absl::InvalidArgumentError("--prompt is required");
+  GenerateOptions opt;
+  opt.max_tokens = 256;
+  int64_t seed = 0;
+  for (auto st : {GetNumber(*flags, "max-tokens", &opt.max_tokens),
+                  GetNumber(*flags, "temperature", &opt.sampling.temperature),
+                  GetNumber(*flags, "top-k", &opt.sampling.top_k),
+                  GetNumber(*flags, "top-p", &opt.sampling.top_p),
+                  GetNumber(*flags, "min-p", &opt.sampling.min_p),
+                  GetNumber(*flags, "repetition-penalty", &opt.sampling.repetition_penalty),
+                  GetNumber(*flags, "seed", &seed), GetNumber(*flags, "block-size", &opt.block_size)}) {
+    if (!st.ok()) return st;
+  }
+  opt.sampling.seed = static_cast<uint64_t>(seed);
+  if (opt.block_size <= 0) return absl::InvalidArgumentError("--block-size must be positive");
+  if (auto st = ValidateSamplingParams(opt.sampling); !st.ok()) return st;
+
+  const std::string model_path = flags->values["model"];
+  auto weights = LoadModel(model_path);
+  if (!weights.ok()) return weights.status();
+  const int32_t vocab = (*weights)->config.vocab_size;
+  std::string tok_path = flags->values.count("tokenizer") ? flags->values["tokenizer"]
+                                                           : DefaultTokenizer(model_path, vocab);
+  if (tok_path.empty()) {
+    return absl::NotFoundError(absl::StrCat("no tokenizer found beside ", model_path, "; pass --tokenizer PATH"));
+  }
+  auto tokenizer = LoadTokenizer(tok_path, vocab);
+  if (!tokenizer.ok()) return tokenizer.status();
+  const Tokenizer& tok = **tokenizer;
+  if (tok.vocab_size() > vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(tok_path, ": tokenizer has ", tok.vocab_size(),
+                                                   " tokens but the model's vocab_size is ", vocab));
+  }
+  LlamaModel model(std::move(weights).value(), MakeCpuBackend());
+  const bool add_bos = !flags->switches.count("no-bos") && tok.add_bos_default();
+  const std::vector<TokenId> prompt = tok.Encode(flags->values["prompt"], add_bos);
+  if (!flags->switches.count("ignore-eos")) {
+    opt.stop_ids = tok.eos_ids();
+    for (TokenId e : model.config().eos_token_ids) opt.stop_ids.push_back(e);
+    // llama2.c models mark the end of a story with BOS.
+    if (model.config().rope_interleaved && tok.bos_id() >= 0) opt.stop_ids.push_back(tok.bos_id());
+  }
+  TokenId prev = prompt.empty() ? -1 : prompt.back();
+  auto result = Generate(model, prompt, opt, [&](TokenId t) {
+    const std::string piece = tok.DecodeToken(prev, t);
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+    prev = t;
+  });
+  if (!result.ok()) return result.status();
+  std::fputc('\n', stdout);
+  const int32_t n = static_cast<int32_t>(result->tokens.size());
+  std::fprintf(stderr,
+               "[specula] prompt tokens: %d, generated tokens: %d\n"
+               "[specula] prefill: %.1f tokens/s (%.1f ms), decode: %.1f tokens/s (%.1f ms)\n",
+               result->prompt_tokens, n, result->prompt_tokens / std::max(result->prefill_seconds, 1e-9),
+               result->prefill_seconds * 1e3, std::max(n - 1, 0) / std::max(result->decode_seconds, 1e-9),
+               result->decode_seconds * 1e3);
+  return absl::OkStatus();
+}
+
+absl::Status RunMakeModel(int argc, char** argv) {
+  auto flags = ParseFlags(argc, argv, {"shape", "config", "out", "vocab", "dtype", "seed"}, {"help"});
+  if (!flags.ok()) return flags.status();
+  if (flags->switches.count("help")) {
+    std::cout << absl::StrFormat(kMakeModelUsage, absl::StrJoin(NamedShapes(), ", "));
+    return absl::OkStatus();
+  }
+  if (flags->values.count("shape") == flags->values.count("config")) {
+    return absl::InvalidArgumentError("give exactly one of --shape NAME or --config config.json");
+  }
+  if (!flags->values.count("out")) return absl::InvalidArgumentError("--out is required");
+  absl::StatusOr<ModelConfig> config;
+  if (flags->values.count("shape")) {
+    config = NamedShape(flags->values["shape"]);
+  } else {
+    auto text = ReadTextFile(flags->values["config"]);
+    if (!text.ok()) return text.status();
+    config = ParseHfConfig(*text, flags->values["config"]);
+  }
+  if (!config.ok()) return config.status();
+  int64_t seed = 0;
+  for (auto st : {GetNumber(*flags, "vocab", &config->vocab_size), GetNumber(*flags, "seed", &seed)}) {
+    if (!st.ok()) return st;
+  }
+  DType dtype = DType::kF32;
+  if (flags->values.count("dtype")) {
+    const std::string d = flags->values["dtype"];
+    if (d == "f32") dtype = DType::kF32;
+    else if (d == "f16") dtype = DType::kF16;
+    else if (d == "bf16") dtype = DType::kBF16;
+    else return absl::InvalidArgumentError(absl::StrCat("--dtype: '", d, "' is not f32, f16 or bf16"));
+  }
+  const std::string out = flags->values["out"];
+  std::fprintf(stderr, "[specula] writing %.1fM parameters (%s) to %s\n",
+               config->NumParams() / 1e6, flags->values.count("dtype") ? flags->values["dtype"].c_str() : "f32",
+               out.c_str());
+  if (auto st = WriteRandomModel(*config, out, dtype, static_cast<uint64_t>(seed)); !st.ok()) return st;
+  std::fprintf(stderr, "[specula] done\n");
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace specula
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help" ||
+      std::string(argv[1]) == "-h") {
+    std::cout << specula::kUsage;
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  absl::Status st;
+  if (cmd == "generate") {
+    st = specula::RunGenerate(argc - 2, argv + 2);
+  } else if (cmd == "make-model") {
+    st = specula::RunMakeModel(argc - 2, argv + 2);
+  } else {
+    std::cerr << "specula: unknown command '" << cmd << "'\n\n" << specula::kUsage;
+    return 2;
+  }
+  if (!st.ok()) {
+    std::cerr << "specula " << cmd << ": error: " << st.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
