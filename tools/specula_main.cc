@@ -45,6 +45,7 @@ Writes only the new text to stdout, as it is produced. Statistics go to stderr.
                         (default: tokenizer.json in the model directory, or tokenizer.bin /
                         tok<vocab>.bin beside a .bin model)
   --prompt TEXT         the prompt
+  --prompt-file PATH    read the prompt from a file instead
   --max-tokens N        tokens to generate (default 256)
   --temperature T       0 = greedy (default 0)
   --top-k K             keep the K most likely tokens (default 0 = off)
@@ -131,7 +132,7 @@ std::string DefaultTokenizer(const std::string& model, int32_t vocab) {
 
 absl::Status RunGenerate(int argc, char** argv) {
   auto flags = ParseFlags(argc, argv,
-                          {"model", "tokenizer", "prompt", "max-tokens", "temperature", "top-k",
+                          {"model", "tokenizer", "prompt", "prompt-file", "max-tokens", "temperature", "top-k",
                            "top-p", "min-p", "repetition-penalty", "seed", "block-size"},
                           {"help", "ignore-eos", "no-bos"});
   if (!flags.ok()) return flags.status();
@@ -140,7 +141,14 @@ absl::Status RunGenerate(int argc, char** argv) {
     return absl::OkStatus();
   }
   if (!flags->values.count("model")) return absl::InvalidArgumentError("--model is required");
-  if (!flags->values.count("prompt")) return absl::InvalidArgumentError("--prompt is required");
+  if (flags->values.count("prompt") == flags->values.count("prompt-file")) {
+    return absl::InvalidArgumentError("give exactly one of --prompt TEXT or --prompt-file PATH");
+  }
+  if (flags->values.count("prompt-file")) {
+    auto text = ReadTextFile(flags->values["prompt-file"]);
+    if (!text.ok()) return text.status();
+    flags->values["prompt"] = *text;
+  }
   GenerateOptions opt;
   opt.max_tokens = 256;
   int64_t seed = 0;
@@ -259,7 +267,7 @@ int main(int argc, char** argv) {
     st = specula::RunMakeModel(argc - 2, argv + 2);
   } else {
     std::cerr << "specula: unknown command '" << cmd << "'\n\n" << specula::kUsage;
-    return 2;
+    return 1;
   }
   if (!st.ok()) {
     std::cerr << "specula " << cmd << ": error: " << st.message() << "\n";

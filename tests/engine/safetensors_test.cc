@@ -1,0 +1,59 @@
+#include "engine/safetensors.h"
+
+#include <cmath>
+
+#include "engine/make_model.h"
+#include "engine/weights.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace specula {
+namespace {
+
+TEST(HalfTest, Bf16AndF16RoundTripRepresentableValues) {
+  for (float f : {0.0f, -0.0f, 1.0f, -2.5f, 0.15625f, 65504.0f, 6.103515625e-05f, 5.9604645e-08f}) {
+    EXPECT_EQ(F16ToF32(F32ToF16(f)), f) << f;
+  }
+  for (float f : {0.0f, 1.0f, -3.0f, 0x1.8p100f, -0x1.8p-64f}) EXPECT_EQ(Bf16ToF32(F32ToBf16(f)), f) << f;
+  EXPECT_EQ(F32ToF16(1e6f), 0x7c00);  // overflow to +inf
+  EXPECT_TRUE(std::isnan(Bf16ToF32(F32ToBf16(NAN))));
+  // Round to nearest: relative error below half an ulp.
+  for (float f = -3.0f; f < 3.0f; f += 0.0137f) {
+    EXPECT_NEAR(F16ToF32(F32ToF16(f)), f, std::abs(f) * 4.9e-4 + 3e-8);
+    EXPECT_NEAR(Bf16ToF32(F32ToBf16(f)), f, std::abs(f) * 3.91e-3 + 1e-38);
+  }
+}
+
+TEST(MakeModelTest, NamedShapesAreRealAndWeightsAreNotDegenerate) {
+  auto s = NamedShape("stories15m");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->dim, 288);
+  EXPECT_EQ(s->num_layers, 6);
+  EXPECT_EQ(s->num_heads, 6);
+  EXPECT_EQ(s->vocab_size, 32000);
+  EXPECT_EQ(s->hidden_dim, 768);
+  for (const char* name : {"tiny", "smollm2-135m", "llama-3.2-1b", "llama-3-8b"}) EXPECT_TRUE(NamedShape(name).ok()) << name;
+  EXPECT_NEAR(NamedShape("llama-3-8b")->NumParams() / 1e9, 8.03, 0.01);
+  EXPECT_NEAR(NamedShape("llama-3.2-1b")->NumParams() / 1e9, 1.236, 0.01);
+  EXPECT_FALSE(NamedShape("gpt-5").ok());
+
+  const std::string dir = testing::MakeTempDir();
+  ModelConfig c = *NamedShape("tiny");
+  ASSERT_TRUE(WriteRandomModel(c, dir, DType::kBF16, 3).ok());
+  auto w = LoadHfModel(dir);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const int64_t n = static_cast<int64_t>(c.hidden_dim) * c.dim;
+  const float* gate = (*w)->layers[0].w_gate;
+  double sum = 0, sq = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_NE(gate[i], 0.0f);
+    sum += gate[i];
+    sq += gate[i] * gate[i];
+  }
+  const double std = std::sqrt(sq / n - (sum / n) * (sum / n));
+  EXPECT_NEAR(std, 1.0 / std::sqrt(c.dim), 0.01);  // 1/sqrt(fan_in)
+  EXPECT_NEAR((*w)->final_norm[0], 1.0f, 0.1f);
+}
+
+}  // namespace
+}  // namespace specula

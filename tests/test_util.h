@@ -1,0 +1,41 @@
+// Shared helpers for the GoogleTest suite.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace specula::testing {
+
+// ../shared/models/tinystories, or $SPECULA_MODELS_DIR/tinystories.
+inline std::string TinyStoriesDir() {
+  if (const char* env = std::getenv("SPECULA_MODELS_DIR")) return absl::StrCat(env, "/tinystories");
+  return absl::StrCat(SPECULA_SOURCE_DIR, "/../shared/models/tinystories");
+}
+
+inline std::string TestDataDir() { return absl::StrCat(SPECULA_SOURCE_DIR, "/tests/data"); }
+
+// A fresh temporary directory, removed by the OS tmp cleaner (tests write only small files).
+inline std::string MakeTempDir() {
+  std::string tmpl = "/tmp/specula_test_XXXXXX";
+  const char* d = ::mkdtemp(tmpl.data());
+  return d == nullptr ? std::string("/tmp") : std::string(d);
+}
+
+// Runs a shell command; returns its exit status and captures stdout.
+inline int RunCommand(const std::string& cmd, std::string* out = nullptr) {
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) {
+    if (out != nullptr) out->append(buf, n);
+  }
+  const int status = ::pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace specula::testing
