@@ -9,7 +9,18 @@ namespace specula {
 
 LlamaModel::LlamaModel(std::unique_ptr<ModelWeights> weights, std::unique_ptr<Backend> backend)
     : weights_(std::move(weights)), backend_(std::move(backend)) {
-  inv_freq_ = RopeInvFreq(weights_->config);
+  const ModelConfig& c = weights_->config;
+  const std::vector<float> inv_freq = RopeInvFreq(c);  // [head_dim / 2]
+  const int32_t half = c.head_dim / 2;
+  cos_sin_.resize(static_cast<size_t>(c.max_seq_len) * c.head_dim);
+  for (int32_t pos = 0; pos < c.max_seq_len; ++pos) {
+    float* row = cos_sin_.data() + static_cast<size_t>(pos) * c.head_dim;
+    for (int32_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(pos) * inv_freq[i];
+      row[i] = static_cast<float>(std::cos(angle));
+      row[half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
 }
 
 absl::Status LlamaModel::Validate(const ForwardBatch& batch, const KvCache& kv) const {
@@ -95,7 +106,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& kv, LogitsM
   up_.resize(gate_.size());
 
   Backend& be = *backend_;
-  const RopeParams rope{c.head_dim, c.rope_interleaved, inv_freq_.data()};
+  const RopeParams rope{c.head_dim, c.rope_interleaved, cos_sin_.data()};
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   be.EmbeddingGather(weights_->embed, dim, token_ids_.data(), T, x_.data());
   for (int32_t l = 0; l < c.num_layers; ++l) {
@@ -103,9 +114,9 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& kv, LogitsM
     const PagedKvLayer kv_layer = kv.Layer(l);
     // Attention block.
     be.RmsNorm(x_.data(), w.attn_norm, T, dim, c.norm_eps, xn_.data());
-    be.Linear(xn_.data(), w.wq, w.bq, T, qd, dim, q_.data());
-    be.Linear(xn_.data(), w.wk, w.bk, T, kvd, dim, k_.data());
-    be.Linear(xn_.data(), w.wv, w.bv, T, kvd, dim, v_.data());
+    const Backend::LinearOut qkv[] = {
+        {w.wq, w.bq, qd, q_.data()}, {w.wk, w.bk, kvd, k_.data()}, {w.wv, w.bv, kvd, v_.data()}};
+    be.MultiLinear(xn_.data(), T, dim, qkv, 3);
     be.Rope(q_.data(), positions_.data(), T, c.num_heads, rope);
     be.Rope(k_.data(), positions_.data(), T, c.num_kv_heads, rope);
     be.KvWrite(kv_layer, k_.data(), v_.data(), meta);
@@ -114,8 +125,9 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& kv, LogitsM
     be.Add(x_.data(), proj_.data(), static_cast<int64_t>(T) * dim);
     // SwiGLU feed-forward block.
     be.RmsNorm(x_.data(), w.ffn_norm, T, dim, c.norm_eps, xn_.data());
-    be.Linear(xn_.data(), w.w_gate, nullptr, T, hid, dim, gate_.data());
-    be.Linear(xn_.data(), w.w_up, nullptr, T, hid, dim, up_.data());
+    const Backend::LinearOut gate_up[] = {{w.w_gate, nullptr, hid, gate_.data()},
+                                          {w.w_up, nullptr, hid, up_.data()}};
+    be.MultiLinear(xn_.data(), T, dim, gate_up, 2);
     be.SiluMul(gate_.data(), up_.data(), static_cast<int64_t>(T) * hid, gate_.data());
     be.Linear(gate_.data(), w.w_down, nullptr, T, dim, hid, proj_.data());
     be.Add(x_.data(), proj_.data(), static_cast<int64_t>(T) * dim);

@@ -35,7 +35,7 @@ class LlamaModel {
 
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<Backend> backend_;
-  std::vector<float> inv_freq_;  // [head_dim / 2]
+  std::vector<float> cos_sin_;  // [max_seq_len, head_dim] RoPE cos | sin per position
 
   // Scratch, grown to the largest batch seen and reused across steps.
   std::vector<int32_t> token_ids_, positions_, slots_, query_start_, tables_, out_rows_;

@@ -37,7 +37,9 @@ struct RopeParams {
   // true: rotate adjacent pairs (2i, 2i+1) as llama2.c and GGUF do;
   // false: rotate halves (i, i + head_dim/2) as HF checkpoints do.
   bool interleaved = false;
-  const float* inv_freq = nullptr;  // [head_dim / 2], rope_theta and scaling already applied
+  // [max_positions, head_dim]: per position, cos of the head_dim/2 pair angles, then their sin
+  // (rope_theta and scaling applied). Built once per model, as vLLM's cos_sin_cache.
+  const float* cos_sin = nullptr;
 };
 
 class Backend {
@@ -47,6 +49,16 @@ class Backend {
   // y[m, n] = x[m, k] * w[n, k]^T + bias[n] (bias may be null).
   virtual void Linear(const float* x, const float* w, const float* bias, int32_t m, int32_t n,
                       int32_t k, float* y) = 0;
+  // Several products of the same input in one call (Q/K/V, gate/up), so a backend can run them in
+  // one parallel pass: outs[i].y[m, outs[i].n] = x[m, k] * outs[i].w[n, k]^T + outs[i].bias.
+  struct LinearOut {
+    const float* w;
+    const float* bias;  // may be null
+    int32_t n;
+    float* y;
+  };
+  virtual void MultiLinear(const float* x, int32_t m, int32_t k, const LinearOut* outs,
+                           int32_t num_outs) = 0;
   // y[m, d] = x[m, d] / rms(x) * w[d]. In-place (y == x) is allowed.
   virtual void RmsNorm(const float* x, const float* w, int32_t m, int32_t d, float eps,
                        float* y) = 0;
