@@ -199,6 +199,7 @@ absl::Status RunGenerate(int argc, char** argv) {
   });
   if (!result.ok()) return result.status();
   std::fputc('\n', stdout);
+  std::fflush(stdout);
   const int32_t n = static_cast<int32_t>(result->tokens.size());
   std::fprintf(stderr,
                "[specula] prompt tokens: %d, generated tokens: %d\n"

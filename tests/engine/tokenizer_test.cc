@@ -12,6 +12,7 @@ namespace specula {
 namespace {
 
 using json = nlohmann::json;
+using namespace std::string_literals;
 
 std::string TokenizerPath(const std::string& name) {
   if (name == "tok512") return testing::TinyStoriesDir() + "/tok512.bin";
@@ -55,8 +56,8 @@ TEST_P(TokenizerTest, RoundTrips) {
       "从前有一个小女孩，她叫莉莉。我们的第一批用户用中文写作。",
       "中文 mixed with English 和数字 2024",
       "emoji 😀🚀👩‍💻🇫🇷 end",
-      std::string("invalid \xff\xfe bytes \xc3( and a cut \xe4\xb8", 33),
-      std::string("\x80\x80 lone continuation bytes \xf0\x9f", 33),
+      "invalid \xff\xfe bytes \xc3( and a cut \xe4\xb8"s,
+      "\x80\x80 lone continuation bytes \xf0\x9f"s,
   };
   for (const std::string& s : cases) {
     for (bool bos : {false, true}) {
