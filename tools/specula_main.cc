@@ -19,6 +19,8 @@
 #include "engine/generate.h"
 #include "engine/make_model.h"
 #include "engine/tokenizer.h"
+#include "tools/batch_generate.h"
+#include "tools/flags.h"
 #include "kernels/cpu/cpu_backend.h"
 
 namespace specula {
@@ -56,6 +58,18 @@ Writes only the new text to stdout, as it is produced. Statistics go to stderr.
   --block-size B        KV cache block size in tokens (default 16)
   --ignore-eos          keep generating past end-of-sequence tokens
   --no-bos              do not prepend BOS to the prompt
+
+Batch mode (continuous batching over a paged KV cache):
+  --prompts-file PATH   JSON lines {"id":..., "prompt":..., "max_tokens":..., "temperature":...}
+                        (optional: top_p, top_k, min_p, repetition_penalty, seed, stop). Writes one
+                        JSON line per request: id, text, token_ids, finish_reason, ttft_ms, tpot_ms.
+                        A malformed line gets an error naming its line and field; the others run.
+  --max-num-seqs N      sequences per step (default 64)
+  --max-num-batched-tokens T  tokens per step, prefill chunks included (default 2048)
+  --num-blocks K        KV pool size in blocks (default: max-num-seqs full contexts, capped at 4 GiB)
+  --max-wait-ms MS      batching window: how long new arrivals wait for company (default 0)
+  --no-prefix-caching   turn automatic prefix caching off
+  --no-progress         no progress bar on stderr
 )";
 
 constexpr char kMakeModelUsage[] = R"(usage: specula make-model (--shape NAME | --config config.json) --out DIR [flags]
@@ -71,53 +85,6 @@ real model's shape, for speed work without downloads.
   --seed S         random seed (default 0)
 )";
 
-struct Flags {
-  std::map<std::string, std::string> values;
-  std::set<std::string> switches;
-};
-
-// Parses --name value / --name=value pairs. Flags in `switches` take no value.
-absl::StatusOr<Flags> ParseFlags(int argc, char** argv, const std::set<std::string>& known,
-                                 const std::set<std::string>& switches) {
-  Flags f;
-  for (int i = 0; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind("--", 0) != 0) return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "'"));
-    std::string name = a.substr(2), value;
-    const size_t eq = name.find('=');
-    const bool has_eq = eq != std::string::npos;
-    if (has_eq) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    }
-    if (switches.count(name)) {
-      f.switches.insert(name);
-      continue;
-    }
-    if (!known.count(name)) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
-    if (!has_eq) {
-      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
-      value = argv[++i];
-    }
-    f.values[name] = value;
-  }
-  return f;
-}
-
-template <typename T>
-absl::Status GetNumber(const Flags& f, const std::string& name, T* out) {
-  auto it = f.values.find(name);
-  if (it == f.values.end()) return absl::OkStatus();
-  bool ok;
-  if constexpr (std::is_floating_point_v<T>) {
-    ok = absl::SimpleAtof(it->second, out);
-  } else {
-    ok = absl::SimpleAtoi(it->second, out);
-  }
-  if (!ok) return absl::InvalidArgumentError(absl::StrCat("--", name, ": '", it->second, "' is not a number"));
-  return absl::OkStatus();
-}
-
 bool Exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
 
 std::string DefaultTokenizer(const std::string& model, int32_t vocab) {
@@ -132,17 +99,18 @@ std::string DefaultTokenizer(const std::string& model, int32_t vocab) {
 
 absl::Status RunGenerate(int argc, char** argv) {
   auto flags = ParseFlags(argc, argv,
-                          {"model", "tokenizer", "prompt", "prompt-file", "max-tokens", "temperature", "top-k",
+                          {"model", "tokenizer", "prompt", "prompt-file", "prompts-file", "max-num-seqs",
+                           "max-num-batched-tokens", "num-blocks", "max-wait-ms", "max-tokens", "temperature", "top-k",
                            "top-p", "min-p", "repetition-penalty", "seed", "block-size"},
-                          {"help", "ignore-eos", "no-bos"});
+                          {"help", "ignore-eos", "no-bos", "no-prefix-caching", "no-progress"});
   if (!flags.ok()) return flags.status();
   if (flags->switches.count("help")) {
     std::cout << kGenerateUsage;
     return absl::OkStatus();
   }
   if (!flags->values.count("model")) return absl::InvalidArgumentError("--model is required");
-  if (flags->values.count("prompt") == flags->values.count("prompt-file")) {
-    return absl::InvalidArgumentError("give exactly one of --prompt TEXT or --prompt-file PATH");
+  if (flags->values.count("prompt") + flags->values.count("prompt-file") + flags->values.count("prompts-file") != 1) {
+    return absl::InvalidArgumentError("give exactly one of --prompt TEXT, --prompt-file PATH or --prompts-file PATH");
   }
   if (flags->values.count("prompt-file")) {
     auto text = ReadTextFile(flags->values["prompt-file"]);
@@ -182,6 +150,33 @@ absl::Status RunGenerate(int argc, char** argv) {
                                                    " tokens but the model's vocab_size is ", vocab));
   }
   LlamaModel model(std::move(weights).value(), MakeCpuBackend());
+  if (flags->values.count("prompts-file")) {
+    BatchOptions b;
+    b.prompts_file = flags->values["prompts-file"];
+    b.sampling = opt.sampling;
+    b.max_tokens = opt.max_tokens;
+    b.add_bos = !flags->switches.count("no-bos") && tok.add_bos_default();
+    b.ignore_eos = flags->switches.count("ignore-eos") > 0;
+    b.progress = !flags->switches.count("no-progress");
+    SchedulerConfig& sc = b.scheduler;
+    sc.block_size = opt.block_size;
+    sc.max_model_len = model.config().max_seq_len;
+    sc.enable_prefix_caching = !flags->switches.count("no-prefix-caching");
+    sc.num_blocks = 0;
+    for (auto st : {GetNumber(*flags, "max-num-seqs", &sc.max_num_seqs),
+                    GetNumber(*flags, "max-num-batched-tokens", &sc.max_num_batched_tokens),
+                    GetNumber(*flags, "num-blocks", &sc.num_blocks), GetNumber(*flags, "max-wait-ms", &sc.max_wait_ms)}) {
+      if (!st.ok()) return st;
+    }
+    if (sc.num_blocks == 0) {
+      const ModelConfig& c = model.config();
+      const int64_t block_bytes = int64_t{2} * c.num_layers * sc.block_size * c.kv_dim() * 4;
+      const int64_t want = int64_t{sc.max_num_seqs} * ((sc.max_model_len + sc.block_size - 1) / sc.block_size);
+      sc.num_blocks = static_cast<int32_t>(std::min<int64_t>(want, (int64_t{4} << 30) / block_bytes));
+    }
+    if (auto st = ValidateSchedulerConfig(sc); !st.ok()) return st;
+    return RunBatchGenerate(model, tok, b, stdout);
+  }
   const bool add_bos = !flags->switches.count("no-bos") && tok.add_bos_default();
   const std::vector<TokenId> prompt = tok.Encode(flags->values["prompt"], add_bos);
   if (!flags->switches.count("ignore-eos")) {

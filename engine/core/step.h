@@ -1,0 +1,58 @@
+// What the scheduler and the engine exchange each step (ARCHITECTURE.md, "One step of the
+// engine"). Pure data: ids and counts, never tensors.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/core/batch.h"
+
+namespace specula {
+
+using RequestId = int64_t;
+
+// One sequence's share of a step: tokens [start_pos, start_pos + num_tokens) of its sequence.
+struct ScheduledSeq {
+  RequestId id = 0;
+  int32_t start_pos = 0;
+  int32_t num_tokens = 0;
+  // True when the last scheduled token is the sequence's last known token, so the step samples
+  // the next one (a decode, or the final chunk of a prefill).
+  bool samples = false;
+};
+
+struct StepPlan {
+  std::vector<ScheduledSeq> seqs;
+  std::vector<RequestId> preempted;  // preempted by this Schedule() call (recomputed later)
+  int32_t num_batched_tokens = 0;
+  // When the plan is empty because the batching window is open: how long to wait for arrivals.
+  double wait_ms = 0.0;
+};
+
+// The engine's answer for one scheduled sequence: the tokens it appends (empty for a prefill
+// chunk that does not reach the end of the prompt).
+struct SeqOutput {
+  RequestId id = 0;
+  std::vector<TokenId> new_tokens;
+};
+
+struct StepResult {
+  std::vector<SeqOutput> outputs;
+};
+
+enum class FinishReason { kNone, kStopToken, kStopString, kMaxTokens, kAborted, kError };
+
+inline const char* FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kStopToken: return "stop";
+    case FinishReason::kStopString: return "stop_string";
+    case FinishReason::kMaxTokens: return "length";
+    case FinishReason::kAborted: return "abort";
+    case FinishReason::kError: return "error";
+  }
+  return "?";
+}
+
+}  // namespace specula

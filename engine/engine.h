@@ -1,0 +1,91 @@
+// The engine step loop: Scheduler::Schedule -> model forward over the batch -> sampling ->
+// Scheduler::Update. Requests are added and aborted between steps; each finishes with a reason
+// and per-token timings.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/llama_model.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+#include "scheduler/scheduler.h"
+
+namespace specula {
+
+struct Request {
+  RequestId id = 0;
+  std::vector<TokenId> prompt;
+  int32_t max_tokens = 16;
+  SamplingParams sampling;
+  std::vector<TokenId> stop_ids;         // in addition to the tokenizer's EOS unless ignore_eos
+  std::vector<std::string> stop_strings;  // needs a tokenizer
+  bool ignore_eos = false;
+  int32_t priority = 0;
+};
+
+struct RequestOutput {
+  RequestId id = 0;
+  std::vector<TokenId> tokens;  // generated
+  std::string text;             // generated text (stop string cut off), when a tokenizer is set
+  FinishReason finish = FinishReason::kNone;
+  std::string error;
+  int32_t prompt_tokens = 0;
+  int32_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
+  int32_t num_preemptions = 0;
+  // Milliseconds since the engine started.
+  double arrival_ms = 0, first_token_ms = 0, finish_ms = 0;
+  std::vector<double> token_ms;  // [tokens]
+
+  double ttft_ms() const { return first_token_ms - arrival_ms; }
+  double tpot_ms() const {
+    return tokens.size() > 1 ? (token_ms.back() - token_ms.front()) / (tokens.size() - 1) : 0.0;
+  }
+};
+
+struct EngineStats {
+  int64_t steps = 0;
+  int64_t prefill_tokens = 0;  // prompt (and recomputed) tokens run through the model
+  int64_t decode_tokens = 0;
+  int64_t generated_tokens = 0;
+};
+
+class Engine {
+ public:
+  // `model` and `tokenizer` (may be null: no stop strings, no text) must outlive the engine.
+  // config.num_blocks and max_model_len are used as given; the KV pool is allocated here.
+  Engine(LlamaModel* model, const Tokenizer* tokenizer, const SchedulerConfig& config);
+
+  absl::Status AddRequest(Request r);
+  // Runs one step and returns the requests that finished in it.
+  std::vector<RequestOutput> Step();
+  void Abort(RequestId id);
+  bool HasUnfinished() const { return scheduler_.HasUnfinished(); }
+  const Scheduler& scheduler() const { return scheduler_; }
+  const EngineStats& stats() const { return stats_; }
+  double NowMs() const;
+
+ private:
+  struct Active {
+    Request request;
+    std::unique_ptr<Sampler> sampler;
+    RequestOutput out;
+  };
+  RequestOutput Complete(RequestId id, FinishReason reason);
+
+  LlamaModel* model_;
+  const Tokenizer* tokenizer_;
+  Scheduler scheduler_;
+  KvCache kv_;
+  std::unordered_map<RequestId, Active> active_;
+  std::vector<RequestOutput> aborted_;  // returned by the next Step()
+  std::vector<float> logits_;           // [num_seqs, vocab]
+  EngineStats stats_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace specula

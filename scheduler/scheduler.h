@@ -1,0 +1,85 @@
+// The iteration-level scheduler: each step it picks which sequences run and how many tokens each
+// brings (chunked prefill mixed with decodes), within a token budget and a sequence budget, over
+// the paged-KV block manager. Running out of blocks preempts (by recomputation) the sequence the
+// policy serves last. Schedule() returns a plan and Update() applies the step's result; both are
+// pure CPU code, tested with a fake model step.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "scheduler/block_manager.h"
+#include "scheduler/policy.h"
+#include "scheduler/sequence.h"
+
+namespace specula {
+
+struct SchedulerConfig {
+  int32_t max_num_seqs = 64;
+  int32_t max_num_batched_tokens = 2048;
+  int32_t block_size = 16;
+  int32_t num_blocks = 1024;
+  int32_t max_model_len = 2048;  // prompt + generated tokens per sequence
+  bool enable_prefix_caching = true;
+  // Batching window: while fewer than max_num_seqs sequences could run, new arrivals wait up to
+  // this long for company before their prefill starts. 0 = start at once.
+  double max_wait_ms = 0.0;
+  SchedulingPolicy policy = SchedulingPolicy::kFcfs;
+};
+
+absl::Status ValidateSchedulerConfig(const SchedulerConfig& c);
+
+struct NewSequence {
+  RequestId id = 0;
+  std::vector<TokenId> prompt;
+  int32_t max_new_tokens = 16;
+  std::vector<TokenId> stop_ids;
+  int32_t priority = 0;
+  double arrival_ms = 0.0;
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(const SchedulerConfig& config);
+
+  // Errors: duplicate id, empty prompt, a prompt that leaves no room in max_model_len, or a
+  // request that could not fit in the whole KV pool even alone.
+  absl::Status Add(NewSequence seq);
+  StepPlan Schedule(double now_ms);
+  // Applies the step: KV computed, new tokens appended, stop conditions. Returns the ids that
+  // finished in this step.
+  std::vector<RequestId> Update(const StepPlan& plan, const StepResult& result);
+  // Ends a sequence in any state (abort, stop string, error) and frees its blocks.
+  void Finish(RequestId id, FinishReason reason);
+  // Drops a finished sequence's state.
+  void Forget(RequestId id);
+
+  const SequenceState* Get(RequestId id) const;
+  bool HasUnfinished() const { return !waiting_.empty() || !running_.empty(); }
+  int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+  int64_t num_preemptions() const { return num_preemptions_; }
+  const BlockManager& blocks() const { return blocks_; }
+  const SchedulerConfig& config() const { return config_; }
+
+  // Block ownership matches the sequences' tables, nothing leaked or owned twice. For tests.
+  absl::Status CheckInvariants() const;
+
+ private:
+  void Preempt(SequenceState* s);
+  bool WindowOpen(double now_ms) const;
+  void SortByPolicy(std::vector<SequenceState*>* v) const;
+
+  SchedulerConfig config_;
+  BlockManager blocks_;
+  std::unordered_map<RequestId, std::unique_ptr<SequenceState>> seqs_;
+  std::vector<SequenceState*> running_;
+  std::vector<SequenceState*> waiting_;
+  uint64_t next_arrival_ = 0;
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace specula

@@ -1,0 +1,36 @@
+// The scheduler's view of one request: tokens, how many have KV computed, its block table and its
+// place in the lifecycle (waiting -> running -> finished, with preemption back to waiting).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/core/step.h"
+
+namespace specula {
+
+enum class SeqStatus { kWaiting, kRunning, kFinished };
+
+struct SequenceState {
+  RequestId id = 0;
+  int32_t priority = 0;        // lower is served first under the priority policy
+  uint64_t arrival_order = 0;  // FCFS tie-break
+  double arrival_ms = 0.0;
+  std::vector<TokenId> tokens;  // prompt + generated
+  int32_t num_prompt = 0;
+  int32_t max_new_tokens = 0;
+  std::vector<TokenId> stop_ids;
+
+  SeqStatus status = SeqStatus::kWaiting;
+  FinishReason finish = FinishReason::kNone;
+  int32_t num_computed = 0;     // tokens whose KV is in the cache
+  std::vector<BlockId> blocks;  // block table
+  int32_t num_hashed = 0;       // full blocks registered in the prefix cache
+  uint64_t last_hash = 0;
+  int32_t num_preemptions = 0;
+  int32_t num_cached_prompt = 0;  // prompt tokens served from the prefix cache (last admission)
+
+  int32_t num_generated() const { return static_cast<int32_t>(tokens.size()) - num_prompt; }
+};
+
+}  // namespace specula

@@ -1,0 +1,165 @@
+// End to end on the real stories260K model: continuous batching (with chunked prefill, preemption
+// and prefix caching) gives exactly the tokens each prompt gives alone.
+#include "engine/engine.h"
+
+#include <map>
+
+#include "engine/generate.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "tests/test_util.h"
+
+namespace specula {
+namespace {
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string dir = testing::TinyStoriesDir();
+    auto w = LoadModel(dir + "/stories260K.bin");
+    ASSERT_TRUE(w.ok()) << w.status();
+    auto tok = LoadTokenizer(dir + "/tok512.bin", 512);
+    ASSERT_TRUE(tok.ok());
+    tok_ = std::move(tok).value();
+    model_ = std::make_unique<LlamaModel>(std::move(w).value(), MakeCpuBackend());
+  }
+
+  // 64 different prompts of 2 to ~40 tokens, optionally behind a shared prefix.
+  std::vector<Request> Requests(const std::string& prefix = "") {
+    const std::vector<std::string> who = {"Lily", "Tom", "The little dog", "A big bird", "Sue and Ben", "The old man",
+                                          "A tiny fish", "Mom"};
+    const std::vector<std::string> what = {"went to the park", "found a red ball", "was sad", "saw a cat",
+                                           "wanted to fly", "ate a cake", "lost a toy", "had a dream"};
+    std::vector<Request> out;
+    for (int i = 0; i < 64; ++i) {
+      Request r;
+      r.id = i;
+      std::string text = prefix + who[i % 8];
+      if (i % 3 != 0) text += " " + what[(i / 8 + i) % 8];
+      if (i % 5 == 0) text += " and then " + what[i % 8] + " with " + who[(i + 3) % 8];
+      r.prompt = tok_->Encode(text, true);
+      r.max_tokens = 8 + (i * 7) % 40;
+      r.ignore_eos = true;
+      out.push_back(std::move(r));
+    }
+    return out;
+  }
+
+  std::vector<TokenId> Alone(const Request& r) {
+    GenerateOptions opt;
+    opt.max_tokens = r.max_tokens;
+    auto g = Generate(*model_, r.prompt, opt);
+    EXPECT_TRUE(g.ok());
+    return g->tokens;
+  }
+
+  std::map<RequestId, RequestOutput> RunAll(Engine& e, const std::vector<Request>& reqs) {
+    for (const Request& r : reqs) EXPECT_TRUE(e.AddRequest(r).ok());
+    std::map<RequestId, RequestOutput> out;
+    for (int steps = 0; e.HasUnfinished(); ++steps) {
+      EXPECT_LT(steps, 100000);
+      for (RequestOutput& o : e.Step()) out.emplace(o.id, std::move(o));
+    }
+    EXPECT_TRUE(e.scheduler().CheckInvariants().ok());
+    EXPECT_EQ(e.scheduler().blocks().num_available(), e.scheduler().blocks().num_blocks());
+    return out;
+  }
+
+  SchedulerConfig Config(int32_t num_blocks, bool caching) {
+    SchedulerConfig c;
+    c.max_num_seqs = 64;
+    c.max_num_batched_tokens = 256;
+    c.block_size = 16;
+    c.num_blocks = num_blocks;
+    c.max_model_len = model_->config().max_seq_len;
+    c.enable_prefix_caching = caching;
+    return c;
+  }
+
+  void ExpectSameAsAlone(const std::vector<Request>& reqs, std::map<RequestId, RequestOutput>& got) {
+    ASSERT_EQ(got.size(), reqs.size());
+    for (const Request& r : reqs) {
+      EXPECT_EQ(got[r.id].finish, FinishReason::kMaxTokens);
+      EXPECT_EQ(got[r.id].tokens, Alone(r)) << "request " << r.id;
+    }
+  }
+
+  std::unique_ptr<Tokenizer> tok_;
+  std::unique_ptr<LlamaModel> model_;
+};
+
+TEST_F(EngineTest, SixtyFourPromptsBatchedEqualEachAlone) {
+  const auto reqs = Requests();
+  Engine e(model_.get(), tok_.get(), Config(512, false));
+  auto got = RunAll(e, reqs);
+  ExpectSameAsAlone(reqs, got);
+  EXPECT_EQ(e.scheduler().num_preemptions(), 0);
+  std::printf("[engine] 64 prompts in %lld steps\n", static_cast<long long>(e.stats().steps));
+}
+
+TEST_F(EngineTest, SmallPoolPreemptsAndStillEqualsAlone) {
+  const auto reqs = Requests();
+  Engine e(model_.get(), tok_.get(), Config(24, false));  // 24 blocks of 16 for 64 sequences
+  auto got = RunAll(e, reqs);
+  EXPECT_GT(e.scheduler().num_preemptions(), 0);
+  ExpectSameAsAlone(reqs, got);
+  std::printf("[engine] small pool: %lld preemptions\n", static_cast<long long>(e.scheduler().num_preemptions()));
+}
+
+TEST_F(EngineTest, SharedPrefixHitsTheCacheWithUnchangedOutputs) {
+  const std::string prefix =
+      "Once upon a time, there was a kind girl who loved stories. Every night her mom told her a story. ";
+  const auto reqs = Requests(prefix);
+  Engine e(model_.get(), tok_.get(), Config(512, true));
+  auto got = RunAll(e, reqs);
+  ExpectSameAsAlone(reqs, got);
+  const BlockManager& bm = e.scheduler().blocks();
+  const double hit_rate = static_cast<double>(bm.hit_tokens()) / bm.query_tokens();
+  int64_t cached = 0;
+  for (auto& [id, o] : got) cached += o.cached_prompt_tokens;
+  EXPECT_GT(hit_rate, 0.0);
+  EXPECT_GT(cached, 0);
+  std::printf("[engine] shared prefix: prefix-cache hit rate %.1f%% (%lld of %lld prompt tokens)\n", 100 * hit_rate,
+              static_cast<long long>(bm.hit_tokens()), static_cast<long long>(bm.query_tokens()));
+}
+
+TEST_F(EngineTest, AbortStopStringsAndBadRequests) {
+  Engine e(model_.get(), tok_.get(), Config(64, true));
+  Request a;
+  a.id = 1;
+  a.prompt = tok_->Encode("Once upon a time", true);
+  a.max_tokens = 100;
+  a.stop_strings = {"Lily"};
+  Request b = a;
+  b.id = 2;
+  b.stop_strings.clear();
+  Request bad = a;
+  bad.id = 3;
+  bad.prompt = {1, 5000};
+  EXPECT_NE(e.AddRequest(bad).message().find("token id 5000"), std::string::npos);
+  bad.prompt = a.prompt;
+  bad.sampling.top_p = 0;
+  EXPECT_FALSE(e.AddRequest(bad).ok());
+  ASSERT_TRUE(e.AddRequest(a).ok());
+  ASSERT_TRUE(e.AddRequest(b).ok());
+  EXPECT_EQ(e.AddRequest(a).code(), absl::StatusCode::kAlreadyExists);
+  std::map<RequestId, RequestOutput> out;
+  for (int i = 0; i < 3; ++i) {
+    for (auto& o : e.Step()) out.emplace(o.id, std::move(o));
+  }
+  e.Abort(2);
+  while (e.HasUnfinished()) {
+    for (auto& o : e.Step()) out.emplace(o.id, std::move(o));
+  }
+  for (auto& o : e.Step()) out.emplace(o.id, std::move(o));
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[1].finish, FinishReason::kStopString);
+  EXPECT_EQ(out[1].text, ", there was a little girl named ");
+  EXPECT_EQ(out[2].finish, FinishReason::kAborted);
+  EXPECT_GT(out[1].first_token_ms, out[1].arrival_ms);
+  EXPECT_EQ(out[1].token_ms.size(), out[1].tokens.size());
+  EXPECT_EQ(e.scheduler().blocks().num_available(), 64);
+}
+
+}  // namespace
+}  // namespace specula

@@ -1,0 +1,156 @@
+#include "tools/batch_generate.h"
+
+#include <fstream>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "engine/engine.h"
+#include "nlohmann/json.hpp"
+
+namespace specula {
+namespace {
+
+using json = nlohmann::json;
+
+struct Line {
+  int32_t number = 0;
+  json id;
+  Request request;
+  std::string error;
+};
+
+// Parses one input line into a request; an error names the field.
+std::string ParseLine(const std::string& text, const Tokenizer& tok, const BatchOptions& opt, Line* line) {
+  line->id = line->number;
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return "not a JSON object";
+  line->id = j.contains("id") ? j["id"] : json(line->number);
+  if (!j.contains("prompt") || !j["prompt"].is_string()) return "field 'prompt' is missing or not a string";
+  Request& r = line->request;
+  r.max_tokens = opt.max_tokens;
+  r.sampling = opt.sampling;
+  r.ignore_eos = opt.ignore_eos;
+  if (j.contains("max_tokens")) {
+    if (!j["max_tokens"].is_number_integer() || j["max_tokens"].get<int64_t>() <= 0 ||
+        j["max_tokens"].get<int64_t>() > (1 << 24)) {
+      return "field 'max_tokens' must be a positive integer";
+    }
+    r.max_tokens = j["max_tokens"].get<int32_t>();
+  }
+  auto number = [&](const char* field, float* dst) -> std::string {
+    if (!j.contains(field)) return "";
+    if (!j[field].is_number()) return absl::StrCat("field '", field, "' must be a number");
+    *dst = j[field].get<float>();
+    return "";
+  };
+  for (auto [field, dst] : {std::pair{"temperature", &r.sampling.temperature}, {"top_p", &r.sampling.top_p},
+                            {"min_p", &r.sampling.min_p}, {"repetition_penalty", &r.sampling.repetition_penalty}}) {
+    if (std::string e = number(field, dst); !e.empty()) return e;
+  }
+  if (j.contains("top_k")) {
+    if (!j["top_k"].is_number_integer()) return "field 'top_k' must be an integer";
+    r.sampling.top_k = j["top_k"].get<int32_t>();
+  }
+  if (j.contains("seed")) {
+    if (!j["seed"].is_number_unsigned()) return "field 'seed' must be a non-negative integer";
+    r.sampling.seed = j["seed"].get<uint64_t>();
+  }
+  if (j.contains("stop")) {
+    const json& s = j["stop"];
+    if (s.is_string()) {
+      r.stop_strings.push_back(s.get<std::string>());
+    } else if (s.is_array()) {
+      for (const auto& e : s) {
+        if (!e.is_string()) return "field 'stop' must be a string or a list of strings";
+        r.stop_strings.push_back(e.get<std::string>());
+      }
+    } else {
+      return "field 'stop' must be a string or a list of strings";
+    }
+  }
+  if (auto st = ValidateSamplingParams(r.sampling); !st.ok()) return std::string(st.message());
+  r.prompt = tok.Encode(j["prompt"].get<std::string>(), opt.add_bos);
+  if (r.prompt.empty()) return "field 'prompt' is empty";
+  return "";
+}
+
+void WriteJson(std::FILE* out, const json& j) {
+  const std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  std::fwrite(s.data(), 1, s.size(), out);
+  std::fflush(out);
+}
+
+void Progress(int32_t done, int32_t total, int64_t tokens, double ms) {
+  const int width = 30;
+  const int filled = total > 0 ? width * done / total : width;
+  std::fprintf(stderr, "\r[%.*s%*s] %d/%d requests, %lld tokens, %.1f tok/s", filled,
+               "##############################", width - filled, "", done, total,
+               static_cast<long long>(tokens), ms > 0 ? tokens * 1000.0 / ms : 0.0);
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+absl::Status RunBatchGenerate(LlamaModel& model, const Tokenizer& tokenizer, const BatchOptions& opt,
+                              std::FILE* out) {
+  std::ifstream in(opt.prompts_file);
+  if (!in) return absl::NotFoundError(absl::StrCat(opt.prompts_file, ": cannot open"));
+  Engine engine(&model, &tokenizer, opt.scheduler);
+  std::map<RequestId, Line> lines;
+  std::string text;
+  int32_t number = 0, accepted = 0, rejected = 0;
+  while (std::getline(in, text)) {
+    ++number;
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
+    Line line;
+    line.number = number;
+    line.request.id = number;
+    std::string error = ParseLine(text, tokenizer, opt, &line);
+    if (error.empty()) {
+      if (auto st = engine.AddRequest(line.request); !st.ok()) error = std::string(st.message());
+    }
+    if (!error.empty()) {
+      std::fprintf(stderr, "%s:%d: %s\n", opt.prompts_file.c_str(), number, error.c_str());
+      WriteJson(out, {{"id", line.id}, {"line", number}, {"error", error}, {"finish_reason", "error"}});
+      ++rejected;
+      continue;
+    }
+    ++accepted;
+    lines.emplace(number, std::move(line));
+  }
+  int32_t finished = 0;
+  double last_progress = -1e9;
+  while (engine.HasUnfinished()) {
+    for (RequestOutput& o : engine.Step()) {
+      ++finished;
+      const Line& line = lines.at(o.id);
+      WriteJson(out, {{"id", line.id},
+                      {"text", o.text},
+                      {"token_ids", o.tokens},
+                      {"finish_reason", FinishReasonName(o.finish)},
+                      {"prompt_tokens", o.prompt_tokens},
+                      {"cached_prompt_tokens", o.cached_prompt_tokens},
+                      {"ttft_ms", o.ttft_ms()},
+                      {"tpot_ms", o.tpot_ms()},
+                      {"preemptions", o.num_preemptions}});
+    }
+    if (opt.progress && engine.NowMs() - last_progress > 200) {
+      last_progress = engine.NowMs();
+      Progress(finished, accepted, engine.stats().generated_tokens, engine.NowMs());
+    }
+  }
+  const BlockManager& bm = engine.scheduler().blocks();
+  if (opt.progress) Progress(finished, accepted, engine.stats().generated_tokens, engine.NowMs());
+  std::fprintf(stderr,
+               "\n[specula] %d requests (%d rejected), %lld generated tokens in %.2f s: %.1f tok/s; "
+               "%lld steps, %lld prefill tokens computed, %lld preemptions, prefix-cache hit rate %.1f%%\n",
+               accepted, rejected,
+               static_cast<long long>(engine.stats().generated_tokens), engine.NowMs() / 1000,
+               engine.stats().generated_tokens * 1000.0 / engine.NowMs(),
+               static_cast<long long>(engine.stats().steps), static_cast<long long>(engine.stats().prefill_tokens),
+               static_cast<long long>(engine.scheduler().num_preemptions()),
+               bm.query_tokens() > 0 ? 100.0 * bm.hit_tokens() / bm.query_tokens() : 0.0);
+  return absl::OkStatus();
+}
+
+}  // namespace specula

@@ -1,0 +1,31 @@
+// `specula generate --prompts-file prompts.jsonl`: runs every prompt through the continuous-
+// batching engine and writes one JSON line per request.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include "absl/status/status.h"
+#include "engine/llama_model.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+#include "scheduler/scheduler.h"
+
+namespace specula {
+
+struct BatchOptions {
+  std::string prompts_file;
+  SchedulerConfig scheduler;
+  SamplingParams sampling;  // defaults for lines that do not set them
+  int32_t max_tokens = 256;
+  bool add_bos = true;
+  bool ignore_eos = false;
+  bool progress = true;
+};
+
+// Malformed lines get an error naming the line and field (on stderr and as their JSON line); the
+// other lines still run. Fails only when the file cannot be read.
+absl::Status RunBatchGenerate(LlamaModel& model, const Tokenizer& tokenizer, const BatchOptions& opt,
+                              std::FILE* out);
+
+}  // namespace specula
