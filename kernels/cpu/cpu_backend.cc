@@ -1,78 +1,24 @@
 #include "kernels/cpu/cpu_backend.h"
 
 #include <cblas.h>
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
+
+#include "kernels/cpu/simd.h"
 
 namespace specula {
 namespace {
 
-// y[n] = w[n, k] x[k]. Single-token decode is memory-bound: rows are split across threads and
-// each dot product is SIMD-reduced. (OpenBLAS sgemv measured 2.4x slower than this on the CI
-// machine's AMD EPYC, single-threaded; see bench/decode_bench.cc.)
-// exp(x) for x in [-87, 88] with relative error ~2e-7, written branch-free so that `omp simd` loops
-// vectorize it (libm's expf does not vectorize without -ffast-math): 2^(x log2 e) split into an
-// integer power, built in the exponent bits, and 2^f for f in [-0.5, 0.5] by its Taylor series.
-#pragma omp declare simd
-inline float ExpApprox(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  const float t = x * 1.4426950409f;
-  const float n = std::nearbyint(t);
-  const float f = (t - n) * 0.6931471806f;  // e^f = 2^(t - n)
-  float p = 1.0f / 720.0f;
-  p = p * f + 1.0f / 120.0f;
-  p = p * f + 1.0f / 24.0f;
-  p = p * f + 1.0f / 6.0f;
-  p = p * f + 0.5f;
-  p = p * f + 1.0f;
-  p = p * f + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
-
-#if defined(__AVX2__) && defined(__FMA__)
-inline __attribute__((always_inline)) float HorizontalSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
-
-// Four accumulators along k hide the FMA latency; rows stay one sequential stream, which the
-// hardware prefetcher follows best (measured: 4-row blocking halves the bandwidth here).
-inline __attribute__((always_inline)) float Dot(const float* a, const float* b, int32_t k) {
-  __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
-  int32_t j = 0;
-  for (; j + 32 <= k; j += 32) {
-    c0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), c0);
-    c1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + j + 8), _mm256_loadu_ps(b + j + 8), c1);
-    c2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + j + 16), _mm256_loadu_ps(b + j + 16), c2);
-    c3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + j + 24), _mm256_loadu_ps(b + j + 24), c3);
-  }
-  for (; j + 8 <= k; j += 8) c0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), c0);
-  float t = HorizontalSum(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)));
-  for (; j < k; ++j) t += a[j] * b[j];
-  return t;
-}
-#else
-inline float Dot(const float* a, const float* b, int32_t k) {
-  float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-  for (int32_t j = 0; j < k; ++j) acc += a[j] * b[j];
-  return acc;
-}
-#endif
+using cpu::Dot;
+using cpu::ExpApprox;
 
 // y[n] = w[n, k] x[k]. Single-token decode is memory-bound; rows are split across threads.
-// (OpenBLAS sgemv measured 2.4x slower than this on the CI machine's AMD EPYC, single-threaded.)
+// (OpenBLAS sgemv measured 2.4x slower than this single-threaded on the CI machine.)
 void Gemv(const float* x, const float* w, int32_t n, int32_t k, float* y) {
   const bool parallel = static_cast<int64_t>(n) * k >= (1 << 11);
 #pragma omp parallel for schedule(static) if (parallel)
@@ -81,12 +27,26 @@ void Gemv(const float* x, const float* w, int32_t n, int32_t k, float* y) {
 
 class CpuBackend final : public Backend {
  public:
+  // One threading runtime: OpenBLAS runs single-threaded inside OpenMP threads (its own pthreads
+  // fought libgomp's for the cores and halved batched throughput).
+  CpuBackend() { openblas_set_num_threads(1); }
+
   void Linear(const float* x, const float* w, const float* bias, int32_t m, int32_t n, int32_t k,
               float* y) override {
     if (m == 1) {
       Gemv(x, w, n, k, y);
     } else {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, 0.0f, y, n);
+      // Each thread takes a slice of the output columns.
+#pragma omp parallel
+      {
+        const int32_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+        const int32_t per = (n / threads + 15) / 16 * 16;
+        const int32_t n0 = std::min(n, t * per), n1 = t == threads - 1 ? n : std::min(n, n0 + per);
+        if (n1 > n0) {
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n1 - n0, k, 1.0f, x, k,
+                      w + static_cast<int64_t>(n0) * k, k, 0.0f, y + n0, n);
+        }
+      }
     }
     if (bias != nullptr) {
       for (int32_t i = 0; i < m; ++i) {
@@ -96,13 +56,12 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void MultiLinear(const float* x, int32_t m, int32_t k, const LinearOut* outs,
-                   int32_t num_outs) override {
+  void MultiLinear(const float* x, int32_t m, int32_t k, const LinearOut* outs, int32_t num_outs) override {
     if (m > 1) {
       for (int32_t i = 0; i < num_outs; ++i) Linear(x, outs[i].w, outs[i].bias, m, outs[i].n, k, outs[i].y);
       return;
     }
-    // Decode: one parallel pass over the rows of all outputs.
+    // Decode: one parallel pass over the rows of all outputs (one fork/join instead of several).
     int32_t total = 0;
     for (int32_t i = 0; i < num_outs; ++i) total += outs[i].n;
 #pragma omp parallel for schedule(static) if (static_cast<int64_t>(total) * k >= (1 << 11))
@@ -114,8 +73,7 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void RmsNorm(const float* x, const float* w, int32_t m, int32_t d, float eps,
-               float* y) override {
+  void RmsNorm(const float* x, const float* w, int32_t m, int32_t d, float eps, float* y) override {
     for (int32_t i = 0; i < m; ++i) {
       const float* xr = x + static_cast<int64_t>(i) * d;
       float* yr = y + static_cast<int64_t>(i) * d;
@@ -127,8 +85,7 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void Rope(float* x, const int32_t* positions, int32_t m, int32_t num_heads,
-            const RopeParams& p) override {
+  void Rope(float* x, const int32_t* positions, int32_t m, int32_t num_heads, const RopeParams& p) override {
     const int32_t hd = p.head_dim;
     const int32_t half = hd / 2;
     for (int32_t t = 0; t < m; ++t) {
@@ -166,16 +123,13 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < n; ++i) x[i] += y[i];
   }
 
-  void EmbeddingGather(const float* table, int32_t d, const int32_t* ids, int32_t m,
-                       float* out) override {
+  void EmbeddingGather(const float* table, int32_t d, const int32_t* ids, int32_t m, float* out) override {
     for (int32_t i = 0; i < m; ++i) {
-      std::memcpy(out + static_cast<int64_t>(i) * d, table + static_cast<int64_t>(ids[i]) * d,
-                  sizeof(float) * d);
+      std::memcpy(out + static_cast<int64_t>(i) * d, table + static_cast<int64_t>(ids[i]) * d, sizeof(float) * d);
     }
   }
 
-  void KvWrite(const PagedKvLayer& kv, const float* k, const float* v,
-               const AttentionMetadata& meta) override {
+  void KvWrite(const PagedKvLayer& kv, const float* k, const float* v, const AttentionMetadata& meta) override {
     const int64_t row = static_cast<int64_t>(kv.num_kv_heads) * kv.head_dim;
     for (int32_t t = 0; t < meta.num_tokens; ++t) {
       const int64_t slot = meta.slot_mapping[t];
@@ -184,67 +138,122 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void PagedAttention(const float* q, const PagedKvLayer& kv, const AttentionMetadata& meta,
-                      int32_t num_heads, float scale, float* out) override {
-    const int32_t hd = kv.head_dim;
-    const int32_t bs = kv.block_size;
-    const int32_t group = num_heads / kv.num_kv_heads;
-    const int64_t row = static_cast<int64_t>(kv.num_kv_heads) * hd;
-    token_seq_.resize(meta.num_tokens);  // [num_tokens] sequence of each token
-    int64_t work = 0;
+  void PagedAttention(const float* q, const PagedKvLayer& kv, const AttentionMetadata& meta, int32_t num_heads,
+                      float scale, float* out) override {
+    // Sequences with many new tokens (prefill chunks) go through GEMMs; the rest (decode, short
+    // verification runs) through the per-token loop.
+    gemm_seqs_.clear();
+    loop_tokens_.clear();
     for (int32_t s = 0; s < meta.num_seqs; ++s) {
-      for (int32_t t = meta.query_start[s]; t < meta.query_start[s + 1]; ++t) {
-        token_seq_[t] = s;
-        work += static_cast<int64_t>(meta.positions[t] + 1) * hd * num_heads;
+      if (meta.query_start[s + 1] - meta.query_start[s] >= kGemmMinTokens) {
+        gemm_seqs_.push_back(s);
+      } else {
+        for (int32_t t = meta.query_start[s]; t < meta.query_start[s + 1]; ++t) loop_tokens_.push_back({t, s});
       }
     }
-    const int32_t items = meta.num_tokens * num_heads;
-#pragma omp parallel for schedule(static, 1) if (work >= (1 << 11))
-    for (int32_t item = 0; item < items; ++item) {
-      const int32_t t = item / num_heads, h = item % num_heads;
-      const int32_t* table =
-          meta.block_tables + static_cast<int64_t>(token_seq_[t]) * meta.max_blocks_per_seq;
-      const int32_t ctx = meta.positions[t] + 1;
-      thread_local std::vector<float> scores;  // [ctx]
-      scores.resize(ctx);
-      const float* qh = q + static_cast<int64_t>(item) * hd;
-      const int64_t head_off = static_cast<int64_t>(h / group) * hd;
-      float max_score = -INFINITY;
-      // Walk the block table a block at a time; slots inside a block are contiguous.
-      for (int32_t p0 = 0; p0 < ctx; p0 += bs) {
-        const float* kb = kv.k + static_cast<int64_t>(table[p0 / bs]) * bs * row + head_off;
-        const int32_t n = std::min(bs, ctx - p0);
-        for (int32_t j = 0; j < n; ++j) {
-          const float* kp = kb + j * row;
-          scores[p0 + j] = Dot(qh, kp, hd) * scale;
-          max_score = std::max(max_score, scores[p0 + j]);
-        }
-      }
-      float sum = 0.0f;
-      float* sc = scores.data();
-#pragma omp simd reduction(+ : sum)
-      for (int32_t p = 0; p < ctx; ++p) {
-        sc[p] = ExpApprox(sc[p] - max_score);
-        sum += sc[p];
-      }
-      const float inv_sum = 1.0f / sum;
-      float* oh = out + static_cast<int64_t>(item) * hd;
-      std::fill(oh, oh + hd, 0.0f);
-      for (int32_t p0 = 0; p0 < ctx; p0 += bs) {
-        const float* vb = kv.v + static_cast<int64_t>(table[p0 / bs]) * bs * row + head_off;
-        const int32_t n = std::min(bs, ctx - p0);
-        for (int32_t j = 0; j < n; ++j) {
-          const float* vp = vb + j * row;
-          const float wgt = scores[p0 + j] * inv_sum;
-#pragma omp simd
-          for (int32_t i = 0; i < hd; ++i) oh[i] += wgt * vp[i];
-        }
+    if (!gemm_seqs_.empty()) AttentionGemm(q, kv, meta, num_heads, scale, out);
+    if (!loop_tokens_.empty()) AttentionLoop(q, kv, meta, num_heads, scale, out);
+  }
+
+ private:
+  static constexpr int32_t kGemmMinTokens = 8;
+
+  // Copies K and V of positions [0, ctx) of one KV head into contiguous [ctx, head_dim] buffers.
+  static void Gather(const PagedKvLayer& kv, const int32_t* table, int32_t kvh, int32_t ctx, float* k, float* v) {
+    const int32_t hd = kv.head_dim, bs = kv.block_size;
+    const int64_t row = static_cast<int64_t>(kv.num_kv_heads) * hd;
+    for (int32_t p0 = 0; p0 < ctx; p0 += bs) {
+      const int64_t base = static_cast<int64_t>(table[p0 / bs]) * bs * row + static_cast<int64_t>(kvh) * hd;
+      for (int32_t j = 0; j < std::min(bs, ctx - p0); ++j) {
+        std::memcpy(k + static_cast<int64_t>(p0 + j) * hd, kv.k + base + j * row, sizeof(float) * hd);
+        std::memcpy(v + static_cast<int64_t>(p0 + j) * hd, kv.v + base + j * row, sizeof(float) * hd);
       }
     }
   }
 
- private:
-  std::vector<int32_t> token_seq_;
+  // Softmax of row[0, valid) in place; row[valid, ctx) is zeroed (causal mask).
+  static void MaskedSoftmax(float* row, int32_t valid, int32_t ctx) {
+    float mx = -INFINITY;
+    for (int32_t p = 0; p < valid; ++p) mx = std::max(mx, row[p]);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int32_t p = 0; p < valid; ++p) {
+      row[p] = ExpApprox(row[p] - mx);
+      sum += row[p];
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int32_t p = 0; p < valid; ++p) row[p] *= inv;
+    std::fill(row + valid, row + ctx, 0.0f);
+  }
+
+  void AttentionGemm(const float* q, const PagedKvLayer& kv, const AttentionMetadata& meta, int32_t num_heads,
+                     float scale, float* out) {
+    const int32_t hd = kv.head_dim;
+    const int32_t group = num_heads / kv.num_kv_heads;
+    const int32_t items = static_cast<int32_t>(gemm_seqs_.size()) * kv.num_kv_heads;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int32_t item = 0; item < items; ++item) {
+      const int32_t s = gemm_seqs_[item / kv.num_kv_heads], kvh = item % kv.num_kv_heads;
+      const int32_t t0 = meta.query_start[s], m = meta.query_start[s + 1] - t0;
+      const int32_t ctx = meta.positions[t0 + m - 1] + 1;  // a sequence's new tokens are consecutive
+      thread_local std::vector<float> kbuf, vbuf, sbuf;  // [ctx, hd], [ctx, hd], [m, ctx]
+      kbuf.resize(static_cast<size_t>(ctx) * hd);
+      vbuf.resize(kbuf.size());
+      sbuf.resize(static_cast<size_t>(m) * ctx);
+      Gather(kv, meta.block_tables + static_cast<int64_t>(s) * meta.max_blocks_per_seq, kvh, ctx, kbuf.data(),
+             vbuf.data());
+      for (int32_t g = 0; g < group; ++g) {
+        const int64_t qo = (static_cast<int64_t>(t0) * num_heads + kvh * group + g) * hd;
+        // scores[m, ctx] = scale * Q_h[m, hd] K^T, then the causal softmax, then out_h = P V.
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, ctx, hd, scale, q + qo, num_heads * hd, kbuf.data(),
+                    hd, 0.0f, sbuf.data(), ctx);
+        for (int32_t i = 0; i < m; ++i) MaskedSoftmax(sbuf.data() + static_cast<int64_t>(i) * ctx, meta.positions[t0 + i] + 1, ctx);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hd, ctx, 1.0f, sbuf.data(), ctx, vbuf.data(), hd,
+                    0.0f, out + qo, num_heads * hd);
+      }
+    }
+  }
+
+  void AttentionLoop(const float* q, const PagedKvLayer& kv, const AttentionMetadata& meta, int32_t num_heads,
+                     float scale, float* out) {
+    const int32_t hd = kv.head_dim, bs = kv.block_size;
+    const int32_t group = num_heads / kv.num_kv_heads;
+    const int64_t row = static_cast<int64_t>(kv.num_kv_heads) * hd;
+    int64_t work = 0;
+    for (const auto& [t, s] : loop_tokens_) work += static_cast<int64_t>(meta.positions[t] + 1) * hd * num_heads;
+    const int32_t items = static_cast<int32_t>(loop_tokens_.size()) * num_heads;
+#pragma omp parallel for schedule(static, 1) if (work >= (1 << 11))
+    for (int32_t item = 0; item < items; ++item) {
+      const auto [t, s] = loop_tokens_[item / num_heads];
+      const int32_t h = item % num_heads;
+      const int32_t* table = meta.block_tables + static_cast<int64_t>(s) * meta.max_blocks_per_seq;
+      const int32_t ctx = meta.positions[t] + 1;
+      thread_local std::vector<float> scores;  // [ctx]
+      scores.resize(ctx);
+      float* sc = scores.data();
+      const float* qh = q + (static_cast<int64_t>(t) * num_heads + h) * hd;
+      const int64_t head_off = static_cast<int64_t>(h / group) * hd;
+      for (int32_t p0 = 0; p0 < ctx; p0 += bs) {  // a block at a time: slots in a block are contiguous
+        const float* kb = kv.k + static_cast<int64_t>(table[p0 / bs]) * bs * row + head_off;
+        const int32_t n = std::min(bs, ctx - p0);
+        for (int32_t j = 0; j < n; ++j) sc[p0 + j] = Dot(qh, kb + j * row, hd) * scale;
+      }
+      MaskedSoftmax(sc, ctx, ctx);
+      float* oh = out + (static_cast<int64_t>(t) * num_heads + h) * hd;
+      const float* vh = kv.v + head_off;
+      switch (hd) {
+        case 32: cpu::WeightedSumRegs<4>(sc, ctx, vh, table, bs, row, oh); break;
+        case 48: cpu::WeightedSumRegs<6>(sc, ctx, vh, table, bs, row, oh); break;
+        case 64: cpu::WeightedSumRegs<8>(sc, ctx, vh, table, bs, row, oh); break;
+        case 128: cpu::WeightedSumRegs<16>(sc, ctx, vh, table, bs, row, oh); break;
+        default: cpu::WeightedSum(sc, ctx, vh, table, bs, row, hd, oh);
+      }
+    }
+  }
+
+  std::vector<int32_t> gemm_seqs_;                        // sequences attended with GEMMs
+  std::vector<std::pair<int32_t, int32_t>> loop_tokens_;  // (token, sequence) for the loop path
 };
 
 }  // namespace
