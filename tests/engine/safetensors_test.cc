@@ -1,6 +1,11 @@
 #include "engine/safetensors.h"
 
 #include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include "nlohmann/json.hpp"
 
 #include "engine/make_model.h"
 #include "engine/weights.h"
@@ -53,6 +58,56 @@ TEST(MakeModelTest, NamedShapesAreRealAndWeightsAreNotDegenerate) {
   const double std = std::sqrt(sq / n - (sum / n) * (sum / n));
   EXPECT_NEAR(std, 1.0 / std::sqrt(c.dim), 0.01);  // 1/sqrt(fan_in)
   EXPECT_NEAR((*w)->final_norm[0], 1.0f, 0.1f);
+}
+
+}  // namespace
+}  // namespace specula
+
+namespace specula {
+namespace {
+
+// A model split into two shards with model.safetensors.index.json loads to the same weights.
+TEST(ShardedTest, IndexedShardsLoadLikeOneFile) {
+  const std::string one = testing::MakeTempDir(), sharded = testing::MakeTempDir();
+  ModelConfig c = *NamedShape("tiny");
+  ASSERT_TRUE(WriteRandomModel(c, one, DType::kF16, 5).ok());
+  auto single = SafetensorsFile::Open(one + "/model.safetensors");
+  ASSERT_TRUE(single.ok());
+  // Split the tensors between two shard files and write the index.
+  std::vector<TensorSpec> a, b;
+  std::map<std::string, std::string> weight_map;
+  for (const auto& [name, e] : single->tensors()) {
+    const bool first = name.find("layers.1.") == std::string::npos;
+    (first ? a : b).push_back({name, e.shape});
+    weight_map[name] = first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  for (auto [specs, file] : {std::pair{&a, "model-00001-of-00002.safetensors"}, {&b, "model-00002-of-00002.safetensors"}}) {
+    auto fill = [&, specs = specs](size_t i, float* out) {
+      const TensorEntry& e = single->tensors().at((*specs)[i].name);
+      for (int64_t j = 0; j < e.num_bytes / 2; ++j) {
+        uint16_t h;
+        std::memcpy(&h, e.data + 2 * j, 2);
+        out[j] = F16ToF32(h);
+      }
+    };
+    ASSERT_TRUE(WriteSafetensors(sharded + "/" + file, *specs, DType::kF16, fill).ok());
+  }
+  nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}};
+  std::ofstream(sharded + "/model.safetensors.index.json") << index.dump();
+  std::ofstream(sharded + "/config.json") << HfConfigJson(c, "float16");
+  auto w1 = LoadHfModel(one);
+  auto w2 = LoadHfModel(sharded);
+  ASSERT_TRUE(w1.ok()) << w1.status();
+  ASSERT_TRUE(w2.ok()) << w2.status();
+  EXPECT_EQ((*w2)->files.size(), 2u);
+  const int64_t n = static_cast<int64_t>(c.hidden_dim) * c.dim;
+  EXPECT_TRUE(std::equal((*w1)->layers[1].w_up, (*w1)->layers[1].w_up + n, (*w2)->layers[1].w_up));
+  EXPECT_TRUE(std::equal((*w1)->embed, (*w1)->embed + int64_t{c.vocab_size} * c.dim, (*w2)->embed));
+  // A shard named in the index but absent is an error naming it.
+  std::remove((sharded + "/model-00002-of-00002.safetensors").c_str());
+  auto missing = LoadHfModel(sharded);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("model-00002-of-00002.safetensors"), std::string::npos) << missing.status();
 }
 
 }  // namespace
