@@ -6,9 +6,21 @@
 
 namespace specula {
 
-Engine::Engine(LlamaModel* model, const Tokenizer* tokenizer, const SchedulerConfig& config)
+Engine::Engine(LlamaModel* model, const Tokenizer* tokenizer, const SchedulerConfig& config, SpecConfig spec)
     : model_(model), tokenizer_(tokenizer), scheduler_(config),
-      kv_(model->config(), {config.block_size, config.num_blocks}) {}
+      kv_(model->config(), {config.block_size, config.num_blocks}), spec_(spec) {}
+
+absl::Status Engine::Validate() const {
+  if (spec_.synthetic_alpha >= 0 && !spec_.allow_synthetic) {
+    return absl::FailedPreconditionError(
+        "the synthetic proposer is not lossless: it is only available in benchmark and experiment modes");
+  }
+  if (spec_.synthetic_alpha > 1.0) return absl::InvalidArgumentError("synthetic acceptance rate must be in [0, 1]");
+  if (scheduler_.config().num_spec_tokens > 0 && spec_.proposer == nullptr) {
+    return absl::InvalidArgumentError("num_spec_tokens > 0 needs a proposer");
+  }
+  return absl::OkStatus();
+}
 
 double Engine::NowMs() const {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
@@ -34,6 +46,7 @@ absl::Status Engine::AddRequest(Request r) {
   if (auto st = scheduler_.Add(std::move(n)); !st.ok()) return st;
   Active a;
   a.sampler = std::make_unique<Sampler>(r.sampling);
+  a.uniform = std::make_unique<Uniform>(r.sampling.seed ^ 0x9e3779b97f4a7c15ull);
   a.out.id = r.id;
   a.out.prompt_tokens = static_cast<int32_t>(r.prompt.size());
   a.out.arrival_ms = NowMs();
@@ -49,14 +62,62 @@ void Engine::Abort(RequestId id) {
 }
 
 RequestOutput Engine::Complete(RequestId id, FinishReason reason) {
+  if (spec_.proposer != nullptr) spec_.proposer->Release(id);
   auto it = active_.find(id);
   RequestOutput out = std::move(it->second.out);
   active_.erase(it);
   out.finish = reason;
   out.finish_ms = NowMs();
-  if (const SequenceState* s = scheduler_.Get(id)) out.num_preemptions = s->num_preemptions;
+  if (const SequenceState* s = scheduler_.Get(id)) {
+    out.num_preemptions = s->num_preemptions;
+    // A step can bring several tokens (speculation); the scheduler drops those past a stop token
+    // or the length limit, and so does the output.
+    const size_t generated = static_cast<size_t>(std::max(s->num_generated(), 0));
+    if (out.tokens.size() > generated) {
+      out.tokens.resize(generated);
+      out.token_ms.resize(generated);
+      if (tokenizer_ != nullptr) {
+        std::vector<TokenId> ids = {s->tokens[s->num_prompt - 1]};
+        ids.insert(ids.end(), out.tokens.begin(), out.tokens.end());
+        out.text.clear();
+        for (size_t i = 1; i < ids.size(); ++i) out.text += tokenizer_->DecodeToken(ids[i - 1], ids[i]);
+      }
+    }
+  }
   scheduler_.Forget(id);
   return out;
+}
+
+VerifyResult Engine::VerifyDrafts(Active& a, const SequenceState& st, const Proposal& draft, const float* rows) {
+  const int32_t vocab = model_->config().vocab_size;
+  const int32_t k = static_cast<int32_t>(draft.tokens.size());
+  // The target's sampling distribution after each prefix: rows i = 0..k, history = tokens + drafts[0, i).
+  std::vector<TokenId> history(st.tokens.begin(), st.tokens.end());
+  target_probs_.resize(static_cast<size_t>(k + 1) * vocab);
+  std::vector<float> row_probs;
+  for (int32_t i = 0; i <= k; ++i) {
+    a.sampler->Probabilities(absl::MakeConstSpan(rows + static_cast<size_t>(i) * vocab, vocab), history, &row_probs);
+    std::copy(row_probs.begin(), row_probs.end(), target_probs_.begin() + static_cast<size_t>(i) * vocab);
+    if (i < k) history.push_back(draft.tokens[i]);
+  }
+  if (spec_.synthetic_alpha >= 0) {
+    // Cost studies only: accept each draft with a fixed probability, then take the target's token.
+    VerifyResult r;
+    while (r.num_accepted < k && a.uniform->Next() < spec_.synthetic_alpha) r.tokens.push_back(draft.tokens[r.num_accepted++]);
+    r.bonus = r.num_accepted == k;
+    r.tokens.push_back(SampleFrom(absl::MakeConstSpan(target_probs_).subspan(static_cast<size_t>(r.num_accepted) * vocab, vocab),
+                                  a.uniform->Next()));
+    return r;
+  }
+  if (a.request.sampling.temperature == 0.0f) {
+    std::vector<TokenId> argmax(k + 1);  // probabilities are one-hot at the (penalized) argmax
+    for (int32_t i = 0; i <= k; ++i) {
+      const float* p = target_probs_.data() + static_cast<size_t>(i) * vocab;
+      argmax[i] = static_cast<TokenId>(std::max_element(p, p + vocab) - p);
+    }
+    return GreedyVerify(draft.tokens, argmax);
+  }
+  return RejectionSample(draft.tokens, target_probs_, draft.probs, vocab, *a.uniform);
 }
 
 std::vector<RequestOutput> Engine::Step() {
@@ -68,10 +129,43 @@ std::vector<RequestOutput> Engine::Step() {
     return done;
   }
   ++stats_.steps;
+  if (spec_.proposer != nullptr) {
+    for (RequestId id : plan.preempted) spec_.proposer->Release(id);
+  }
+  // Drafts for the speculating sequences.
+  std::vector<ProposeInput> inputs;
+  std::vector<size_t> spec_index(plan.seqs.size(), SIZE_MAX);  // plan index -> inputs index
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    if (plan.seqs[i].num_spec == 0) continue;
+    const SequenceState* st = scheduler_.Get(plan.seqs[i].id);
+    spec_index[i] = inputs.size();
+    inputs.push_back({plan.seqs[i].id, st->tokens, plan.seqs[i].num_spec, &active_.at(plan.seqs[i].id).request.sampling});
+  }
+  std::vector<Proposal> drafts;
+  if (!inputs.empty()) {
+    if (auto status = spec_.proposer->Propose(inputs, &drafts); !status.ok()) {
+      drafts.assign(inputs.size(), Proposal{});  // a failed proposer degrades to plain decoding
+    }
+  }
   ForwardBatch batch;
-  for (const ScheduledSeq& s : plan.seqs) {
+  std::vector<std::vector<TokenId>> fed(plan.seqs.size());  // last token + drafts, for speculating sequences
+  std::vector<int32_t> row_of(plan.seqs.size());            // first logits row of each sequence
+  int32_t rows = 0;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
     const SequenceState* st = scheduler_.Get(s.id);
+    row_of[i] = rows;
+    if (spec_index[i] != SIZE_MAX) {
+      const Proposal& d = drafts[spec_index[i]];
+      fed[i].push_back(st->tokens[s.start_pos]);
+      fed[i].insert(fed[i].end(), d.tokens.begin(), d.tokens.end());
+      batch.seqs.push_back({fed[i], s.start_pos, st->blocks, true});
+      rows += static_cast<int32_t>(fed[i].size());
+      stats_.decode_tokens += 1;
+      continue;
+    }
     batch.seqs.push_back({absl::MakeConstSpan(st->tokens).subspan(s.start_pos, s.num_tokens), s.start_pos, st->blocks});
+    rows += 1;
     if (s.samples && s.num_tokens == 1 && s.start_pos >= st->num_prompt) {
       stats_.decode_tokens += 1;
     } else {
@@ -96,22 +190,41 @@ std::vector<RequestOutput> Engine::Step() {
     if (!s.samples) continue;
     Active& a = active_.at(s.id);
     const SequenceState* st = scheduler_.Get(s.id);
-    const TokenId t = a.sampler->Sample(absl::MakeConstSpan(logits_).subspan(i * vocab, vocab), st->tokens);
-    result.outputs.push_back({s.id, {t}});
+    const float* row = logits_.data() + static_cast<size_t>(row_of[i]) * vocab;
+    SeqOutput o{s.id, {}, 0};
+    if (spec_index[i] != SIZE_MAX) {
+      const Proposal& d = drafts[spec_index[i]];
+      const VerifyResult v = VerifyDrafts(a, *st, d, row);
+      o.new_tokens = v.tokens;
+      o.num_drafts = static_cast<int32_t>(d.tokens.size());
+      a.out.spec.Record(o.num_drafts, v.num_accepted);
+      stats_.spec.Record(o.num_drafts, v.num_accepted);
+    } else {
+      o.new_tokens = {a.sampler->Sample(absl::MakeConstSpan(row, vocab), st->tokens)};
+    }
     if (a.out.tokens.empty()) {
       a.out.first_token_ms = now;
       a.out.cached_prompt_tokens = st->num_cached_prompt;
     }
-    a.out.tokens.push_back(t);
-    a.out.token_ms.push_back(now);
-    ++stats_.generated_tokens;
-    if (tokenizer_ != nullptr) {
-      const TokenId prev = a.out.tokens.size() > 1 ? a.out.tokens[a.out.tokens.size() - 2] : st->tokens.back();
-      a.out.text += tokenizer_->DecodeToken(prev, t);
+    for (TokenId t : o.new_tokens) {
+      const TokenId prev = a.out.tokens.empty() ? st->tokens.back() : a.out.tokens.back();
+      a.out.tokens.push_back(t);
+      a.out.token_ms.push_back(now);
+      ++stats_.generated_tokens;
+      if (tokenizer_ != nullptr) a.out.text += tokenizer_->DecodeToken(prev, t);
     }
+    result.outputs.push_back(std::move(o));
   }
   for (RequestId id : scheduler_.Update(plan, result)) {
     done.push_back(Complete(id, scheduler_.Get(id)->finish));
+  }
+  if (spec_.proposer != nullptr) {
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+      const SequenceState* st = scheduler_.Get(plan.seqs[i].id);
+      if (spec_index[i] != SIZE_MAX && st != nullptr && st->status == SeqStatus::kRunning) {
+        spec_.proposer->Rollback(st->id, st->num_computed);  // the draft's watermark follows the target's
+      }
+    }
   }
   // Stop strings end a request and are cut from its text.
   for (const SeqOutput& o : result.outputs) {

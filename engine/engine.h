@@ -12,8 +12,10 @@
 #include "absl/status/statusor.h"
 #include "engine/llama_model.h"
 #include "engine/sampler.h"
+#include "draft/proposer.h"
 #include "engine/tokenizer.h"
 #include "scheduler/scheduler.h"
+#include "verify/rejection_sampler.h"
 
 namespace specula {
 
@@ -41,10 +43,20 @@ struct RequestOutput {
   double arrival_ms = 0, first_token_ms = 0, finish_ms = 0;
   std::vector<double> token_ms;  // [tokens]
 
+  SpecStats spec;  // drafts, draft tokens, accepted tokens, accepted per position
+
   double ttft_ms() const { return first_token_ms - arrival_ms; }
   double tpot_ms() const {
     return tokens.size() > 1 ? (token_ms.back() - token_ms.front()) / (tokens.size() - 1) : 0.0;
   }
+};
+
+struct SpecConfig {
+  Proposer* proposer = nullptr;  // null: no speculation. Must outlive the engine.
+  // Synthetic acceptance for cost studies: each draft is accepted with this probability instead
+  // of being verified. NOT lossless; refused unless allow_synthetic (benchmarks, experiments).
+  double synthetic_alpha = -1.0;
+  bool allow_synthetic = false;
 };
 
 struct EngineStats {
@@ -52,13 +64,16 @@ struct EngineStats {
   int64_t prefill_tokens = 0;  // prompt (and recomputed) tokens run through the model
   int64_t decode_tokens = 0;
   int64_t generated_tokens = 0;
+  SpecStats spec;
 };
 
 class Engine {
  public:
   // `model` and `tokenizer` (may be null: no stop strings, no text) must outlive the engine.
   // config.num_blocks and max_model_len are used as given; the KV pool is allocated here.
-  Engine(LlamaModel* model, const Tokenizer* tokenizer, const SchedulerConfig& config);
+  Engine(LlamaModel* model, const Tokenizer* tokenizer, const SchedulerConfig& config, SpecConfig spec = {});
+  // Errors: synthetic acceptance without allow_synthetic, speculation without a proposer.
+  absl::Status Validate() const;
 
   absl::Status AddRequest(Request r);
   // Runs one step and returns the requests that finished in it.
@@ -73,9 +88,13 @@ class Engine {
   struct Active {
     Request request;
     std::unique_ptr<Sampler> sampler;
+    std::unique_ptr<Uniform> uniform;  // verification randomness
     RequestOutput out;
   };
   RequestOutput Complete(RequestId id, FinishReason reason);
+  // Verifies one sequence's drafts against its logit rows [1 + drafts, vocab]: accepted tokens then
+  // a recovered or bonus token.
+  VerifyResult VerifyDrafts(Active& a, const SequenceState& st, const Proposal& draft, const float* rows);
 
   LlamaModel* model_;
   const Tokenizer* tokenizer_;
@@ -85,6 +104,8 @@ class Engine {
   std::vector<RequestOutput> aborted_;  // returned by the next Step()
   std::vector<float> logits_;           // [num_seqs, vocab]
   EngineStats stats_;
+  SpecConfig spec_;
+  std::vector<float> target_probs_, draft_probs_;  // [k + 1, vocab], [k, vocab]
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 

@@ -87,9 +87,9 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& kv, LogitsM
       token_ids_[t] = in.tokens[i];
       positions_[t] = pos;
       slots_[t] = in.block_table[pos / kv.block_size()] * kv.block_size() + pos % kv.block_size();
-      if (mode == LogitsMode::kAll) out_rows_.push_back(t);
+      if (mode == LogitsMode::kAll || in.all_logits) out_rows_.push_back(t);
     }
-    if (mode == LogitsMode::kLastPerSequence) out_rows_.push_back(t - 1);
+    if (mode == LogitsMode::kLastPerSequence && !in.all_logits) out_rows_.push_back(t - 1);
   }
   query_start_[S] = T;
   AttentionMetadata meta{S, T, query_start_.data(), positions_.data(), slots_.data(),

@@ -15,7 +15,7 @@ namespace specula {
 
 enum class LogitsMode {
   kAll,              // one row per new token (prefill scoring, speculative verification)
-  kLastPerSequence,  // one row per sequence (plain decoding)
+  kLastPerSequence,  // one row per sequence (plain decoding), all rows for `all_logits` sequences
 };
 
 class LlamaModel {

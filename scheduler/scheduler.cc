@@ -86,7 +86,11 @@ StepPlan Scheduler::Schedule(double now_ms) {
   // 1. Running sequences, in policy order: decodes and the next chunk of unfinished prefills.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     SequenceState* s = running_[i];
-    const int32_t n = std::min<int32_t>(static_cast<int32_t>(s->tokens.size()) - s->num_computed, budget);
+    const int32_t pending = static_cast<int32_t>(s->tokens.size()) - s->num_computed;
+    const bool decoding = pending == 1 && s->num_computed >= s->num_prompt;
+    const int32_t spec =
+        decoding ? SpeculationLength(config_.num_spec_tokens, *s, config_.max_model_len, budget) : 0;
+    const int32_t n = std::min<int32_t>(pending + spec, budget);
     bool self_preempted = false;
     while (!blocks_.Reserve(&s->blocks, s->num_computed + n)) {
       SequenceState* victim = running_.back();  // served last by the policy
@@ -98,7 +102,7 @@ StepPlan Scheduler::Schedule(double now_ms) {
       }
     }
     if (self_preempted) break;  // s was the last running sequence
-    plan.seqs.push_back({s->id, s->num_computed, n, s->num_computed + n == static_cast<int32_t>(s->tokens.size())});
+    plan.seqs.push_back({s->id, s->num_computed, n, s->num_computed + n - spec == static_cast<int32_t>(s->tokens.size()), spec});
     budget -= n;
     ++i;
   }
@@ -133,31 +137,39 @@ StepPlan Scheduler::Schedule(double now_ms) {
 }
 
 std::vector<RequestId> Scheduler::Update(const StepPlan& plan, const StepResult& result) {
-  std::vector<RequestId> finished;
+  std::vector<RequestId> finished;  // in this step
   std::unordered_map<RequestId, const SeqOutput*> outputs;
   for (const SeqOutput& o : result.outputs) outputs[o.id] = &o;
   for (const ScheduledSeq& sch : plan.seqs) {
     auto it = seqs_.find(sch.id);
     if (it == seqs_.end() || it->second->status != SeqStatus::kRunning) continue;  // aborted meanwhile
     SequenceState* s = it->second.get();
-    s->num_computed = sch.start_pos + sch.num_tokens;
-    blocks_.Commit(s->tokens, s->num_computed, s->blocks, &s->num_hashed, &s->last_hash);
     auto out = outputs.find(sch.id);
-    if (out == outputs.end()) continue;
-    for (TokenId t : out->second->new_tokens) {
-      s->tokens.push_back(t);
-      FinishReason reason = FinishReason::kNone;
-      if (std::find(s->stop_ids.begin(), s->stop_ids.end(), t) != s->stop_ids.end()) {
-        reason = FinishReason::kStopToken;
-      } else if (s->num_generated() >= s->max_new_tokens ||
-                 static_cast<int32_t>(s->tokens.size()) >= config_.max_model_len) {
-        reason = FinishReason::kMaxTokens;
+    const SeqOutput* o = out == outputs.end() ? nullptr : out->second;
+    // KV is valid for the known tokens and the accepted drafts; the rejected drafts' slots are
+    // given up by moving the watermark (nothing is copied).
+    const int32_t accepted = sch.num_spec > 0 && o != nullptr ? static_cast<int32_t>(o->new_tokens.size()) - 1 : 0;
+    s->num_computed = sch.start_pos + sch.num_tokens - sch.num_spec + accepted;
+    FinishReason reason = FinishReason::kNone;
+    if (o != nullptr) {
+      for (TokenId t : o->new_tokens) {
+        s->tokens.push_back(t);
+        if (std::find(s->stop_ids.begin(), s->stop_ids.end(), t) != s->stop_ids.end()) {
+          reason = FinishReason::kStopToken;
+        } else if (s->num_generated() >= s->max_new_tokens ||
+                   static_cast<int32_t>(s->tokens.size()) >= config_.max_model_len) {
+          reason = FinishReason::kMaxTokens;
+        }
+        if (reason != FinishReason::kNone) break;  // tokens past a stop are dropped
       }
-      if (reason != FinishReason::kNone) {
-        Finish(s->id, reason);
-        finished.push_back(s->id);
-        break;
-      }
+    }
+    s->num_computed = std::min(s->num_computed, static_cast<int32_t>(s->tokens.size()));
+    blocks_.Commit(s->tokens, s->num_computed, s->blocks, &s->num_hashed, &s->last_hash);
+    if (reason != FinishReason::kNone) {
+      Finish(s->id, reason);
+      finished.push_back(s->id);
+    } else if (sch.num_spec > 0) {
+      blocks_.Truncate(&s->blocks, static_cast<int32_t>(s->tokens.size()));  // lookahead slots back
     }
   }
   return finished;

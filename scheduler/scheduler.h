@@ -28,6 +28,8 @@ struct SchedulerConfig {
   // this long for company before their prefill starts. 0 = start at once.
   double max_wait_ms = 0.0;
   SchedulingPolicy policy = SchedulingPolicy::kFcfs;
+  // Speculative decoding: at most this many draft tokens per decoding sequence and step (0 = off).
+  int32_t num_spec_tokens = 0;
 };
 
 absl::Status ValidateSchedulerConfig(const SchedulerConfig& c);

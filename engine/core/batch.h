@@ -20,6 +20,8 @@ struct SequenceInput {
   int32_t start_pos = 0;
   // Block ids covering positions [0, start_pos + num_new): [ceil((start_pos + num_new) / block_size)].
   absl::Span<const BlockId> block_table;
+  // Logits for every new token of this sequence (speculative verification), whatever the mode.
+  bool all_logits = false;
 };
 
 struct ForwardBatch {

@@ -20,6 +20,9 @@ struct ScheduledSeq {
   // True when the last scheduled token is the sequence's last known token, so the step samples
   // the next one (a decode, or the final chunk of a prefill).
   bool samples = false;
+  // Draft slots: num_tokens = 1 + num_spec for a speculative decode (the last known token, then up
+  // to num_spec draft tokens that the proposer fills in).
+  int32_t num_spec = 0;
 };
 
 struct StepPlan {
@@ -34,7 +37,8 @@ struct StepPlan {
 // chunk that does not reach the end of the prompt).
 struct SeqOutput {
   RequestId id = 0;
-  std::vector<TokenId> new_tokens;
+  std::vector<TokenId> new_tokens;  // accepted drafts, then the recovered or bonus token
+  int32_t num_drafts = 0;           // draft tokens actually verified (<= num_spec)
 };
 
 struct StepResult {

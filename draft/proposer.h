@@ -1,0 +1,41 @@
+// Proposers draft k tokens for each speculating sequence of a step. The target then scores all of
+// them in one forward pass and the verifier (verify/) accepts a prefix.
+#pragma once
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "engine/core/step.h"
+#include "engine/sampler.h"
+
+namespace specula {
+
+struct ProposeInput {
+  RequestId id = 0;
+  // The sequence so far; its last token has not been run through the target yet.
+  absl::Span<const TokenId> tokens;
+  int32_t k = 0;  // drafts wanted
+  const SamplingParams* sampling = nullptr;
+};
+
+struct Proposal {
+  std::vector<TokenId> tokens;  // at most k (an n-gram miss gives none)
+  std::vector<float> probs;     // [tokens, vocab] draft distributions q, or empty (one-hot drafts)
+};
+
+class Proposer {
+ public:
+  virtual ~Proposer() = default;
+  // out->size() == inputs.size() on return.
+  virtual absl::Status Propose(absl::Span<const ProposeInput> inputs, std::vector<Proposal>* out) = 0;
+  // After verification only the first `num_valid` tokens of the sequence have target KV; drafted
+  // state past them is dropped by moving a watermark.
+  virtual void Rollback(RequestId id, int32_t num_valid) {}
+  // The sequence finished or was preempted: free what the proposer holds for it.
+  virtual void Release(RequestId id) {}
+  // Blocks the proposer holds (leak tests).
+  virtual int32_t blocks_in_use() const { return 0; }
+};
+
+}  // namespace specula

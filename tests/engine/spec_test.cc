@@ -1,0 +1,327 @@
+// Speculative decoding end to end: greedy output equals plain greedy output token for token on
+// the real pair (stories260K target, llama2xs draft) and with n-gram drafts, one sequence at a
+// time, batched, and with preemption; sampled output follows the target's distribution
+// (chi-square over 100k samples), and a broken verifier is caught; no KV block leaks.
+#include <cmath>
+#include <map>
+#include <random>
+
+#include "draft/draft_model_proposer.h"
+#include "draft/ngram_proposer.h"
+#include "engine/engine.h"
+#include "engine/generate.h"
+#include "engine/make_model.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "tests/test_util.h"
+
+namespace specula {
+namespace {
+
+std::unique_ptr<LlamaModel> Load(const std::string& path) {
+  auto w = LoadModel(path);
+  EXPECT_TRUE(w.ok()) << w.status();
+  return std::make_unique<LlamaModel>(std::move(w).value(), MakeCpuBackend());
+}
+
+SchedulerConfig Config(const LlamaModel& m, int32_t max_seqs, int32_t num_blocks, int32_t k) {
+  SchedulerConfig c;
+  c.max_num_seqs = max_seqs;
+  c.max_num_batched_tokens = 1024;
+  c.block_size = 16;
+  c.num_blocks = num_blocks;
+  c.max_model_len = m.config().max_seq_len;
+  c.num_spec_tokens = k;
+  return c;
+}
+
+std::map<RequestId, RequestOutput> RunToEnd(Engine& e, const std::vector<Request>& reqs) {
+  EXPECT_TRUE(e.Validate().ok());
+  for (const Request& r : reqs) EXPECT_TRUE(e.AddRequest(r).ok());
+  std::map<RequestId, RequestOutput> out;
+  while (e.HasUnfinished()) {
+    for (auto& o : e.Step()) out.emplace(o.id, std::move(o));
+  }
+  EXPECT_EQ(e.scheduler().blocks().num_available(), e.scheduler().blocks().num_blocks());
+  return out;
+}
+
+class SpecGreedyTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string dir = testing::TinyStoriesDir();
+    target_ = Load(dir + "/stories260K.bin").release();
+    draft_ = Load(dir + "/llama2xs.bin").release();
+    auto tok = LoadTokenizer(dir + "/tok512.bin", 512);
+    ASSERT_TRUE(tok.ok());
+    const std::vector<std::string> who = {"Lily", "Tom", "A dog", "The bird", "Mom", "Sue", "Ben", "A cat", "The sun", "Max"};
+    const std::vector<std::string> what = {"went out", "was happy", "saw a tree", "had a ball", "liked to sing",
+                                           "was very tired", "found a box", "ran home", "said hello", "ate lunch"};
+    for (int i = 0; i < 100; ++i) {
+      Request r;
+      r.id = i;
+      r.prompt = (*tok)->Encode(who[i % 10] + " " + what[i / 10], true);
+      r.max_tokens = 24 + i % 17;
+      r.ignore_eos = true;
+      GenerateOptions opt;
+      opt.max_tokens = r.max_tokens;
+      auto g = Generate(*target_, r.prompt, opt);
+      ASSERT_TRUE(g.ok());
+      plain_.push_back(g->tokens);
+      requests_.push_back(std::move(r));
+    }
+  }
+
+  void ExpectEqualsPlain(Proposer& proposer, int32_t k, int32_t max_seqs, int32_t num_blocks, bool want_preemption,
+                         const char* name) {
+    Engine e(target_, nullptr, Config(*target_, max_seqs, num_blocks, k), {&proposer});
+    auto out = RunToEnd(e, requests_);
+    ASSERT_EQ(out.size(), requests_.size());
+    int mismatches = 0;
+    for (size_t i = 0; i < requests_.size(); ++i) {
+      if (out[i].tokens != plain_[i]) ++mismatches;
+      EXPECT_EQ(out[i].tokens, plain_[i]) << name << " k=" << k << " request " << i;
+    }
+    EXPECT_EQ(mismatches, 0);
+    EXPECT_GT(e.stats().spec.accepted_tokens, 0) << name;
+    if (want_preemption) EXPECT_GT(e.scheduler().num_preemptions(), 0) << name;
+    EXPECT_EQ(proposer.blocks_in_use(), 0) << name;
+    std::printf("[spec] %-22s k=%d: acceptance %.3f, mean acceptance length %.2f, %lld preemptions\n", name, k,
+                e.stats().spec.acceptance_rate(), e.stats().spec.mean_acceptance_length(),
+                static_cast<long long>(e.scheduler().num_preemptions()));
+  }
+
+  static LlamaModel* target_;
+  static LlamaModel* draft_;
+  static std::vector<Request> requests_;
+  static std::vector<std::vector<TokenId>> plain_;
+};
+LlamaModel* SpecGreedyTest::target_ = nullptr;
+LlamaModel* SpecGreedyTest::draft_ = nullptr;
+std::vector<Request> SpecGreedyTest::requests_;
+std::vector<std::vector<TokenId>> SpecGreedyTest::plain_;
+
+TEST_F(SpecGreedyTest, DraftModelEqualsPlainGreedy) {
+  for (int32_t k : {1, 2, 4, 8}) {
+    DraftModelProposer single(draft_, 16, 64), batched(draft_, 16, 512), tight(draft_, 16, 512);
+    ExpectEqualsPlain(single, k, 1, 64, false, "draft, one at a time");
+    ExpectEqualsPlain(batched, k, 32, 512, false, "draft, batch 32");
+    ExpectEqualsPlain(tight, k, 32, 24, true, "draft, preemption");
+  }
+}
+
+TEST_F(SpecGreedyTest, NgramEqualsPlainGreedy) {
+  for (int32_t k : {1, 2, 4, 8}) {
+    NgramProposer p(1, 3);
+    ExpectEqualsPlain(p, k, 1, 64, false, "ngram, one at a time");
+    ExpectEqualsPlain(p, k, 32, 512, false, "ngram, batch 32");
+    ExpectEqualsPlain(p, k, 32, 24, true, "ngram, preemption");
+  }
+}
+
+// Chi-square p-value (upper tail) by the Wilson-Hilferty approximation, good for dof >= 10.
+double ChiSquarePValue(double x, int dof) {
+  const double k = dof;
+  const double z = (std::cbrt(x / k) - (1.0 - 2.0 / (9.0 * k))) / std::sqrt(2.0 / (9.0 * k));
+  return 0.5 * std::erfc(z / std::sqrt(2.0));
+}
+
+// Chi-square statistic of observed counts against expected probabilities; cells with an expected
+// count below 5 are pooled.
+std::pair<double, int> ChiSquare(const std::map<std::vector<TokenId>, double>& probs,
+                                 const std::map<std::vector<TokenId>, int64_t>& counts, int64_t n) {
+  double stat = 0.0, pooled_e = 0.0;
+  int64_t pooled_o = 0;
+  int cells = 0;
+  for (const auto& [key, p] : probs) {
+    const double e = p * n;
+    auto it = counts.find(key);
+    const int64_t o = it == counts.end() ? 0 : it->second;
+    if (e < 5) {
+      pooled_e += e;
+      pooled_o += o;
+      continue;
+    }
+    stat += (o - e) * (o - e) / e;
+    ++cells;
+  }
+  if (pooled_e > 0) {
+    stat += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e;
+    ++cells;
+  }
+  return {stat, cells - 1};
+}
+
+struct Lossless {
+  double p_value;
+  int dof;
+};
+
+// Samples the first `depth` generated tokens `n` times with speculation (k drafts) and compares
+// their joint distribution with the target's exact one.
+Lossless SampleAndTest(LlamaModel& target, LlamaModel& draft, const std::vector<TokenId>& prompt, int depth, int k,
+                       const SamplingParams& sp, int64_t n, double synthetic_alpha = -1) {
+  const int32_t vocab = target.config().vocab_size;
+  // Exact joint distribution of the first `depth` tokens: enumerate prefixes level by level.
+  std::map<std::vector<TokenId>, double> probs = {{{}, 1.0}};
+  Sampler sampler(sp);
+  for (int level = 0; level < depth; ++level) {
+    std::map<std::vector<TokenId>, double> next;
+    for (const auto& [prefix, p] : probs) {
+      if (p < 1e-9) continue;
+      std::vector<TokenId> seq = prompt;
+      seq.insert(seq.end(), prefix.begin(), prefix.end());
+      KvCache kv(target.config(), {16, (static_cast<int32_t>(seq.size()) + 15) / 16});
+      std::vector<BlockId> table;
+      for (int32_t b = 0; b < kv.num_blocks(); ++b) table.push_back(b);
+      ForwardBatch batch;
+      batch.seqs.push_back({seq, 0, table});
+      std::vector<float> logits, q;
+      EXPECT_TRUE(target.Forward(batch, kv, LogitsMode::kLastPerSequence, &logits).ok());
+      sampler.Probabilities(logits, seq, &q);
+      for (int32_t t = 0; t < vocab; ++t) {
+        if (q[t] <= 0) continue;
+        auto key = prefix;
+        key.push_back(t);
+        next[key] = p * q[t];
+      }
+    }
+    probs = std::move(next);
+  }
+  // Speculative samples, a different seed per request.
+  DraftModelProposer proposer(&draft, 16, 4096);
+  SchedulerConfig c = Config(target, 256, 4096, k);
+  Engine e(&target, nullptr, c, {&proposer, synthetic_alpha, true});
+  std::map<std::vector<TokenId>, int64_t> counts;
+  for (int64_t i = 0; i < n;) {
+    for (int j = 0; j < 256 && i < n; ++j, ++i) {
+      Request r;
+      r.id = i;
+      r.prompt = prompt;
+      r.max_tokens = depth + k;  // room to speculate; only the first `depth` tokens are counted
+      r.sampling = sp;
+      r.sampling.seed = 1000003 * i + 17;
+      r.ignore_eos = true;
+      EXPECT_TRUE(e.AddRequest(r).ok());
+    }
+    while (e.HasUnfinished()) {
+      for (auto& o : e.Step()) counts[std::vector<TokenId>(o.tokens.begin(), o.tokens.begin() + depth)]++;
+    }
+  }
+  EXPECT_GT(e.stats().spec.accepted_tokens, 0);
+  EXPECT_EQ(proposer.blocks_in_use(), 0);
+  auto [stat, dof] = ChiSquare(probs, counts, n);
+  return {ChiSquarePValue(stat, dof), dof};
+}
+
+TEST(SpecLosslessTest, TinyRandomModelsFollowTargetDistribution) {
+  ModelConfig tc = *NamedShape("tiny");
+  tc.vocab_size = 12;
+  ModelConfig dc = tc;
+  dc.num_layers = 1;
+  const std::string td = testing::MakeTempDir(), dd = testing::MakeTempDir();
+  ASSERT_TRUE(WriteRandomModel(tc, td, DType::kF32, 1).ok());
+  ASSERT_TRUE(WriteRandomModel(dc, dd, DType::kF32, 2).ok());  // a different model: q != p
+  auto target = Load(td), draft = Load(dd);
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  const std::vector<TokenId> prompt = {3, 7, 1};
+  const Lossless ok = SampleAndTest(*target, *draft, prompt, 3, 2, sp, 100000);
+  std::printf("[lossless] tiny, T=1, 3 tokens, k=2: p = %.4f (dof %d)\n", ok.p_value, ok.dof);
+  EXPECT_GT(ok.p_value, 0.001);
+  sp.top_p = 0.8f;
+  sp.top_k = 6;
+  const Lossless filtered = SampleAndTest(*target, *draft, prompt, 3, 2, sp, 100000);
+  std::printf("[lossless] tiny, T=1 top-p 0.8 top-k 6: p = %.4f (dof %d)\n", filtered.p_value, filtered.dof);
+  EXPECT_GT(filtered.p_value, 0.001);
+  // A broken verifier that accepts every draft yields the draft's distribution: rejected.
+  sp = SamplingParams{};
+  sp.temperature = 1.0f;
+  const Lossless broken = SampleAndTest(*target, *draft, prompt, 3, 2, sp, 100000, /*synthetic_alpha=*/1.0);
+  std::printf("[lossless] tiny, always-accept verifier: p = %.3g (dof %d)\n", broken.p_value, broken.dof);
+  EXPECT_LT(broken.p_value, 0.001);
+}
+
+TEST(SpecLosslessTest, RealPairFollowsTargetDistribution) {
+  const std::string dir = testing::TinyStoriesDir();
+  auto target = Load(dir + "/stories260K.bin"), draft = Load(dir + "/llama2xs.bin");
+  auto tok = LoadTokenizer(dir + "/tok512.bin", 512);
+  ASSERT_TRUE(tok.ok());
+  const std::vector<TokenId> prompt = (*tok)->Encode("Lily saw a", true);
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  const Lossless ok = SampleAndTest(*target, *draft, prompt, 2, 3, sp, 100000);
+  std::printf("[lossless] real pair, T=1, 2 tokens, k=3: p = %.4f (dof %d)\n", ok.p_value, ok.dof);
+  EXPECT_GT(ok.p_value, 0.001);
+  const Lossless broken = SampleAndTest(*target, *draft, prompt, 2, 3, sp, 100000, 1.0);
+  std::printf("[lossless] real pair, always-accept verifier: p = %.3g (dof %d)\n", broken.p_value, broken.dof);
+  EXPECT_LT(broken.p_value, 0.001);
+}
+
+TEST(SpecLeakTest, TenThousandRandomRequestsWithAbortsLeakNothing) {
+  ModelConfig tc = *NamedShape("tiny");
+  tc.vocab_size = 64;
+  tc.max_seq_len = 128;
+  ModelConfig dc = tc;
+  dc.num_layers = 1;
+  const std::string td = testing::MakeTempDir(), dd = testing::MakeTempDir();
+  ASSERT_TRUE(WriteRandomModel(tc, td, DType::kF32, 3).ok());
+  ASSERT_TRUE(WriteRandomModel(dc, dd, DType::kF32, 4).ok());
+  auto target = Load(td), draft = Load(dd);
+  DraftModelProposer proposer(draft.get(), 8, 96);  // tight draft pool: some sequences get no drafts
+  SchedulerConfig c = Config(*target, 48, 64, 4);
+  c.block_size = 8;
+  c.max_num_batched_tokens = 256;
+  Engine e(target.get(), nullptr, c, {&proposer});
+  ASSERT_TRUE(e.Validate().ok());
+  std::mt19937 rng(77);
+  std::vector<RequestId> live;
+  int64_t finished = 0, aborted = 0;
+  for (RequestId id = 0; id < 10000 || e.HasUnfinished();) {
+    if (id < 10000 && live.size() < 64) {
+      Request r;
+      r.id = id++;
+      r.prompt.resize(1 + rng() % 30);
+      for (TokenId& t : r.prompt) t = rng() % 64;
+      r.max_tokens = 1 + rng() % 40;
+      r.sampling.temperature = rng() % 2 ? 1.0f : 0.0f;
+      r.sampling.seed = rng();
+      r.ignore_eos = rng() % 2;
+      ASSERT_TRUE(e.AddRequest(r).ok());
+      live.push_back(r.id);
+      continue;
+    }
+    if (!live.empty() && rng() % 8 == 0) {
+      const size_t i = rng() % live.size();
+      e.Abort(live[i]);
+      ++aborted;
+    }
+    for (auto& o : e.Step()) {
+      ++finished;
+      live.erase(std::remove(live.begin(), live.end(), o.id), live.end());
+    }
+    ASSERT_TRUE(e.scheduler().CheckInvariants().ok()) << e.scheduler().CheckInvariants();
+  }
+  EXPECT_EQ(finished, 10000);
+  EXPECT_GT(aborted, 100);
+  EXPECT_GT(e.scheduler().num_preemptions(), 0);
+  EXPECT_GT(e.stats().spec.accepted_tokens, 0);
+  EXPECT_EQ(e.scheduler().blocks().num_available(), c.num_blocks);
+  EXPECT_EQ(proposer.blocks_in_use(), 0);
+  std::printf("[leak] 10000 requests, %lld abort calls, %lld preemptions, acceptance %.2f\n",
+              static_cast<long long>(aborted), static_cast<long long>(e.scheduler().num_preemptions()),
+              e.stats().spec.acceptance_rate());
+}
+
+TEST(SpecConfigTest, SyntheticProposerIsRefusedOutsideBenchmarks) {
+  auto target = Load(testing::TinyStoriesDir() + "/stories260K.bin");
+  NgramProposer p(1, 3);
+  Engine synthetic(target.get(), nullptr, Config(*target, 4, 64, 2), {&p, 0.8, false});
+  EXPECT_EQ(synthetic.Validate().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(synthetic.Validate().message().find("not lossless"), std::string::npos);
+  Engine no_proposer(target.get(), nullptr, Config(*target, 4, 64, 2));
+  EXPECT_FALSE(no_proposer.Validate().ok());
+}
+
+}  // namespace
+}  // namespace specula

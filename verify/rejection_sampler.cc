@@ -1,0 +1,88 @@
+#include "verify/rejection_sampler.h"
+
+#include <algorithm>
+
+namespace specula {
+
+TokenId SampleFrom(absl::Span<const float> weights, double u) {
+  double total = 0.0;
+  for (float w : weights) total += w;
+  const double target = u * total;
+  double cdf = 0.0;
+  TokenId last = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i] <= 0.0f) continue;
+    cdf += weights[i];
+    last = static_cast<TokenId>(i);
+    if (target < cdf) return last;
+  }
+  return last;
+}
+
+VerifyResult RejectionSample(absl::Span<const TokenId> draft, absl::Span<const float> target_probs,
+                             absl::Span<const float> draft_probs, int32_t vocab, Uniform& uniform) {
+  VerifyResult r;
+  const size_t k = draft.size();
+  std::vector<float> residual(vocab);  // [vocab] max(0, p - q)
+  for (size_t i = 0; i < k; ++i) {
+    const float* p = target_probs.data() + i * vocab;
+    const TokenId x = draft[i];
+    const float q_x = draft_probs.empty() ? 1.0f : draft_probs[i * vocab + x];
+    const double accept = q_x > 0.0f ? std::min(1.0, static_cast<double>(p[x]) / q_x) : 0.0;
+    if (uniform.Next() < accept) {
+      r.tokens.push_back(x);  // accepted
+      ++r.num_accepted;
+      continue;
+    }
+    // Rejected: the recovered token comes from norm(max(0, p - q)).
+    double mass = 0.0;
+    for (int32_t v = 0; v < vocab; ++v) {
+      const float q_v = draft_probs.empty() ? (v == x ? 1.0f : 0.0f) : draft_probs[i * vocab + v];
+      residual[v] = std::max(0.0f, p[v] - q_v);
+      mass += residual[v];
+    }
+    // p == q up to rounding leaves no residual mass; p itself is then the right distribution.
+    r.tokens.push_back(mass > 0.0 ? SampleFrom(residual, uniform.Next())
+                                  : SampleFrom(absl::MakeConstSpan(p, vocab), uniform.Next()));
+    return r;
+  }
+  r.bonus = true;
+  r.tokens.push_back(SampleFrom(target_probs.subspan(k * vocab, vocab), uniform.Next()));
+  return r;
+}
+
+VerifyResult GreedyVerify(absl::Span<const TokenId> draft, absl::Span<const TokenId> target_argmax) {
+  VerifyResult r;
+  for (size_t i = 0; i < draft.size(); ++i) {
+    if (draft[i] != target_argmax[i]) {
+      r.tokens.push_back(target_argmax[i]);  // the target's own token replaces the first mismatch
+      return r;
+    }
+    r.tokens.push_back(draft[i]);
+    ++r.num_accepted;
+  }
+  r.bonus = true;
+  r.tokens.push_back(target_argmax[draft.size()]);
+  return r;
+}
+
+void SpecStats::Record(int32_t num_drafts, int32_t num_accepted) {
+  if (num_drafts == 0) return;
+  ++drafts;
+  draft_tokens += num_drafts;
+  accepted_tokens += num_accepted;
+  if (static_cast<int32_t>(accepted_per_position.size()) < num_drafts) accepted_per_position.resize(num_drafts, 0);
+  for (int32_t i = 0; i < num_accepted; ++i) ++accepted_per_position[i];
+}
+
+void SpecStats::Merge(const SpecStats& o) {
+  drafts += o.drafts;
+  draft_tokens += o.draft_tokens;
+  accepted_tokens += o.accepted_tokens;
+  if (accepted_per_position.size() < o.accepted_per_position.size()) {
+    accepted_per_position.resize(o.accepted_per_position.size(), 0);
+  }
+  for (size_t i = 0; i < o.accepted_per_position.size(); ++i) accepted_per_position[i] += o.accepted_per_position[i];
+}
+
+}  // namespace specula
