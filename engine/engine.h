@@ -80,6 +80,11 @@ class Engine {
   std::vector<RequestOutput> Step();
   void Abort(RequestId id);
   bool HasUnfinished() const { return scheduler_.HasUnfinished(); }
+  // The output so far of an unfinished request (streaming), or null.
+  const RequestOutput* Peek(RequestId id) const {
+    auto it = active_.find(id);
+    return it == active_.end() ? nullptr : &it->second.out;
+  }
   const Scheduler& scheduler() const { return scheduler_; }
   const EngineStats& stats() const { return stats_; }
   double NowMs() const;

@@ -91,11 +91,31 @@ void Progress(int32_t done, int32_t total, int64_t tokens, double ms) {
 
 }  // namespace
 
+json SpecStatsJson(const SpecStats& s) {
+  return {{"drafts", s.drafts},
+          {"draft_tokens", s.draft_tokens},
+          {"accepted_tokens", s.accepted_tokens},
+          {"accepted_per_position", s.accepted_per_position},
+          {"acceptance_rate", s.acceptance_rate()},
+          {"mean_acceptance_length", s.mean_acceptance_length()}};
+}
+
+std::string SpecStatsLine(const SpecStats& s) {
+  std::string per_pos;
+  for (size_t i = 0; i < s.accepted_per_position.size(); ++i) {
+    absl::StrAppend(&per_pos, i ? " " : "", s.drafts ? static_cast<double>(s.accepted_per_position[i]) / s.drafts : 0.0);
+  }
+  return absl::StrCat("[specula] speculation: ", s.drafts, " drafts, ", s.draft_tokens, " draft tokens, ",
+                      s.accepted_tokens, " accepted (rate ", s.acceptance_rate(), "), mean acceptance length ",
+                      s.mean_acceptance_length(), ", acceptance per position [", per_pos, "]\n");
+}
+
 absl::Status RunBatchGenerate(LlamaModel& model, const Tokenizer& tokenizer, const BatchOptions& opt,
                               std::FILE* out) {
   std::ifstream in(opt.prompts_file);
   if (!in) return absl::NotFoundError(absl::StrCat(opt.prompts_file, ": cannot open"));
-  Engine engine(&model, &tokenizer, opt.scheduler);
+  Engine engine(&model, &tokenizer, opt.scheduler, {opt.proposer});
+  if (auto st = engine.Validate(); !st.ok()) return st;
   std::map<RequestId, Line> lines;
   std::string text;
   int32_t number = 0, accepted = 0, rejected = 0;
@@ -124,15 +144,17 @@ absl::Status RunBatchGenerate(LlamaModel& model, const Tokenizer& tokenizer, con
     for (RequestOutput& o : engine.Step()) {
       ++finished;
       const Line& line = lines.at(o.id);
-      WriteJson(out, {{"id", line.id},
-                      {"text", o.text},
-                      {"token_ids", o.tokens},
-                      {"finish_reason", FinishReasonName(o.finish)},
-                      {"prompt_tokens", o.prompt_tokens},
-                      {"cached_prompt_tokens", o.cached_prompt_tokens},
-                      {"ttft_ms", o.ttft_ms()},
-                      {"tpot_ms", o.tpot_ms()},
-                      {"preemptions", o.num_preemptions}});
+      json j = {{"id", line.id},
+                {"text", o.text},
+                {"token_ids", o.tokens},
+                {"finish_reason", FinishReasonName(o.finish)},
+                {"prompt_tokens", o.prompt_tokens},
+                {"cached_prompt_tokens", o.cached_prompt_tokens},
+                {"ttft_ms", o.ttft_ms()},
+                {"tpot_ms", o.tpot_ms()},
+                {"preemptions", o.num_preemptions}};
+      if (opt.proposer != nullptr) j["spec"] = SpecStatsJson(o.spec);
+      WriteJson(out, j);
     }
     if (opt.progress && engine.NowMs() - last_progress > 200) {
       last_progress = engine.NowMs();
@@ -150,6 +172,7 @@ absl::Status RunBatchGenerate(LlamaModel& model, const Tokenizer& tokenizer, con
                static_cast<long long>(engine.stats().steps), static_cast<long long>(engine.stats().prefill_tokens),
                static_cast<long long>(engine.scheduler().num_preemptions()),
                bm.query_tokens() > 0 ? 100.0 * bm.hit_tokens() / bm.query_tokens() : 0.0);
+  if (opt.proposer != nullptr) std::fputs(SpecStatsLine(engine.stats().spec).c_str(), stderr);
   return absl::OkStatus();
 }
 

@@ -8,7 +8,10 @@
 #include "absl/status/status.h"
 #include "engine/llama_model.h"
 #include "engine/sampler.h"
+#include "draft/proposer.h"
 #include "engine/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "verify/rejection_sampler.h"
 #include "scheduler/scheduler.h"
 
 namespace specula {
@@ -21,7 +24,13 @@ struct BatchOptions {
   bool add_bos = true;
   bool ignore_eos = false;
   bool progress = true;
+  Proposer* proposer = nullptr;  // speculation when set (scheduler.num_spec_tokens > 0)
 };
+
+// Acceptance statistics as JSON (per request or in total).
+nlohmann::json SpecStatsJson(const SpecStats& s);
+// One line for stderr.
+std::string SpecStatsLine(const SpecStats& s);
 
 // Malformed lines get an error naming the line and field (on stderr and as their JSON line); the
 // other lines still run. Fails only when the file cannot be read.

@@ -16,6 +16,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "engine/core/mapped_file.h"
+#include "draft/draft_model_proposer.h"
+#include "draft/ngram_proposer.h"
+#include "engine/engine.h"
 #include "engine/generate.h"
 #include "engine/make_model.h"
 #include "engine/tokenizer.h"
@@ -70,6 +73,14 @@ Batch mode (continuous batching over a paged KV cache):
   --max-wait-ms MS      batching window: how long new arrivals wait for company (default 0)
   --no-prefix-caching   turn automatic prefix caching off
   --no-progress         no progress bar on stderr
+
+Speculative decoding (single prompt and batch; output is exactly what the target alone gives when
+greedy, and follows the target's distribution when sampling):
+  --spec-method M       draft (a smaller model) or ngram (prompt lookup)
+  --num-spec-tokens K   draft tokens per step (default 4)
+  --draft-model PATH    the draft model for --spec-method draft (llama2.c .bin or HF directory)
+  --draft-tokenizer PATH  the draft's tokenizer, checked against the target's (default: shared)
+  --ngram-min N, --ngram-max N  n-gram sizes for --spec-method ngram (default 1 and 3)
 )";
 
 constexpr char kMakeModelUsage[] = R"(usage: specula make-model (--shape NAME | --config config.json) --out DIR [flags]
@@ -97,10 +108,52 @@ std::string DefaultTokenizer(const std::string& model, int32_t vocab) {
   return "";
 }
 
+// One prompt through the engine with speculation, streaming each step's new text.
+absl::Status RunSpeculativeSingle(LlamaModel& model, const Tokenizer& tok, const std::vector<TokenId>& prompt,
+                                  const GenerateOptions& opt, Proposer* proposer, int32_t num_spec) {
+  SchedulerConfig sc;
+  sc.max_num_seqs = 1;
+  sc.block_size = opt.block_size;
+  sc.max_model_len = model.config().max_seq_len;
+  sc.num_blocks = (sc.max_model_len + sc.block_size - 1) / sc.block_size + 1;
+  sc.max_num_batched_tokens = std::max(2048, num_spec + 1);
+  sc.num_spec_tokens = num_spec;
+  Engine engine(&model, &tok, sc, {proposer});
+  if (auto st = engine.Validate(); !st.ok()) return st;
+  Request r;
+  r.id = 0;
+  r.prompt = prompt;
+  r.max_tokens = std::max(1, std::min<int32_t>(opt.max_tokens, sc.max_model_len - static_cast<int32_t>(prompt.size())));
+  r.sampling = opt.sampling;
+  r.stop_ids = opt.stop_ids;
+  r.ignore_eos = true;  // stop ids are explicit here
+  if (auto st = engine.AddRequest(r); !st.ok()) return st;
+  size_t printed = 0;
+  RequestOutput final_out;
+  while (engine.HasUnfinished()) {
+    for (auto& o : engine.Step()) final_out = std::move(o);
+    if (const RequestOutput* p = engine.Peek(0); p != nullptr && p->text.size() > printed) {
+      std::fwrite(p->text.data() + printed, 1, p->text.size() - printed, stdout);
+      std::fflush(stdout);
+      printed = p->text.size();
+    }
+  }
+  if (final_out.text.size() > printed) std::fwrite(final_out.text.data() + printed, 1, final_out.text.size() - printed, stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  const double decode_ms = final_out.token_ms.empty() ? 0 : final_out.finish_ms - final_out.first_token_ms;
+  std::fprintf(stderr, "[specula] prompt tokens: %d, generated tokens: %zu\n[specula] ttft: %.1f ms, decode: %.1f tokens/s\n",
+               final_out.prompt_tokens, final_out.tokens.size(), final_out.ttft_ms(),
+               final_out.tokens.size() > 1 ? (final_out.tokens.size() - 1) / (decode_ms / 1000) : 0.0);
+  std::fputs(SpecStatsLine(final_out.spec).c_str(), stderr);
+  return absl::OkStatus();
+}
+
 absl::Status RunGenerate(int argc, char** argv) {
   auto flags = ParseFlags(argc, argv,
                           {"model", "tokenizer", "prompt", "prompt-file", "prompts-file", "max-num-seqs",
-                           "max-num-batched-tokens", "num-blocks", "max-wait-ms", "max-tokens", "temperature", "top-k",
+                           "max-num-batched-tokens", "num-blocks", "max-wait-ms", "max-tokens",
+                           "spec-method", "num-spec-tokens", "draft-model", "draft-tokenizer", "ngram-min", "ngram-max", "temperature", "top-k",
                            "top-p", "min-p", "repetition-penalty", "seed", "block-size"},
                           {"help", "ignore-eos", "no-bos", "no-prefix-caching", "no-progress"});
   if (!flags.ok()) return flags.status();
@@ -150,6 +203,56 @@ absl::Status RunGenerate(int argc, char** argv) {
                                                    " tokens but the model's vocab_size is ", vocab));
   }
   LlamaModel model(std::move(weights).value(), MakeCpuBackend());
+
+  // Speculative decoding.
+  std::unique_ptr<LlamaModel> draft_model;
+  std::unique_ptr<Proposer> proposer;
+  int32_t num_spec = 0;
+  if (flags->values.count("spec-method")) {
+    const std::string method = flags->values["spec-method"];
+    num_spec = 4;
+    int32_t ngram_min = 1, ngram_max = 3;
+    for (auto st : {GetNumber(*flags, "num-spec-tokens", &num_spec), GetNumber(*flags, "ngram-min", &ngram_min),
+                    GetNumber(*flags, "ngram-max", &ngram_max)}) {
+      if (!st.ok()) return st;
+    }
+    if (num_spec <= 0 || num_spec > 64) {
+      return absl::InvalidArgumentError(absl::StrCat("--num-spec-tokens must be in [1, 64], got ", num_spec));
+    }
+    if (method == "ngram") {
+      if (ngram_min < 1 || ngram_max < ngram_min) return absl::InvalidArgumentError("--ngram-min/--ngram-max: need 1 <= min <= max");
+      proposer = std::make_unique<NgramProposer>(ngram_min, ngram_max);
+    } else if (method == "draft") {
+      if (!flags->values.count("draft-model")) return absl::InvalidArgumentError("--spec-method draft needs --draft-model PATH");
+      const std::string draft_path = flags->values["draft-model"];
+      auto dw = LoadModel(draft_path);
+      if (!dw.ok()) return dw.status();
+      if ((*dw)->config.vocab_size != vocab) {
+        return absl::InvalidArgumentError(absl::StrCat(draft_path, ": the draft's vocabulary (", (*dw)->config.vocab_size,
+                                                       " tokens) is incompatible with the target's (", vocab, ")"));
+      }
+      if (flags->values.count("draft-tokenizer")) {
+        const std::string dtp = flags->values["draft-tokenizer"];
+        auto dtok = LoadTokenizer(dtp, vocab);
+        if (!dtok.ok()) return dtok.status();
+        for (TokenId id = 0; id < std::max(tok.vocab_size(), (*dtok)->vocab_size()); ++id) {
+          if ((*dtok)->DecodeToken(-1, id) != tok.DecodeToken(-1, id)) {
+            return absl::InvalidArgumentError(absl::StrCat(dtp, ": the draft's tokenizer is incompatible with the target's (token ",
+                                                           id, " differs)"));
+          }
+        }
+      }
+      draft_model = std::make_unique<LlamaModel>(std::move(dw).value(), MakeCpuBackend());
+      const int32_t blocks = 64 * ((draft_model->config().max_seq_len + opt.block_size - 1) / opt.block_size);
+      proposer = std::make_unique<DraftModelProposer>(draft_model.get(), opt.block_size, blocks);
+    } else if (method == "synthetic") {
+      return absl::InvalidArgumentError(
+          "--spec-method synthetic is not lossless: it is only available in benchmarks and experiments");
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("--spec-method: '", method, "' is not draft or ngram"));
+    }
+  }
+
   if (flags->values.count("prompts-file")) {
     BatchOptions b;
     b.prompts_file = flags->values["prompts-file"];
@@ -174,6 +277,8 @@ absl::Status RunGenerate(int argc, char** argv) {
       const int64_t want = int64_t{sc.max_num_seqs} * ((sc.max_model_len + sc.block_size - 1) / sc.block_size);
       sc.num_blocks = static_cast<int32_t>(std::min<int64_t>(want, (int64_t{4} << 30) / block_bytes));
     }
+    sc.num_spec_tokens = num_spec;
+    b.proposer = proposer.get();
     if (auto st = ValidateSchedulerConfig(sc); !st.ok()) return st;
     return RunBatchGenerate(model, tok, b, stdout);
   }
@@ -185,6 +290,7 @@ absl::Status RunGenerate(int argc, char** argv) {
     // llama2.c models mark the end of a story with BOS.
     if (model.config().rope_interleaved && tok.bos_id() >= 0) opt.stop_ids.push_back(tok.bos_id());
   }
+  if (proposer != nullptr) return RunSpeculativeSingle(model, tok, prompt, opt, proposer.get(), num_spec);
   TokenId prev = prompt.empty() ? -1 : prompt.back();
   auto result = Generate(model, prompt, opt, [&](TokenId t) {
     const std::string piece = tok.DecodeToken(prev, t);

@@ -3,6 +3,7 @@
 // time, batched, and with preemption; sampled output follows the target's distribution
 // (chi-square over 100k samples), and a broken verifier is caught; no KV block leaks.
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <random>
 
@@ -17,6 +18,15 @@
 
 namespace specula {
 namespace {
+
+// SPECULA_QUICK=1 (the sanitizer CI run) bounds these tests: fewer prompts, k values and samples,
+// the same assertions.
+bool Quick() {
+  const char* q = std::getenv("SPECULA_QUICK");
+  return q != nullptr && q[0] == '1';
+}
+std::vector<int32_t> Ks() { return Quick() ? std::vector<int32_t>{1, 4} : std::vector<int32_t>{1, 2, 4, 8}; }
+int64_t Samples() { return Quick() ? 20000 : 100000; }
 
 std::unique_ptr<LlamaModel> Load(const std::string& path) {
   auto w = LoadModel(path);
@@ -57,7 +67,7 @@ class SpecGreedyTest : public ::testing::Test {
     const std::vector<std::string> who = {"Lily", "Tom", "A dog", "The bird", "Mom", "Sue", "Ben", "A cat", "The sun", "Max"};
     const std::vector<std::string> what = {"went out", "was happy", "saw a tree", "had a ball", "liked to sing",
                                            "was very tired", "found a box", "ran home", "said hello", "ate lunch"};
-    for (int i = 0; i < 100; ++i) {
+    for (int i = 0; i < (Quick() ? 20 : 100); ++i) {
       Request r;
       r.id = i;
       r.prompt = (*tok)->Encode(who[i % 10] + " " + what[i / 10], true);
@@ -84,7 +94,9 @@ class SpecGreedyTest : public ::testing::Test {
     }
     EXPECT_EQ(mismatches, 0);
     EXPECT_GT(e.stats().spec.accepted_tokens, 0) << name;
-    if (want_preemption) EXPECT_GT(e.scheduler().num_preemptions(), 0) << name;
+    if (want_preemption) {
+      EXPECT_GT(e.scheduler().num_preemptions(), 0) << name;
+    }
     EXPECT_EQ(proposer.blocks_in_use(), 0) << name;
     std::printf("[spec] %-22s k=%d: acceptance %.3f, mean acceptance length %.2f, %lld preemptions\n", name, k,
                 e.stats().spec.acceptance_rate(), e.stats().spec.mean_acceptance_length(),
@@ -102,7 +114,7 @@ std::vector<Request> SpecGreedyTest::requests_;
 std::vector<std::vector<TokenId>> SpecGreedyTest::plain_;
 
 TEST_F(SpecGreedyTest, DraftModelEqualsPlainGreedy) {
-  for (int32_t k : {1, 2, 4, 8}) {
+  for (int32_t k : Ks()) {
     DraftModelProposer single(draft_, 16, 64), batched(draft_, 16, 512), tight(draft_, 16, 512);
     ExpectEqualsPlain(single, k, 1, 64, false, "draft, one at a time");
     ExpectEqualsPlain(batched, k, 32, 512, false, "draft, batch 32");
@@ -111,7 +123,7 @@ TEST_F(SpecGreedyTest, DraftModelEqualsPlainGreedy) {
 }
 
 TEST_F(SpecGreedyTest, NgramEqualsPlainGreedy) {
-  for (int32_t k : {1, 2, 4, 8}) {
+  for (int32_t k : Ks()) {
     NgramProposer p(1, 3);
     ExpectEqualsPlain(p, k, 1, 64, false, "ngram, one at a time");
     ExpectEqualsPlain(p, k, 32, 512, false, "ngram, batch 32");
@@ -226,18 +238,18 @@ TEST(SpecLosslessTest, TinyRandomModelsFollowTargetDistribution) {
   SamplingParams sp;
   sp.temperature = 1.0f;
   const std::vector<TokenId> prompt = {3, 7, 1};
-  const Lossless ok = SampleAndTest(*target, *draft, prompt, 3, 2, sp, 100000);
+  const Lossless ok = SampleAndTest(*target, *draft, prompt, 3, 2, sp, Samples());
   std::printf("[lossless] tiny, T=1, 3 tokens, k=2: p = %.4f (dof %d)\n", ok.p_value, ok.dof);
   EXPECT_GT(ok.p_value, 0.001);
   sp.top_p = 0.8f;
   sp.top_k = 6;
-  const Lossless filtered = SampleAndTest(*target, *draft, prompt, 3, 2, sp, 100000);
+  const Lossless filtered = SampleAndTest(*target, *draft, prompt, 3, 2, sp, Samples());
   std::printf("[lossless] tiny, T=1 top-p 0.8 top-k 6: p = %.4f (dof %d)\n", filtered.p_value, filtered.dof);
   EXPECT_GT(filtered.p_value, 0.001);
   // A broken verifier that accepts every draft yields the draft's distribution: rejected.
   sp = SamplingParams{};
   sp.temperature = 1.0f;
-  const Lossless broken = SampleAndTest(*target, *draft, prompt, 3, 2, sp, 100000, /*synthetic_alpha=*/1.0);
+  const Lossless broken = SampleAndTest(*target, *draft, prompt, 3, 2, sp, Samples(), /*synthetic_alpha=*/1.0);
   std::printf("[lossless] tiny, always-accept verifier: p = %.3g (dof %d)\n", broken.p_value, broken.dof);
   EXPECT_LT(broken.p_value, 0.001);
 }
@@ -250,10 +262,10 @@ TEST(SpecLosslessTest, RealPairFollowsTargetDistribution) {
   const std::vector<TokenId> prompt = (*tok)->Encode("Lily saw a", true);
   SamplingParams sp;
   sp.temperature = 1.0f;
-  const Lossless ok = SampleAndTest(*target, *draft, prompt, 2, 3, sp, 100000);
+  const Lossless ok = SampleAndTest(*target, *draft, prompt, 2, 3, sp, Samples());
   std::printf("[lossless] real pair, T=1, 2 tokens, k=3: p = %.4f (dof %d)\n", ok.p_value, ok.dof);
   EXPECT_GT(ok.p_value, 0.001);
-  const Lossless broken = SampleAndTest(*target, *draft, prompt, 2, 3, sp, 100000, 1.0);
+  const Lossless broken = SampleAndTest(*target, *draft, prompt, 2, 3, sp, Samples(), 1.0);
   std::printf("[lossless] real pair, always-accept verifier: p = %.3g (dof %d)\n", broken.p_value, broken.dof);
   EXPECT_LT(broken.p_value, 0.001);
 }
@@ -277,8 +289,9 @@ TEST(SpecLeakTest, TenThousandRandomRequestsWithAbortsLeakNothing) {
   std::mt19937 rng(77);
   std::vector<RequestId> live;
   int64_t finished = 0, aborted = 0;
-  for (RequestId id = 0; id < 10000 || e.HasUnfinished();) {
-    if (id < 10000 && live.size() < 64) {
+  const RequestId total = Quick() ? 2000 : 10000;
+  for (RequestId id = 0; id < total || e.HasUnfinished();) {
+    if (id < total && live.size() < 64) {
       Request r;
       r.id = id++;
       r.prompt.resize(1 + rng() % 30);
@@ -302,13 +315,14 @@ TEST(SpecLeakTest, TenThousandRandomRequestsWithAbortsLeakNothing) {
     }
     ASSERT_TRUE(e.scheduler().CheckInvariants().ok()) << e.scheduler().CheckInvariants();
   }
-  EXPECT_EQ(finished, 10000);
-  EXPECT_GT(aborted, 100);
+  EXPECT_EQ(finished, total);
+  EXPECT_GT(aborted, total / 100);
   EXPECT_GT(e.scheduler().num_preemptions(), 0);
   EXPECT_GT(e.stats().spec.accepted_tokens, 0);
   EXPECT_EQ(e.scheduler().blocks().num_available(), c.num_blocks);
   EXPECT_EQ(proposer.blocks_in_use(), 0);
-  std::printf("[leak] 10000 requests, %lld abort calls, %lld preemptions, acceptance %.2f\n",
+  std::printf("[leak] %lld requests,", static_cast<long long>(total));
+  std::printf(" %lld abort calls, %lld preemptions, acceptance %.2f\n",
               static_cast<long long>(aborted), static_cast<long long>(e.scheduler().num_preemptions()),
               e.stats().spec.acceptance_rate());
 }
