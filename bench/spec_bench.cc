@@ -124,6 +124,24 @@ void BM_Synthetic(benchmark::State& state) {
 }
 BENCHMARK(BM_Synthetic)->ArgNames({"k", "batch"})->ArgsProduct({{0, 1, 2, 4, 8}, {1, 8, 32}})->Iterations(1)->Unit(benchmark::kSecond);
 
+// The costs behind the synthetic grid: one forward of `tokens` new tokens for one sequence.
+void BM_ForwardCost(benchmark::State& state) {
+  static auto target = Load(SyntheticModel("llama-3.2-1b", 16));
+  static auto draft = Load(SyntheticModel("llama-3.2-1b-2layer", 2));
+  LlamaModel& m = state.range(0) ? *target : *draft;
+  const int32_t tokens = static_cast<int32_t>(state.range(1));
+  KvCache kv(m.config(), {16, 8});
+  std::vector<BlockId> table = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::vector<TokenId> ids(tokens, 5);
+  std::vector<float> logits;
+  for (auto _ : state) {
+    ForwardBatch b;
+    b.seqs.push_back({ids, 64, table, true});
+    if (!m.Forward(b, kv, LogitsMode::kLastPerSequence, &logits).ok()) state.SkipWithError("forward");
+  }
+}
+BENCHMARK(BM_ForwardCost)->ArgNames({"target", "tokens"})->ArgsProduct({{0, 1}, {1, 5}})->Unit(benchmark::kMillisecond)->MinTime(2.0);
+
 }  // namespace
 }  // namespace specula
 
