@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "engine/core/categorical.h"
+
 namespace specula {
 
 DraftModelProposer::DraftModelProposer(LlamaModel* draft, int32_t block_size, int32_t num_blocks)
@@ -52,15 +54,7 @@ absl::Status DraftModelProposer::Propose(absl::Span<const ProposeInput> inputs, 
       if (in.sampling->temperature == 0.0f) {
         d = static_cast<TokenId>(std::max_element(probs_.begin(), probs_.end()) - probs_.begin());
       } else {
-        const double u = std::uniform_real_distribution<double>(0.0, 1.0)(a.state->rng);
-        double cdf = 0.0;
-        d = 0;
-        for (int32_t v = 0; v < vocab; ++v) {
-          if (probs_[v] <= 0.0f) continue;
-          cdf += probs_[v];
-          d = v;
-          if (u < cdf) break;
-        }
+        d = SampleCategorical(probs_, std::uniform_real_distribution<double>(0.0, 1.0)(a.state->rng));
         p.probs.insert(p.probs.end(), probs_.begin(), probs_.end());
       }
       p.tokens.push_back(d);

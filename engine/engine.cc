@@ -2,6 +2,8 @@
 
 #include <thread>
 
+#include "engine/core/categorical.h"
+
 #include "absl/strings/str_cat.h"
 
 namespace specula {
@@ -105,7 +107,7 @@ VerifyResult Engine::VerifyDrafts(Active& a, const SequenceState& st, const Prop
     VerifyResult r;
     while (r.num_accepted < k && a.uniform->Next() < spec_.synthetic_alpha) r.tokens.push_back(draft.tokens[r.num_accepted++]);
     r.bonus = r.num_accepted == k;
-    r.tokens.push_back(SampleFrom(absl::MakeConstSpan(target_probs_).subspan(static_cast<size_t>(r.num_accepted) * vocab, vocab),
+    r.tokens.push_back(SampleCategorical(absl::MakeConstSpan(target_probs_).subspan(static_cast<size_t>(r.num_accepted) * vocab, vocab),
                                   a.uniform->Next()));
     return r;
   }

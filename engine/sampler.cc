@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "engine/core/categorical.h"
 
 namespace specula {
 
@@ -85,16 +86,7 @@ void Sampler::Probabilities(absl::Span<const float> logits, absl::Span<const Tok
 
 TokenId Sampler::Sample(absl::Span<const float> logits, absl::Span<const TokenId> history) {
   Probabilities(logits, history, &probs_);
-  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
-  double cdf = 0.0;
-  TokenId last_nonzero = 0;
-  for (size_t i = 0; i < probs_.size(); ++i) {
-    if (probs_[i] <= 0.0f) continue;
-    cdf += probs_[i];
-    last_nonzero = static_cast<TokenId>(i);
-    if (u < cdf) return last_nonzero;
-  }
-  return last_nonzero;  // rounding: u landed past the accumulated mass
+  return SampleCategorical(probs_, std::uniform_real_distribution<double>(0.0, 1.0)(rng_));
 }
 
 }  // namespace specula

@@ -2,22 +2,9 @@
 
 #include <algorithm>
 
-namespace specula {
+#include "engine/core/categorical.h"
 
-TokenId SampleFrom(absl::Span<const float> weights, double u) {
-  double total = 0.0;
-  for (float w : weights) total += w;
-  const double target = u * total;
-  double cdf = 0.0;
-  TokenId last = 0;
-  for (size_t i = 0; i < weights.size(); ++i) {
-    if (weights[i] <= 0.0f) continue;
-    cdf += weights[i];
-    last = static_cast<TokenId>(i);
-    if (target < cdf) return last;
-  }
-  return last;
-}
+namespace specula {
 
 VerifyResult RejectionSample(absl::Span<const TokenId> draft, absl::Span<const float> target_probs,
                              absl::Span<const float> draft_probs, int32_t vocab, Uniform& uniform) {
@@ -42,12 +29,12 @@ VerifyResult RejectionSample(absl::Span<const TokenId> draft, absl::Span<const f
       mass += residual[v];
     }
     // p == q up to rounding leaves no residual mass; p itself is then the right distribution.
-    r.tokens.push_back(mass > 0.0 ? SampleFrom(residual, uniform.Next())
-                                  : SampleFrom(absl::MakeConstSpan(p, vocab), uniform.Next()));
+    r.tokens.push_back(mass > 0.0 ? SampleCategorical(residual, uniform.Next())
+                                  : SampleCategorical(absl::MakeConstSpan(p, vocab), uniform.Next()));
     return r;
   }
   r.bonus = true;
-  r.tokens.push_back(SampleFrom(target_probs.subspan(k * vocab, vocab), uniform.Next()));
+  r.tokens.push_back(SampleCategorical(target_probs.subspan(k * vocab, vocab), uniform.Next()));
   return r;
 }
 

@@ -34,9 +34,6 @@ class Uniform {
   std::mt19937_64 rng_;
 };
 
-// Samples an index from an unnormalized non-negative distribution (`u` in [0, 1)).
-TokenId SampleFrom(absl::Span<const float> weights, double u);
-
 // draft: [k]; target_probs: [k + 1, vocab] (row i scores the token after draft i-1);
 // draft_probs: [k, vocab], or empty for one-hot drafts.
 VerifyResult RejectionSample(absl::Span<const TokenId> draft, absl::Span<const float> target_probs,

@@ -3,6 +3,7 @@
 
 #include <map>
 
+#include "engine/core/categorical.h"
 #include "gtest/gtest.h"
 
 namespace specula {
@@ -70,7 +71,7 @@ TEST(RejectionSamplerTest, OutputFollowsTargetNotDraft) {
   std::mt19937_64 rng(3);
   const int n = 300000;
   for (int i = 0; i < n; ++i) {
-    const TokenId d = SampleFrom(absl::MakeConstSpan(kDraft).subspan(0, 3), std::uniform_real_distribution<double>(0, 1)(rng));
+    const TokenId d = SampleCategorical(absl::MakeConstSpan(kDraft).subspan(0, 3), std::uniform_real_distribution<double>(0, 1)(rng));
     counts[RejectionSample({d}, kTarget, absl::MakeConstSpan(kDraft).subspan(0, 3), 3, u).tokens[0]]++;
   }
   for (TokenId t = 0; t < 3; ++t) EXPECT_NEAR(counts[t] / double(n), kTarget[t], 0.004) << t;
