@@ -8,13 +8,12 @@
 //
 //   build/release/bench/batching_bench
 #include <benchmark/benchmark.h>
-#include <sys/stat.h>
 
 #include <cstdlib>
 #include <map>
 #include <random>
 
-#include "absl/strings/str_cat.h"
+#include "bench/bench_models.h"
 #include "engine/engine.h"
 #include "engine/make_model.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -24,16 +23,9 @@ namespace {
 
 LlamaModel& Model() {
   static LlamaModel* model = [] {
-    const char* tmp = std::getenv("TMPDIR");
-    const std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/specula_bench");
-    const std::string path = dir + "/stories15m-ctx1024";
-    struct stat st;
-    if (::stat((path + "/model.safetensors").c_str(), &st) != 0) {
-      ::mkdir(dir.c_str(), 0755);
-      ModelConfig c = *NamedShape("stories15m");
-      c.max_seq_len = 1024;
-      if (!WriteRandomModel(c, path, DType::kF32, 0).ok()) std::abort();
-    }
+    ModelConfig c = *NamedShape("stories15m");
+    c.max_seq_len = 1024;
+    const std::string path = bench::RandomModel("stories15m-ctx1024", c, DType::kF32, 0);
     auto w = LoadModel(path);
     if (!w.ok()) std::abort();
     return new LlamaModel(std::move(w).value(), MakeCpuBackend());

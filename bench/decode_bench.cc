@@ -6,7 +6,6 @@
 // Models: stories260K.bin (real, ../shared/models or $SPECULA_MODELS_DIR) and a random model of
 // the stories15m shape written once to $TMPDIR/specula_bench/stories15m.
 #include <benchmark/benchmark.h>
-#include <sys/stat.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -14,6 +13,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "bench/bench_models.h"
 #include "bench/runc_reference.h"
 #include "engine/llama_model.h"
 #include "engine/make_model.h"
@@ -25,20 +25,8 @@ namespace {
 constexpr int32_t kContext = 256;  // decode positions 0..255, then start over
 
 std::string ModelPath(const std::string& name) {
-  if (name == "stories260K") {
-    const char* env = std::getenv("SPECULA_MODELS_DIR");
-    return absl::StrCat(env ? env : SPECULA_SOURCE_DIR "/../shared/models", "/tinystories/stories260K.bin");
-  }
-  const char* tmp = std::getenv("TMPDIR");
-  const std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/specula_bench");
-  const std::string path = dir + "/" + name;
-  struct stat st;
-  if (::stat((path + "/model.safetensors").c_str(), &st) != 0) {
-    ::mkdir(dir.c_str(), 0755);
-    auto shape = NamedShape(name);
-    if (!shape.ok() || !WriteRandomModel(*shape, path, DType::kF32, 0).ok()) return "";
-  }
-  return path;
+  if (name == "stories260K") return bench::TinyStories("stories260K.bin");
+  return bench::RandomModel(name, *NamedShape(name), DType::kF32, 0);
 }
 
 std::unique_ptr<ModelWeights> Load(const std::string& name) {

@@ -11,11 +11,11 @@
 //   build/release/bench/spec_bench --benchmark_filter=Acceptance
 //   build/release/bench/spec_bench --benchmark_filter='Synthetic/k:(0|4)/batch:1$'
 #include <benchmark/benchmark.h>
-#include <sys/stat.h>
 
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "bench/bench_models.h"
 #include "draft/draft_model_proposer.h"
 #include "engine/engine.h"
 #include "engine/make_model.h"
@@ -34,15 +34,10 @@ std::unique_ptr<LlamaModel> Load(const std::string& path) {
   return std::make_unique<LlamaModel>(std::move(w).value(), MakeCpuBackend());
 }
 
-std::string ModelsDir() {
-  const char* env = std::getenv("SPECULA_MODELS_DIR");
-  return absl::StrCat(env ? env : SPECULA_SOURCE_DIR "/../shared/models", "/tinystories");
-}
-
 void BM_Acceptance(benchmark::State& state) {
-  static auto target = Load(ModelsDir() + "/stories260K.bin");
-  static auto draft = Load(ModelsDir() + "/llama2xs.bin");
-  static auto tok = LoadTokenizer(ModelsDir() + "/tok512.bin", 512);
+  static auto target = Load(bench::TinyStories("stories260K.bin"));
+  static auto draft = Load(bench::TinyStories("llama2xs.bin"));
+  static auto tok = LoadTokenizer(bench::TinyStories("tok512.bin"), 512);
   const float temperature = static_cast<float>(state.range(0));
   const int32_t k = static_cast<int32_t>(state.range(1));
   for (auto _ : state) {
@@ -78,19 +73,10 @@ void BM_Acceptance(benchmark::State& state) {
 BENCHMARK(BM_Acceptance)->ArgNames({"temp", "k"})->ArgsProduct({{0, 1}, {1, 2, 3, 4, 5, 6, 7, 8}})->Iterations(1)->Unit(benchmark::kSecond);
 
 std::string SyntheticModel(const std::string& name, int32_t layers) {
-  const char* tmp = std::getenv("TMPDIR");
-  const std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/specula_bench");
-  const std::string path = dir + "/" + name;
-  struct stat st;
-  if (::stat((path + "/model.safetensors").c_str(), &st) != 0) {
-    ::mkdir(dir.c_str(), 0755);
-    ModelConfig c = *NamedShape("llama-3.2-1b");
-    c.num_layers = layers;
-    c.max_seq_len = 1024;
-    std::fprintf(stderr, "writing %s (%.2fB parameters)...\n", path.c_str(), c.NumParams() / 1e9);
-    if (!WriteRandomModel(c, path, DType::kBF16, layers).ok()) std::abort();
-  }
-  return path;
+  ModelConfig c = *NamedShape("llama-3.2-1b");
+  c.num_layers = layers;
+  c.max_seq_len = 1024;
+  return bench::RandomModel(name, c, DType::kBF16, layers);
 }
 
 void BM_Synthetic(benchmark::State& state) {

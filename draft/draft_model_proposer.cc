@@ -48,8 +48,7 @@ absl::Status DraftModelProposer::Propose(absl::Span<const ProposeInput> inputs, 
       const ProposeInput& in = inputs[a.index];
       Proposal& p = (*out)[a.index];
       a.state->computed = static_cast<int32_t>(a.tokens.size());
-      Sampler sampler(*in.sampling);
-      sampler.Probabilities(absl::MakeConstSpan(logits_).subspan(j * vocab, vocab), a.tokens, &probs_);
+      SamplingProbabilities(*in.sampling, absl::MakeConstSpan(logits_).subspan(j * vocab, vocab), a.tokens, &probs_);
       TokenId d;
       if (in.sampling->temperature == 0.0f) {
         d = static_cast<TokenId>(std::max_element(probs_.begin(), probs_.end()) - probs_.begin());

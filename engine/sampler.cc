@@ -27,21 +27,21 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
   return absl::OkStatus();
 }
 
-void Sampler::Probabilities(absl::Span<const float> logits, absl::Span<const TokenId> history,
-                            std::vector<float>* probs) const {
+void SamplingProbabilities(const SamplingParams& params, absl::Span<const float> logits,
+                           absl::Span<const TokenId> history, std::vector<float>* probs) {
   const int32_t n = static_cast<int32_t>(logits.size());
   std::vector<float>& p = *probs;
   p.assign(logits.begin(), logits.end());
-  if (params_.repetition_penalty != 1.0f) {
+  if (params.repetition_penalty != 1.0f) {
     std::vector<bool> seen(n, false);
     for (TokenId t : history) {
       if (t < 0 || t >= n || seen[t]) continue;
       seen[t] = true;
-      p[t] = p[t] > 0 ? p[t] / params_.repetition_penalty : p[t] * params_.repetition_penalty;
+      p[t] = p[t] > 0 ? p[t] / params.repetition_penalty : p[t] * params.repetition_penalty;
     }
   }
   const int32_t argmax = static_cast<int32_t>(std::max_element(p.begin(), p.end()) - p.begin());
-  if (params_.temperature == 0.0f) {
+  if (params.temperature == 0.0f) {
     std::fill(p.begin(), p.end(), 0.0f);
     p[argmax] = 1.0f;
     return;
@@ -50,17 +50,17 @@ void Sampler::Probabilities(absl::Span<const float> logits, absl::Span<const Tok
   const float max_logit = p[argmax];
   double sum = 0.0;
   for (float& v : p) {
-    v = std::exp((v - max_logit) / params_.temperature);
+    v = std::exp((v - max_logit) / params.temperature);
     sum += v;
   }
   for (float& v : p) v = static_cast<float>(v / sum);
-  const bool use_top_k = params_.top_k > 0 && params_.top_k < n;
-  if (use_top_k || params_.top_p < 1.0f) {
+  const bool use_top_k = params.top_k > 0 && params.top_k < n;
+  if (use_top_k || params.top_p < 1.0f) {
     std::vector<int32_t> order(n);  // [vocab] token ids by descending probability
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
-    int32_t keep = use_top_k ? params_.top_k : n;
-    if (params_.top_p < 1.0f) {
+    int32_t keep = use_top_k ? params.top_k : n;
+    if (params.top_p < 1.0f) {
       double kept_mass = 0.0;
       double total = 0.0;
       for (int32_t i = 0; i < keep; ++i) total += p[order[i]];
@@ -69,14 +69,14 @@ void Sampler::Probabilities(absl::Span<const float> logits, absl::Span<const Tok
       while (i < keep) {
         kept_mass += p[order[i]];
         ++i;
-        if (kept_mass >= params_.top_p * total) break;
+        if (kept_mass >= params.top_p * total) break;
       }
       keep = i;
     }
     for (int32_t i = keep; i < n; ++i) p[order[i]] = 0.0f;
   }
-  if (params_.min_p > 0.0f) {
-    const float threshold = params_.min_p * *std::max_element(p.begin(), p.end());
+  if (params.min_p > 0.0f) {
+    const float threshold = params.min_p * *std::max_element(p.begin(), p.end());
     for (float& v : p) if (v < threshold) v = 0.0f;
   }
   sum = 0.0;

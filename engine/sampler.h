@@ -23,6 +23,12 @@ struct SamplingParams {
 
 absl::Status ValidateSamplingParams(const SamplingParams& p);
 
+// The distribution a token is drawn from after all processing (repetition penalty, temperature,
+// top-k, top-p, min-p): probs[vocab], summing to 1; one-hot at the argmax when greedy. Needs no
+// randomness, so proposers and the verifier call it directly.
+void SamplingProbabilities(const SamplingParams& params, absl::Span<const float> logits,
+                           absl::Span<const TokenId> history, std::vector<float>* probs);
+
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
@@ -30,10 +36,11 @@ class Sampler {
   // logits: [vocab]. history: the tokens seen so far (for the repetition penalty).
   TokenId Sample(absl::Span<const float> logits, absl::Span<const TokenId> history);
 
-  // The distribution Sample() draws from, after all processing: [vocab], sums to 1.
-  // Greedy gives a one-hot vector.
+  // The distribution Sample() draws from (SamplingProbabilities with this sampler's params).
   void Probabilities(absl::Span<const float> logits, absl::Span<const TokenId> history,
-                     std::vector<float>* probs) const;
+                     std::vector<float>* probs) const {
+    SamplingProbabilities(params_, logits, history, probs);
+  }
 
  private:
   SamplingParams params_;

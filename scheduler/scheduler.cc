@@ -59,12 +59,16 @@ void Scheduler::SortByPolicy(std::vector<SequenceState*>* v) const {
   });
 }
 
+double Scheduler::OldestWaitingArrival() const {
+  double oldest = waiting_.front()->arrival_ms;
+  for (const SequenceState* s : waiting_) oldest = std::min(oldest, s->arrival_ms);
+  return oldest;
+}
+
 bool Scheduler::WindowOpen(double now_ms) const {
   if (config_.max_wait_ms <= 0 || waiting_.empty()) return true;
   if (static_cast<int32_t>(waiting_.size() + running_.size()) >= config_.max_num_seqs) return true;
-  double oldest = waiting_.front()->arrival_ms;
-  for (const SequenceState* s : waiting_) oldest = std::min(oldest, s->arrival_ms);
-  return now_ms - oldest >= config_.max_wait_ms;
+  return now_ms - OldestWaitingArrival() >= config_.max_wait_ms;
 }
 
 void Scheduler::Preempt(SequenceState* s) {
@@ -128,9 +132,7 @@ StepPlan Scheduler::Schedule(double now_ms) {
     budget -= n;
   }
   if (plan.seqs.empty() && !window_open) {
-    double oldest = waiting_.front()->arrival_ms;
-    for (const SequenceState* s : waiting_) oldest = std::min(oldest, s->arrival_ms);
-    plan.wait_ms = config_.max_wait_ms - (now_ms - oldest);
+    plan.wait_ms = config_.max_wait_ms - (now_ms - OldestWaitingArrival());
   }
   plan.num_batched_tokens = config_.max_num_batched_tokens - budget;
   return plan;

@@ -73,6 +73,7 @@ class Scheduler {
  private:
   void Preempt(SequenceState* s);
   bool WindowOpen(double now_ms) const;
+  double OldestWaitingArrival() const;  // requires a waiting sequence
   void SortByPolicy(std::vector<SequenceState*>* v) const;
 
   SchedulerConfig config_;

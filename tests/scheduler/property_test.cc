@@ -58,7 +58,9 @@ TEST(SchedulerPropertyTest, RandomAddStepAbort) {
           sum += q.num_tokens;
         }
         ASSERT_EQ(sum, plan.num_batched_tokens);
-        if (s.HasUnfinished()) ASSERT_FALSE(plan.seqs.empty()) << "a step with work scheduled nothing";
+        if (s.HasUnfinished()) {
+          ASSERT_FALSE(plan.seqs.empty()) << "a step with work scheduled nothing";
+        }
       }
       ASSERT_TRUE(s.CheckInvariants().ok()) << s.CheckInvariants() << " trial " << trial << " op " << op;
       for (auto it = live.begin(); it != live.end();) {

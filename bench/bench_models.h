@@ -1,0 +1,39 @@
+// Models for the benchmarks: the real TinyStories files, and random-weight models written once to
+// $TMPDIR/specula_bench/NAME and reused by later runs.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "engine/make_model.h"
+
+namespace specula::bench {
+
+// ../shared/models/tinystories/FILE, or $SPECULA_MODELS_DIR/tinystories/FILE.
+inline std::string TinyStories(const std::string& file) {
+  const char* env = std::getenv("SPECULA_MODELS_DIR");
+  return absl::StrCat(env ? env : SPECULA_SOURCE_DIR "/../shared/models", "/tinystories/", file);
+}
+
+// The directory of a random model with config `c`; written on first use. Aborts if it cannot be.
+inline std::string RandomModel(const std::string& name, const ModelConfig& c, DType dtype, uint64_t seed) {
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/specula_bench");
+  const std::string path = dir + "/" + name;
+  struct stat st;
+  if (::stat((path + "/model.safetensors").c_str(), &st) != 0) {
+    ::mkdir(dir.c_str(), 0755);
+    std::fprintf(stderr, "writing %s (%.2fB parameters)...\n", path.c_str(), c.NumParams() / 1e9);
+    if (!WriteRandomModel(c, path, dtype, seed).ok()) {
+      std::fprintf(stderr, "cannot write %s\n", path.c_str());
+      std::abort();
+    }
+  }
+  return path;
+}
+
+}  // namespace specula::bench
