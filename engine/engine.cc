@@ -10,9 +10,11 @@ namespace specula {
 
 Engine::Engine(LlamaModel* model, const Tokenizer* tokenizer, const SchedulerConfig& config, SpecConfig spec)
     : model_(model), tokenizer_(tokenizer), scheduler_(config),
-      kv_(model->config(), {config.block_size, config.num_blocks}), spec_(spec) {}
+      kv_(model->config(), {config.block_size, config.num_blocks}, &model->backend()), spec_(spec) {}
 
 absl::Status Engine::Validate() const {
+  if (!model_->status().ok()) return model_->status();
+  if (!kv_.status().ok()) return kv_.status();
   if (spec_.synthetic_alpha >= 0 && !spec_.allow_synthetic) {
     return absl::FailedPreconditionError(
         "the synthetic proposer is not lossless: it is only available in benchmark and experiment modes");

@@ -4,21 +4,40 @@
 
 namespace specula {
 
-KvCache::KvCache(const ModelConfig& model, const KvCacheConfig& config)
+KvCache::KvCache(const ModelConfig& model, const KvCacheConfig& config, Backend* backend)
     : block_size_(config.block_size),
       num_blocks_(config.num_blocks > 0
                       ? config.num_blocks
                       : (model.max_seq_len + config.block_size - 1) / config.block_size),
       num_kv_heads_(model.num_kv_heads),
-      head_dim_(model.head_dim) {
-  layer_stride_ = static_cast<int64_t>(num_blocks_) * block_size_ * num_kv_heads_ * head_dim_;
-  pool_.assign(static_cast<size_t>(layer_stride_) * 2 * model.num_layers, 0.0f);
+      head_dim_(model.head_dim),
+      backend_(backend) {
+  const size_t elem = DTypeBytes(dtype());
+  layer_stride_ = static_cast<int64_t>(num_blocks_) * block_size_ * num_kv_heads_ * head_dim_ * elem;
+  const size_t total = static_cast<size_t>(layer_stride_) * 2 * model.num_layers;
+  if (backend_ == nullptr) {
+    host_.assign(total / sizeof(float), 0.0f);
+    base_ = reinterpret_cast<char*>(host_.data());
+    return;
+  }
+  status_ = pool_.Grow(backend_, total);
+  if (!status_.ok()) {
+    status_ = absl::ResourceExhaustedError(absl::StrCat("KV cache of ", num_blocks_, " blocks (", total,
+                                                        " bytes): ", status_.message()));
+    return;
+  }
+  base_ = pool_.as<char>();
+}
+
+int64_t KvCache::BlockBytes(const ModelConfig& model, int32_t block_size, DType dtype) {
+  return static_cast<int64_t>(block_size) * model.num_kv_heads * model.head_dim * DTypeBytes(dtype) * 2 *
+         model.num_layers;
 }
 
 PagedKvLayer KvCache::Layer(int32_t layer) {
   PagedKvLayer l;
-  l.k = pool_.data() + 2 * layer * layer_stride_;
-  l.v = l.k + layer_stride_;
+  l.k = base_ + 2 * layer * layer_stride_;
+  l.v = base_ + (2 * layer + 1) * layer_stride_;
   l.num_blocks = num_blocks_;
   l.block_size = block_size_;
   l.num_kv_heads = num_kv_heads_;

@@ -21,19 +21,31 @@ struct KvCacheConfig {
 
 class KvCache {
  public:
-  KvCache(const ModelConfig& model, const KvCacheConfig& config);
+  // The pool is one allocation in `backend`'s memory and dtype (the model's backend), or host
+  // float32 when `backend` is null. Check status() before use: allocation can fail.
+  KvCache(const ModelConfig& model, const KvCacheConfig& config, Backend* backend = nullptr);
 
+  const absl::Status& status() const { return status_; }
   PagedKvLayer Layer(int32_t layer);
   int32_t block_size() const { return block_size_; }
   int32_t num_blocks() const { return num_blocks_; }
+  const Backend* backend() const { return backend_; }
+  DType dtype() const { return backend_ != nullptr ? backend_->dtype() : DType::kF32; }
+
+  // Bytes one block takes across all layers (K and V) in `dtype`.
+  static int64_t BlockBytes(const ModelConfig& model, int32_t block_size, DType dtype);
 
  private:
   int32_t block_size_;
   int32_t num_blocks_;
   int32_t num_kv_heads_;
   int32_t head_dim_;
-  int64_t layer_stride_;     // floats per layer for K (and again for V)
-  std::vector<float> pool_;  // [num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]
+  Backend* backend_;
+  absl::Status status_;
+  int64_t layer_stride_;     // bytes per layer for K (and again for V)
+  std::vector<float> host_;  // [num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]
+  BackendBuffer pool_;       // the same layout in the backend's memory and dtype
+  char* base_ = nullptr;     // host_ or pool_
 };
 
 // A free list of block ids.

@@ -1,30 +1,88 @@
 #include "engine/llama_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "engine/core/status_macros.h"
 
 namespace specula {
+namespace {
+
+// Decode batches are padded up to one of these sizes so a few captured graphs cover them all.
+constexpr int32_t kGraphBatches[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256};
+
+int32_t GraphBatch(int32_t seqs, int32_t max_graph_batch) {
+  for (int32_t b : kGraphBatches) {
+    if (b >= seqs) return b <= max_graph_batch ? b : 0;
+  }
+  return 0;
+}
+
+}  // namespace
 
 LlamaModel::LlamaModel(std::unique_ptr<ModelWeights> weights, std::unique_ptr<Backend> backend)
     : weights_(std::move(weights)), backend_(std::move(backend)) {
+  status_ = Upload();
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(std::unique_ptr<ModelWeights> weights,
+                                                               std::unique_ptr<Backend> backend) {
+  auto model = std::make_unique<LlamaModel>(std::move(weights), std::move(backend));
+  if (!model->status().ok()) return model->status();
+  return model;
+}
+
+absl::Status LlamaModel::Upload() {
   const ModelConfig& c = weights_->config;
-  const std::vector<float> inv_freq = RopeInvFreq(c);  // [head_dim / 2]
+  Backend& be = *backend_;
+  absl::Status st;
+  // One upload per tensor; a null view (absent bias) stays null.
+  auto up = [&](const float* host, int64_t n) -> const void* {
+    if (host == nullptr || !st.ok()) return nullptr;
+    auto r = be.UploadWeight(host, n);
+    if (!r.ok()) {
+      st = r.status();
+      return nullptr;
+    }
+    return *r;
+  };
+  const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim;
+  embed_ = up(weights_->embed, c.vocab_size * dim);
+  for (const LayerWeights& w : weights_->layers) {
+    layers_.push_back(Layer{up(w.attn_norm, dim), up(w.wq, qd * dim), up(w.wk, kvd * dim), up(w.wv, kvd * dim),
+                            up(w.bq, qd), up(w.bk, kvd), up(w.bv, kvd), up(w.wo, dim * qd), up(w.ffn_norm, dim),
+                            up(w.w_gate, hid * dim), up(w.w_up, hid * dim), up(w.w_down, dim * hid)});
+  }
+  final_norm_ = up(weights_->final_norm, dim);
+  lm_head_ = weights_->lm_head == weights_->embed ? embed_ : up(weights_->lm_head, c.vocab_size * dim);
+  RETURN_IF_ERROR(st);
+
+  std::vector<float> cos_sin(static_cast<size_t>(c.max_seq_len) * c.head_dim);  // [max_seq_len, head_dim]
+  const std::vector<float> inv_freq = RopeInvFreq(c);                            // [head_dim / 2]
   const int32_t half = c.head_dim / 2;
-  cos_sin_.resize(static_cast<size_t>(c.max_seq_len) * c.head_dim);
   for (int32_t pos = 0; pos < c.max_seq_len; ++pos) {
-    float* row = cos_sin_.data() + static_cast<size_t>(pos) * c.head_dim;
+    float* row = cos_sin.data() + static_cast<size_t>(pos) * c.head_dim;
     for (int32_t i = 0; i < half; ++i) {
       const double angle = static_cast<double>(pos) * inv_freq[i];
       row[i] = static_cast<float>(std::cos(angle));
       row[half + i] = static_cast<float>(std::sin(angle));
     }
   }
+  RETURN_IF_ERROR(cos_sin_.Grow(&be, cos_sin.size() * sizeof(float)));
+  be.CopyIn(cos_sin_.get(), cos_sin.data(), cos_sin.size() * sizeof(float));
+  return be.Sync();
 }
 
 absl::Status LlamaModel::Validate(const ForwardBatch& batch, const KvCache& kv) const {
   const ModelConfig& c = config();
+  if (!kv.status().ok()) return kv.status();
+  if (kv.dtype() != backend_->dtype() || (backend_->on_device() && kv.backend() != backend_.get())) {
+    return absl::InvalidArgumentError(absl::StrCat("the KV cache (", DTypeName(kv.dtype()),
+                                                   ") was not allocated on the model's backend (",
+                                                   backend_->name(), ", ", DTypeName(backend_->dtype()), ")"));
+  }
   for (size_t s = 0; s < batch.seqs.size(); ++s) {
     const SequenceInput& in = batch.seqs[s];
     if (in.tokens.empty()) {
@@ -60,28 +118,115 @@ absl::Status LlamaModel::Validate(const ForwardBatch& batch, const KvCache& kv) 
   return absl::OkStatus();
 }
 
+absl::Status LlamaModel::Reserve(int32_t tokens, int32_t seqs, int32_t table_len) {
+  if (tokens <= cap_tokens_ && seqs <= cap_seqs_ && table_len <= cap_table_) return absl::OkStatus();
+  cap_tokens_ = std::max(cap_tokens_, tokens);
+  cap_seqs_ = std::max(cap_seqs_, seqs);
+  cap_table_ = std::max(cap_table_, table_len);
+  const ModelConfig& c = config();
+  const size_t T = cap_tokens_, e = DTypeBytes(backend_->dtype()), i32 = sizeof(int32_t);
+  Backend* be = backend_.get();
+  RETURN_IF_ERROR(ids_dev_.Grow(be, T * i32));
+  RETURN_IF_ERROR(pos_dev_.Grow(be, T * i32));
+  RETURN_IF_ERROR(slots_dev_.Grow(be, T * i32));
+  RETURN_IF_ERROR(qstart_dev_.Grow(be, (cap_seqs_ + 1) * i32));
+  RETURN_IF_ERROR(tables_dev_.Grow(be, std::max(cap_table_, 1) * i32));
+  RETURN_IF_ERROR(rows_dev_.Grow(be, T * i32));
+  RETURN_IF_ERROR(x_.Grow(be, T * c.dim * e));
+  RETURN_IF_ERROR(xn_.Grow(be, T * c.dim * e));
+  RETURN_IF_ERROR(proj_.Grow(be, T * c.dim * e));
+  RETURN_IF_ERROR(final_.Grow(be, T * c.dim * e));
+  RETURN_IF_ERROR(q_.Grow(be, T * c.q_dim() * e));
+  RETURN_IF_ERROR(attn_.Grow(be, T * c.q_dim() * e));
+  RETURN_IF_ERROR(k_.Grow(be, T * c.kv_dim() * e));
+  RETURN_IF_ERROR(v_.Grow(be, T * c.kv_dim() * e));
+  RETURN_IF_ERROR(gate_.Grow(be, T * c.hidden_dim * e));
+  RETURN_IF_ERROR(up_.Grow(be, T * c.hidden_dim * e));
+  if (be->on_device()) RETURN_IF_ERROR(logits_dev_.Grow(be, T * c.vocab_size * sizeof(float)));
+  be->ClearGraphs();  // captured graphs point at the old buffers
+  return absl::OkStatus();
+}
+
+void LlamaModel::Run(int32_t T, int32_t S, int32_t rows, int32_t max_blocks, KvCache& kv) {
+  const ModelConfig& c = config();
+  const int32_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim;
+  Backend& be = *backend_;
+  const int32_t* positions = pos_dev_.as<int32_t>();
+  const AttentionMetadata meta{S, T, qstart_dev_.as<int32_t>(), positions, slots_dev_.as<int32_t>(),
+                               tables_dev_.as<int32_t>(), max_blocks};
+  const RopeParams rope{c.head_dim, c.rope_interleaved, cos_sin_.as<float>()};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  void *x = x_.get(), *xn = xn_.get(), *q = q_.get(), *k = k_.get(), *v = v_.get(), *attn = attn_.get(),
+       *proj = proj_.get(), *gate = gate_.get(), *up = up_.get();
+
+  be.EmbeddingGather(embed_, dim, ids_dev_.as<int32_t>(), T, x);
+  be.RmsNorm(x, layers_[0].attn_norm, T, dim, c.norm_eps, xn);
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const Layer& w = layers_[l];
+    const PagedKvLayer kv_layer = kv.Layer(l);
+    // Attention block.
+    const Backend::LinearOut qkv[] = {{w.wq, w.bq, qd, q}, {w.wk, w.bk, kvd, k}, {w.wv, w.bv, kvd, v}};
+    be.MultiLinear(xn, T, dim, qkv, 3);
+    be.Rope(q, positions, T, c.num_heads, rope);
+    be.Rope(k, positions, T, c.num_kv_heads, rope);
+    be.KvWrite(kv_layer, k, v, meta);
+    be.PagedAttention(q, kv_layer, meta, c.num_heads, scale, attn);
+    be.Linear(attn, w.wo, nullptr, T, dim, qd, proj);
+    be.AddRmsNorm(x, proj, w.ffn_norm, T, dim, c.norm_eps, xn);
+    // SwiGLU feed-forward block; its residual add is fused with the next layer's norm.
+    const Backend::LinearOut gate_up[] = {{w.w_gate, nullptr, hid, gate}, {w.w_up, nullptr, hid, up}};
+    be.MultiLinear(xn, T, dim, gate_up, 2);
+    be.SiluMul(gate, up, static_cast<int64_t>(T) * hid, gate);
+    be.Linear(gate, w.w_down, nullptr, T, dim, hid, proj);
+    if (l + 1 < c.num_layers) {
+      be.AddRmsNorm(x, proj, layers_[l + 1].attn_norm, T, dim, c.norm_eps, xn);
+    } else {
+      be.Add(x, proj, static_cast<int64_t>(T) * dim);
+    }
+  }
+  be.EmbeddingGather(x, dim, rows_dev_.as<int32_t>(), rows, final_.get());  // rows whose logits return
+  be.RmsNorm(final_.get(), final_norm_, rows, dim, c.norm_eps, final_.get());
+}
+
 absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& kv, LogitsMode mode,
                                  std::vector<float>* logits) {
-  if (auto st = Validate(batch, kv); !st.ok()) return st;
+  RETURN_IF_ERROR(status_);
+  RETURN_IF_ERROR(Validate(batch, kv));
   const ModelConfig& c = config();
-  const int32_t T = batch.NumTokens();
-  const int32_t S = static_cast<int32_t>(batch.seqs.size());
-  const int32_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim;
+  Backend& be = *backend_;
+  int32_t T = batch.NumTokens();
+  int32_t S = static_cast<int32_t>(batch.seqs.size());
 
-  // Flatten the batch: token ids, positions, KV slots and padded block tables.
+  // Decode steps (one token per sequence, last logits only) replay a graph captured for the batch
+  // padded up to a fixed size, with block tables padded to the full context.
+  bool decode = mode == LogitsMode::kLastPerSequence && T == S;
+  for (const auto& s : batch.seqs) decode = decode && !s.all_logits;
+  const int32_t graph_batch = decode && be.SupportsGraphs() ? GraphBatch(S, max_graph_batch_) : 0;
+
   int32_t max_blocks = 0;
   for (const auto& s : batch.seqs) max_blocks = std::max<int32_t>(max_blocks, s.block_table.size());
-  token_ids_.resize(T);
-  positions_.resize(T);
-  slots_.resize(T);
+  if (graph_batch > 0) {
+    max_blocks = (c.max_seq_len + kv.block_size() - 1) / kv.block_size();
+    T = S = graph_batch;
+  }
+
+  // Flatten the batch: token ids, positions, KV slots and padded block tables. Padding sequences
+  // (graph batches) have one token at position 0 with slot -1 and an empty table.
+  token_ids_.assign(T, 0);
+  positions_.assign(T, 0);
+  slots_.assign(T, -1);
   query_start_.resize(S + 1);
   tables_.assign(static_cast<size_t>(S) * max_blocks, -1);
   out_rows_.clear();
   int32_t t = 0;
   for (int32_t s = 0; s < S; ++s) {
-    const SequenceInput& in = batch.seqs[s];
     query_start_[s] = t;
-    std::copy(in.block_table.begin(), in.block_table.end(), tables_.begin() + s * max_blocks);
+    if (s >= static_cast<int32_t>(batch.seqs.size())) {
+      ++t;
+      continue;
+    }
+    const SequenceInput& in = batch.seqs[s];
+    std::copy(in.block_table.begin(), in.block_table.end(), tables_.begin() + static_cast<size_t>(s) * max_blocks);
     for (size_t i = 0; i < in.tokens.size(); ++i, ++t) {
       const int32_t pos = in.start_pos + static_cast<int32_t>(i);
       token_ids_[t] = in.tokens[i];
@@ -92,56 +237,38 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& kv, LogitsM
     if (mode == LogitsMode::kLastPerSequence && !in.all_logits) out_rows_.push_back(t - 1);
   }
   query_start_[S] = T;
-  AttentionMetadata meta{S, T, query_start_.data(), positions_.data(), slots_.data(),
-                         tables_.data(), max_blocks};
-
-  x_.resize(static_cast<size_t>(T) * dim);
-  xn_.resize(x_.size());
-  proj_.resize(x_.size());
-  q_.resize(static_cast<size_t>(T) * qd);
-  attn_.resize(q_.size());
-  k_.resize(static_cast<size_t>(T) * kvd);
-  v_.resize(k_.size());
-  gate_.resize(static_cast<size_t>(T) * hid);
-  up_.resize(gate_.size());
-
-  Backend& be = *backend_;
-  const RopeParams rope{c.head_dim, c.rope_interleaved, cos_sin_.data()};
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  be.EmbeddingGather(weights_->embed, dim, token_ids_.data(), T, x_.data());
-  for (int32_t l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& w = weights_->layers[l];
-    const PagedKvLayer kv_layer = kv.Layer(l);
-    // Attention block.
-    be.RmsNorm(x_.data(), w.attn_norm, T, dim, c.norm_eps, xn_.data());
-    const Backend::LinearOut qkv[] = {
-        {w.wq, w.bq, qd, q_.data()}, {w.wk, w.bk, kvd, k_.data()}, {w.wv, w.bv, kvd, v_.data()}};
-    be.MultiLinear(xn_.data(), T, dim, qkv, 3);
-    be.Rope(q_.data(), positions_.data(), T, c.num_heads, rope);
-    be.Rope(k_.data(), positions_.data(), T, c.num_kv_heads, rope);
-    be.KvWrite(kv_layer, k_.data(), v_.data(), meta);
-    be.PagedAttention(q_.data(), kv_layer, meta, c.num_heads, scale, attn_.data());
-    be.Linear(attn_.data(), w.wo, nullptr, T, dim, qd, proj_.data());
-    be.Add(x_.data(), proj_.data(), static_cast<int64_t>(T) * dim);
-    // SwiGLU feed-forward block.
-    be.RmsNorm(x_.data(), w.ffn_norm, T, dim, c.norm_eps, xn_.data());
-    const Backend::LinearOut gate_up[] = {{w.w_gate, nullptr, hid, gate_.data()},
-                                          {w.w_up, nullptr, hid, up_.data()}};
-    be.MultiLinear(xn_.data(), T, dim, gate_up, 2);
-    be.SiluMul(gate_.data(), up_.data(), static_cast<int64_t>(T) * hid, gate_.data());
-    be.Linear(gate_.data(), w.w_down, nullptr, T, dim, hid, proj_.data());
-    be.Add(x_.data(), proj_.data(), static_cast<int64_t>(T) * dim);
-  }
   const int32_t rows = static_cast<int32_t>(out_rows_.size());
-  final_.resize(static_cast<size_t>(rows) * dim);
-  for (int32_t r = 0; r < rows; ++r) {
-    std::memcpy(final_.data() + static_cast<size_t>(r) * dim,
-                x_.data() + static_cast<size_t>(out_rows_[r]) * dim, sizeof(float) * dim);
-  }
-  be.RmsNorm(final_.data(), weights_->final_norm, rows, dim, c.norm_eps, final_.data());
+  const int32_t run_rows = graph_batch > 0 ? graph_batch : rows;
+  while (static_cast<int32_t>(out_rows_.size()) < run_rows) out_rows_.push_back(static_cast<int32_t>(out_rows_.size()));
+
+  RETURN_IF_ERROR(Reserve(T, S, S * max_blocks));
+  be.CopyIn(ids_dev_.get(), token_ids_.data(), T * sizeof(int32_t));
+  be.CopyIn(pos_dev_.get(), positions_.data(), T * sizeof(int32_t));
+  be.CopyIn(slots_dev_.get(), slots_.data(), T * sizeof(int32_t));
+  be.CopyIn(qstart_dev_.get(), query_start_.data(), (S + 1) * sizeof(int32_t));
+  if (!tables_.empty()) be.CopyIn(tables_dev_.get(), tables_.data(), tables_.size() * sizeof(int32_t));
+  be.CopyIn(rows_dev_.get(), out_rows_.data(), run_rows * sizeof(int32_t));
+
   logits->resize(static_cast<size_t>(rows) * c.vocab_size);
-  be.Linear(final_.data(), weights_->lm_head, nullptr, rows, c.vocab_size, dim, logits->data());
-  return absl::OkStatus();
+  float* logits_out = be.on_device() ? logits_dev_.as<float>() : logits->data();
+  if (graph_batch > 0) {
+    if (graph_kv_ != &kv) {
+      be.ClearGraphs();
+      graph_kv_ = &kv;
+    }
+    if (!be.Replay(graph_batch)) {
+      be.BeginCapture();
+      Run(T, S, run_rows, max_blocks, kv);
+      be.LinearF32(final_.get(), lm_head_, run_rows, c.vocab_size, c.dim, logits_out);
+      RETURN_IF_ERROR(be.EndCapture(graph_batch));
+      if (!be.Replay(graph_batch)) return absl::InternalError("captured graph did not replay");
+    }
+  } else {
+    Run(T, S, run_rows, max_blocks, kv);
+    be.LinearF32(final_.get(), lm_head_, run_rows, c.vocab_size, c.dim, logits_out);
+  }
+  if (be.on_device()) be.CopyOut(logits->data(), logits_out, logits->size() * sizeof(float));
+  return be.Sync();
 }
 
 }  // namespace specula

@@ -1,11 +1,13 @@
 // The Llama-family forward pass (RMSNorm, RoPE, GQA attention over the paged KV cache, SwiGLU),
-// written once against the Backend op interface.
+// written once against the Backend op interface: the same code runs on the CPU and CUDA backends.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "engine/core/batch.h"
 #include "engine/kv_cache.h"
 #include "engine/weights.h"
@@ -20,35 +22,72 @@ enum class LogitsMode {
 
 class LlamaModel {
  public:
+  // Uploads the weights to the backend once. Check status() (or use Create) before Forward.
   LlamaModel(std::unique_ptr<ModelWeights> weights, std::unique_ptr<Backend> backend);
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(std::unique_ptr<ModelWeights> weights,
+                                                            std::unique_ptr<Backend> backend);
 
   const ModelConfig& config() const { return weights_->config; }
+  Backend& backend() { return *backend_; }
+  const absl::Status& status() const { return status_; }
 
   // Runs one step for a batch of sequences. Writes the new tokens' K/V into `kv` and returns logits
   // in `logits`: [num_tokens or num_seqs, vocab_size], in batch order. Bad input (token id out of
-  // range, context overflow, short block table) is an InvalidArgument error and touches nothing.
+  // range, context overflow, short block table, a KV cache of another backend) is an
+  // InvalidArgument error and touches nothing; a backend failure names the op.
   absl::Status Forward(const ForwardBatch& batch, KvCache& kv, LogitsMode mode,
                        std::vector<float>* logits);
 
+  // Decode steps (one token per sequence) of up to this many sequences replay captured graphs on
+  // backends that support them; 0 turns graphs off.
+  void set_max_graph_batch(int32_t n) { max_graph_batch_ = n; }
+
  private:
+  // Weight views in the backend's memory and dtype.
+  struct Layer {
+    const void *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *wo, *ffn_norm, *w_gate, *w_up, *w_down;
+  };
+
+  absl::Status Upload();
   absl::Status Validate(const ForwardBatch& batch, const KvCache& kv) const;
+  // Sizes every scratch buffer for `tokens` rows; drops captured graphs when a buffer moves.
+  absl::Status Reserve(int32_t tokens, int32_t seqs, int32_t table_len);
+  // Embedding, layers and final norm + classifier over the scratch buffers: the part a graph
+  // captures. Reads metadata from the device copies, writes logits_dev_ [rows, vocab].
+  void Run(int32_t T, int32_t S, int32_t rows, int32_t max_blocks, KvCache& kv);
 
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<Backend> backend_;
-  std::vector<float> cos_sin_;  // [max_seq_len, head_dim] RoPE cos | sin per position
+  absl::Status status_;
+  std::vector<Layer> layers_;
+  const void *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;
+  BackendBuffer cos_sin_;  // [max_seq_len, head_dim] f32 RoPE cos | sin per position
 
-  // Scratch, grown to the largest batch seen and reused across steps.
+  // Host copies of the step's metadata.
   std::vector<int32_t> token_ids_, positions_, slots_, query_start_, tables_, out_rows_;
-  std::vector<float> x_;      // [T, dim] residual stream
-  std::vector<float> xn_;     // [T, dim] normed
-  std::vector<float> q_;      // [T, num_heads * head_dim]
-  std::vector<float> k_;      // [T, num_kv_heads * head_dim]
-  std::vector<float> v_;      // [T, num_kv_heads * head_dim]
-  std::vector<float> attn_;   // [T, num_heads * head_dim]
-  std::vector<float> proj_;   // [T, dim]
-  std::vector<float> gate_;   // [T, hidden_dim]
-  std::vector<float> up_;     // [T, hidden_dim]
-  std::vector<float> final_;  // [rows, dim] rows whose logits are returned
+
+  // Backend scratch, grown to the largest step seen and reused (no allocation in steady state).
+  int32_t cap_tokens_ = 0, cap_seqs_ = 0, cap_table_ = 0;
+  BackendBuffer ids_dev_;     // [T] i32
+  BackendBuffer pos_dev_;     // [T] i32
+  BackendBuffer slots_dev_;   // [T] i32
+  BackendBuffer qstart_dev_;  // [S + 1] i32
+  BackendBuffer tables_dev_;  // [S, max_blocks] i32
+  BackendBuffer rows_dev_;    // [rows] i32 rows whose logits are returned
+  BackendBuffer x_;           // [T, dim] residual stream
+  BackendBuffer xn_;          // [T, dim] normed
+  BackendBuffer q_;           // [T, num_heads * head_dim]
+  BackendBuffer k_;           // [T, num_kv_heads * head_dim]
+  BackendBuffer v_;           // [T, num_kv_heads * head_dim]
+  BackendBuffer attn_;        // [T, num_heads * head_dim]
+  BackendBuffer proj_;        // [T, dim]
+  BackendBuffer gate_;        // [T, hidden_dim]
+  BackendBuffer up_;          // [T, hidden_dim]
+  BackendBuffer final_;       // [rows, dim]
+  BackendBuffer logits_dev_;  // [rows, vocab] f32 (device backends)
+
+  int32_t max_graph_batch_ = 64;
+  const KvCache* graph_kv_ = nullptr;  // the pool the captured graphs write into
 };
 
 }  // namespace specula

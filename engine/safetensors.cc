@@ -11,7 +11,7 @@ namespace specula {
 
 using json = nlohmann::json;
 
-absl::StatusOr<DType> ParseDType(const std::string& name) {
+absl::StatusOr<DType> ParseSafetensorsDType(const std::string& name) {
   if (name == "F32") return DType::kF32;
   if (name == "F16") return DType::kF16;
   if (name == "BF16") return DType::kBF16;
@@ -19,7 +19,7 @@ absl::StatusOr<DType> ParseDType(const std::string& name) {
       absl::StrCat("unsupported dtype '", name, "' (supported: F32, F16, BF16)"));
 }
 
-const char* DTypeName(DType d) {
+const char* SafetensorsDTypeName(DType d) {
   switch (d) {
     case DType::kF32: return "F32";
     case DType::kF16: return "F16";
@@ -28,7 +28,6 @@ const char* DTypeName(DType d) {
   return "?";
 }
 
-int DTypeSize(DType d) { return d == DType::kF32 ? 4 : 2; }
 
 int64_t TensorSpec::NumElements() const {
   int64_t n = 1;
@@ -66,7 +65,7 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
       return bad("entry needs dtype, shape and data_offsets");
     }
     if (!e["dtype"].is_string()) return bad("dtype must be a string");
-    auto dtype = ParseDType(e["dtype"].get<std::string>());
+    auto dtype = ParseSafetensorsDType(e["dtype"].get<std::string>());
     if (!dtype.ok()) return bad(std::string(dtype.status().message()));
     TensorEntry t;
     t.dtype = *dtype;
@@ -90,10 +89,10 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
       return bad(absl::StrCat("data_offsets [", begin, ", ", end, "] lie outside the data section (",
                               data_size, " bytes)"));
     }
-    if (end - begin != static_cast<uint64_t>(numel) * DTypeSize(t.dtype)) {
+    if (end - begin != static_cast<uint64_t>(numel) * DTypeBytes(t.dtype)) {
       return bad(absl::StrCat("data_offsets span ", end - begin, " bytes but shape [",
-                              absl::StrJoin(t.shape, ", "), "] of ", DTypeName(t.dtype), " needs ",
-                              numel * DTypeSize(t.dtype)));
+                              absl::StrJoin(t.shape, ", "), "] of ", SafetensorsDTypeName(t.dtype), " needs ",
+                              numel * DTypeBytes(t.dtype)));
     }
     t.data = data + begin;
     t.num_bytes = static_cast<int64_t>(end - begin);
@@ -107,8 +106,8 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorS
   json header = json::object();
   uint64_t offset = 0;
   for (const auto& s : specs) {
-    const uint64_t bytes = static_cast<uint64_t>(s.NumElements()) * DTypeSize(dtype);
-    header[s.name] = {{"dtype", DTypeName(dtype)}, {"shape", s.shape}, {"data_offsets", {offset, offset + bytes}}};
+    const uint64_t bytes = static_cast<uint64_t>(s.NumElements()) * DTypeBytes(dtype);
+    header[s.name] = {{"dtype", SafetensorsDTypeName(dtype)}, {"shape", s.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string h = header.dump();
@@ -136,72 +135,6 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorS
   out.close();
   if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed (disk full?)"));
   return absl::OkStatus();
-}
-
-float Bf16ToF32(uint16_t h) {
-  uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-uint16_t F32ToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-float F16ToF32(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else {  // subnormal: renormalize
-      exp = 127 - 15 + 1;
-      while ((mant & 0x400u) == 0) {
-        mant <<= 1;
-        --exp;
-      }
-      mant &= 0x3ffu;
-      bits = sign | (exp << 23) | (mant << 13);
-    }
-  } else if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-uint16_t F32ToF16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
-  const int32_t exp = static_cast<int32_t>((bits >> 23) & 0xffu) - 127 + 15;
-  uint32_t mant = bits & 0x7fffffu;
-  if (((bits >> 23) & 0xffu) == 0xffu) return sign | 0x7c00u | (mant ? 0x200u : 0u);
-  if (exp >= 0x1f) return sign | 0x7c00u;  // overflow to inf
-  if (exp <= 0) {
-    if (exp < -10) return sign;
-    mant |= 0x800000u;
-    const int shift = 14 - exp;
-    uint32_t half_mant = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1);
-    const uint32_t halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (half_mant & 1u))) ++half_mant;
-    return sign | static_cast<uint16_t>(half_mant);
-  }
-  uint32_t h = (static_cast<uint32_t>(exp) << 10) | (mant >> 13);
-  const uint32_t rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // may carry into exponent: correct
-  return sign | static_cast<uint16_t>(h);
 }
 
 }  // namespace specula

@@ -9,15 +9,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/core/dtype.h"
 #include "engine/core/mapped_file.h"
 
 namespace specula {
 
-enum class DType { kF32, kF16, kBF16 };
-
-absl::StatusOr<DType> ParseDType(const std::string& name);
-const char* DTypeName(DType d);
-int DTypeSize(DType d);
+// The header's dtype names: "F32", "F16", "BF16".
+absl::StatusOr<DType> ParseSafetensorsDType(const std::string& name);
+const char* SafetensorsDTypeName(DType d);
 
 struct TensorEntry {
   DType dtype;
@@ -53,9 +52,5 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorS
                               DType dtype, const std::function<void(size_t, float*)>& fill);
 
 // Half-precision conversions.
-float Bf16ToF32(uint16_t h);
-uint16_t F32ToBf16(float f);  // round to nearest even
-float F16ToF32(uint16_t h);
-uint16_t F32ToF16(float f);
 
 }  // namespace specula

@@ -198,7 +198,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHfModel(const std::string& dir
           it->second.second, ": tensor '", name, "' has shape [", absl::StrJoin(e.shape, ", "),
           "] but config.json implies [", absl::StrJoin(shape, ", "), "]"));
     }
-    const int64_t n = e.num_bytes / DTypeSize(e.dtype);
+    const int64_t n = e.num_bytes / DTypeBytes(e.dtype);
     if (e.dtype == DType::kF32 && reinterpret_cast<uintptr_t>(e.data) % alignof(float) == 0) {
       return reinterpret_cast<const float*>(e.data);  // mapped, zero-copy
     }

@@ -8,6 +8,7 @@ APT_PACKAGES=(
   libopenblas-dev libomp-dev
   libabsl-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libicu-dev
   python3 python3-pip
 )
 

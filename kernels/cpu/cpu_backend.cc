@@ -4,11 +4,16 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/sampling.h"
 #include "kernels/cpu/simd.h"
 
 namespace specula {
@@ -83,8 +88,29 @@ class CpuBackend final : public Backend {
   // fought libgomp's for the cores and halved batched throughput).
   CpuBackend() { openblas_set_num_threads(1); }
 
-  void Linear(const float* x, const float* w, const float* bias, int32_t m, int32_t n, int32_t k,
-              float* y) override {
+  const char* name() const override { return "cpu"; }
+  DType dtype() const override { return DType::kF32; }
+  bool on_device() const override { return false; }
+
+  absl::StatusOr<void*> Alloc(size_t bytes) override {
+    void* p = std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64);
+    if (p == nullptr) return absl::ResourceExhaustedError(absl::StrCat("cpu: cannot allocate ", bytes, " bytes"));
+    return p;
+  }
+  void Free(void* p) override { std::free(p); }
+  absl::StatusOr<const void*> UploadWeight(const float* host, int64_t) override { return host; }
+  void CopyIn(void* dst, const void* host, size_t bytes) override { std::memcpy(dst, host, bytes); }
+  void CopyOut(void* host, const void* src, size_t bytes) override { std::memcpy(host, src, bytes); }
+  absl::Status Sync() override { return absl::OkStatus(); }
+  absl::StatusOr<int64_t> KvBudgetBytes(double utilization) override {
+    const int64_t avail = static_cast<int64_t>(sysconf(_SC_AVPHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+    return static_cast<int64_t>(utilization * static_cast<double>(avail));
+  }
+
+  void Linear(const void* xv, const void* wv, const void* bv, int32_t m, int32_t n, int32_t k,
+              void* yv) override {
+    const float *x = F(xv), *w = F(wv), *bias = F(bv);
+    float* y = F(yv);
     if (m == 1) {
       Gemv(x, w, n, k, y);
     } else if (m <= kStreamMaxRows) {
@@ -111,36 +137,50 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void MultiLinear(const float* x, int32_t m, int32_t k, const LinearOut* outs, int32_t num_outs) override {
+  void LinearF32(const void* x, const void* w, int32_t m, int32_t n, int32_t k, float* y) override {
+    Linear(x, w, nullptr, m, n, k, y);
+  }
+
+  void MultiLinear(const void* xv, int32_t m, int32_t k, const LinearOut* outs, int32_t num_outs) override {
     if (m > 1) {
-      for (int32_t i = 0; i < num_outs; ++i) Linear(x, outs[i].w, outs[i].bias, m, outs[i].n, k, outs[i].y);
+      for (int32_t i = 0; i < num_outs; ++i) Linear(xv, outs[i].w, outs[i].bias, m, outs[i].n, k, outs[i].y);
       return;
     }
     // Decode: one parallel pass over the rows of all outputs (one fork/join instead of several).
+    const float* x = F(xv);
     int32_t total = 0;
     for (int32_t i = 0; i < num_outs; ++i) total += outs[i].n;
 #pragma omp parallel for schedule(static) if (static_cast<int64_t>(total) * k >= (1 << 11))
     for (int32_t r = 0; r < total; ++r) {
       int32_t i = 0, row = r;
       while (row >= outs[i].n) row -= outs[i++].n;
-      const float b = outs[i].bias != nullptr ? outs[i].bias[row] : 0.0f;
-      outs[i].y[row] = Dot(outs[i].w + static_cast<int64_t>(row) * k, x, k) + b;
+      const float b = outs[i].bias != nullptr ? F(outs[i].bias)[row] : 0.0f;
+      F(outs[i].y)[row] = Dot(F(outs[i].w) + static_cast<int64_t>(row) * k, x, k) + b;
     }
   }
 
-  void RmsNorm(const float* x, const float* w, int32_t m, int32_t d, float eps, float* y) override {
+  void RmsNorm(const void* xv, const void* wv, int32_t m, int32_t d, float eps, void* yv) override {
+    const float *x = F(xv), *w = F(wv);
+    float* y = F(yv);
+    for (int32_t i = 0; i < m; ++i) NormRow(x + static_cast<int64_t>(i) * d, w, d, eps, y + static_cast<int64_t>(i) * d);
+  }
+
+  void AddRmsNorm(void* xv, const void* deltav, const void* wv, int32_t m, int32_t d, float eps,
+                  void* yv) override {
+    float* x = F(xv);
+    const float *delta = F(deltav), *w = F(wv);
+    float* y = F(yv);
     for (int32_t i = 0; i < m; ++i) {
-      const float* xr = x + static_cast<int64_t>(i) * d;
-      float* yr = y + static_cast<int64_t>(i) * d;
-      float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-      for (int32_t j = 0; j < d; ++j) ss += xr[j] * xr[j];
-      const float inv = 1.0f / std::sqrt(ss / d + eps);
-      for (int32_t j = 0; j < d; ++j) yr[j] = xr[j] * inv * w[j];
+      float* xr = x + static_cast<int64_t>(i) * d;
+      const float* dr = delta + static_cast<int64_t>(i) * d;
+#pragma omp simd
+      for (int32_t j = 0; j < d; ++j) xr[j] += dr[j];
+      NormRow(xr, w, d, eps, y + static_cast<int64_t>(i) * d);
     }
   }
 
-  void Rope(float* x, const int32_t* positions, int32_t m, int32_t num_heads, const RopeParams& p) override {
+  void Rope(void* xv, const int32_t* positions, int32_t m, int32_t num_heads, const RopeParams& p) override {
+    float* x = F(xv);
     const int32_t hd = p.head_dim;
     const int32_t half = hd / 2;
     for (int32_t t = 0; t < m; ++t) {
@@ -166,7 +206,9 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void SiluMul(const float* gate, const float* up, int64_t n, float* out) override {
+  void SiluMul(const void* gatev, const void* upv, int64_t n, void* outv) override {
+    const float *gate = F(gatev), *up = F(upv);
+    float* out = F(outv);
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) {
       const float g = gate[i];
@@ -174,27 +216,49 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void Add(float* x, const float* y, int64_t n) override {
+  void Add(void* xv, const void* yv, int64_t n) override {
+    float* x = F(xv);
+    const float* y = F(yv);
     for (int64_t i = 0; i < n; ++i) x[i] += y[i];
   }
 
-  void EmbeddingGather(const float* table, int32_t d, const int32_t* ids, int32_t m, float* out) override {
+  void EmbeddingGather(const void* tablev, int32_t d, const int32_t* ids, int32_t m, void* outv) override {
+    const float* table = F(tablev);
+    float* out = F(outv);
     for (int32_t i = 0; i < m; ++i) {
       std::memcpy(out + static_cast<int64_t>(i) * d, table + static_cast<int64_t>(ids[i]) * d, sizeof(float) * d);
     }
   }
 
-  void KvWrite(const PagedKvLayer& kv, const float* k, const float* v, const AttentionMetadata& meta) override {
+  void KvWrite(const PagedKvLayer& kv, const void* k, const void* v, const AttentionMetadata& meta) override {
     const int64_t row = static_cast<int64_t>(kv.num_kv_heads) * kv.head_dim;
     for (int32_t t = 0; t < meta.num_tokens; ++t) {
       const int64_t slot = meta.slot_mapping[t];
-      std::memcpy(kv.k + slot * row, k + t * row, sizeof(float) * row);
-      std::memcpy(kv.v + slot * row, v + t * row, sizeof(float) * row);
+      if (slot < 0) continue;  // padding
+      std::memcpy(F(kv.k) + slot * row, F(k) + t * row, sizeof(float) * row);
+      std::memcpy(F(kv.v) + slot * row, F(v) + t * row, sizeof(float) * row);
     }
   }
 
-  void PagedAttention(const float* q, const PagedKvLayer& kv, const AttentionMetadata& meta, int32_t num_heads,
-                      float scale, float* out) override {
+  void CopyKvBlocks(const PagedKvLayer& kv, const int32_t* src, const int32_t* dst, int32_t n) override {
+    const int64_t block = static_cast<int64_t>(kv.block_size) * kv.num_kv_heads * kv.head_dim;
+    for (int32_t i = 0; i < n; ++i) {
+      std::memcpy(F(kv.k) + dst[i] * block, F(kv.k) + src[i] * block, sizeof(float) * block);
+      std::memcpy(F(kv.v) + dst[i] * block, F(kv.v) + src[i] * block, sizeof(float) * block);
+    }
+  }
+
+  void Sample(const float* logits, int32_t m, int32_t vocab, const SampleArgs& args, float* probs,
+              int32_t* tokens) override {
+    cpu::SampleRows(logits, m, vocab, args, probs, tokens);
+  }
+  void VerifyDrafts(const VerifyArgs& args) override { cpu::VerifyRows(args); }
+
+  void PagedAttention(const void* qv, const PagedKvLayer& kvv, const AttentionMetadata& meta, int32_t num_heads,
+                      float scale, void* outv) override {
+    const float* q = F(qv);
+    float* out = F(outv);
+    const HostKv kv{F(kvv.k), F(kvv.v), kvv.num_kv_heads, kvv.block_size, kvv.head_dim};
     // Sequences with many new tokens (prefill chunks) go through GEMMs; the rest (decode, short
     // verification runs) through the per-token loop.
     gemm_seqs_.clear();
@@ -213,8 +277,27 @@ class CpuBackend final : public Backend {
  private:
   static constexpr int32_t kGemmMinTokens = 8;
 
+  // Host float views of the typed interface (the CPU backend's dtype is always f32).
+  static float* F(void* p) { return static_cast<float*>(p); }
+  static const float* F(const void* p) { return static_cast<const float*>(p); }
+
+  // One layer's pool as float pointers.
+  struct HostKv {
+    const float* k;
+    const float* v;
+    int32_t num_kv_heads, block_size, head_dim;
+  };
+
+  static void NormRow(const float* xr, const float* w, int32_t d, float eps, float* yr) {
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int32_t j = 0; j < d; ++j) ss += xr[j] * xr[j];
+    const float inv = 1.0f / std::sqrt(ss / d + eps);
+    for (int32_t j = 0; j < d; ++j) yr[j] = xr[j] * inv * w[j];
+  }
+
   // Copies K and V of positions [0, ctx) of one KV head into contiguous [ctx, head_dim] buffers.
-  static void Gather(const PagedKvLayer& kv, const int32_t* table, int32_t kvh, int32_t ctx, float* k, float* v) {
+  static void Gather(const HostKv& kv, const int32_t* table, int32_t kvh, int32_t ctx, float* k, float* v) {
     const int32_t hd = kv.head_dim, bs = kv.block_size;
     const int64_t row = static_cast<int64_t>(kv.num_kv_heads) * hd;
     for (int32_t p0 = 0; p0 < ctx; p0 += bs) {
@@ -242,7 +325,7 @@ class CpuBackend final : public Backend {
     std::fill(row + valid, row + ctx, 0.0f);
   }
 
-  void AttentionGemm(const float* q, const PagedKvLayer& kv, const AttentionMetadata& meta, int32_t num_heads,
+  void AttentionGemm(const float* q, const HostKv& kv, const AttentionMetadata& meta, int32_t num_heads,
                      float scale, float* out) {
     const int32_t hd = kv.head_dim;
     const int32_t group = num_heads / kv.num_kv_heads;
@@ -270,7 +353,7 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void AttentionLoop(const float* q, const PagedKvLayer& kv, const AttentionMetadata& meta, int32_t num_heads,
+  void AttentionLoop(const float* q, const HostKv& kv, const AttentionMetadata& meta, int32_t num_heads,
                      float scale, float* out) {
     const int32_t hd = kv.head_dim, bs = kv.block_size;
     const int32_t group = num_heads / kv.num_kv_heads;
