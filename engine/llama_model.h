@@ -42,6 +42,11 @@ class LlamaModel {
   // backends that support them; 0 turns graphs off.
   void set_max_graph_batch(int32_t n) { max_graph_batch_ = n; }
 
+  // Sizes the step scratch for up to `tokens` tokens over `seqs` sequences with `table_len` block
+  // ids in all (Forward grows it on demand; calling this first keeps allocation out of the step
+  // loop and lets the KV pool be sized from what is left). Drops captured graphs when it grows.
+  absl::Status Reserve(int32_t tokens, int32_t seqs, int32_t table_len);
+
  private:
   // Weight views in the backend's memory and dtype.
   struct Layer {
@@ -50,8 +55,6 @@ class LlamaModel {
 
   absl::Status Upload();
   absl::Status Validate(const ForwardBatch& batch, const KvCache& kv) const;
-  // Sizes every scratch buffer for `tokens` rows; drops captured graphs when a buffer moves.
-  absl::Status Reserve(int32_t tokens, int32_t seqs, int32_t table_len);
   // Embedding, layers and final norm + classifier over the scratch buffers: the part a graph
   // captures. Reads metadata from the device copies, writes logits_dev_ [rows, vocab].
   void Run(int32_t T, int32_t S, int32_t rows, int32_t max_blocks, KvCache& kv);

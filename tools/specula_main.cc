@@ -24,7 +24,7 @@
 #include "engine/tokenizer.h"
 #include "tools/batch_generate.h"
 #include "tools/flags.h"
-#include "kernels/cpu/cpu_backend.h"
+#include "kernels/make_backend.h"
 
 namespace specula {
 namespace {
@@ -59,6 +59,10 @@ Writes only the new text to stdout, as it is produced. Statistics go to stderr.
   --repetition-penalty R  HF-style penalty on seen tokens (default 1 = off)
   --seed S              random seed (default 0)
   --block-size B        KV cache block size in tokens (default 16)
+  --device D            cpu (the reference, f32) or cuda (one GPU; needs a CUDA build) (default cpu)
+  --dtype D             compute dtype: f32 on cpu; bf16 (default), f16 or f32 on cuda
+  --gpu-memory-utilization F  share of GPU memory the process may use; the KV pool takes what the
+                        weights and activations leave (default 0.9; cuda only)
   --ignore-eos          keep generating past end-of-sequence tokens
   --no-bos              do not prepend BOS to the prompt
 
@@ -69,7 +73,8 @@ Batch mode (continuous batching over a paged KV cache):
                         A malformed line gets an error naming its line and field; the others run.
   --max-num-seqs N      sequences per step (default 64)
   --max-num-batched-tokens T  tokens per step, prefill chunks included (default 2048)
-  --num-blocks K        KV pool size in blocks (default: max-num-seqs full contexts, capped at 4 GiB)
+  --num-blocks K        KV pool size in blocks (default on cpu: max-num-seqs full contexts, capped
+                        at 4 GiB; on cuda: sized from --gpu-memory-utilization)
   --max-wait-ms MS      batching window: how long new arrivals wait for company (default 0)
   --no-prefix-caching   turn automatic prefix caching off
   --no-progress         no progress bar on stderr
@@ -154,7 +159,8 @@ absl::Status RunGenerate(int argc, char** argv) {
                           {"model", "tokenizer", "prompt", "prompt-file", "prompts-file", "max-num-seqs",
                            "max-num-batched-tokens", "num-blocks", "max-wait-ms", "max-tokens",
                            "spec-method", "num-spec-tokens", "draft-model", "draft-tokenizer", "ngram-min", "ngram-max", "temperature", "top-k",
-                           "top-p", "min-p", "repetition-penalty", "seed", "block-size"},
+                           "top-p", "min-p", "repetition-penalty", "seed", "block-size", "device", "dtype",
+                           "gpu-memory-utilization"},
                           {"help", "ignore-eos", "no-bos", "no-prefix-caching", "no-progress"});
   if (!flags.ok()) return flags.status();
   if (flags->switches.count("help")) {
@@ -202,7 +208,19 @@ absl::Status RunGenerate(int argc, char** argv) {
     return absl::InvalidArgumentError(absl::StrCat(tok_path, ": tokenizer has ", tok.vocab_size(),
                                                    " tokens but the model's vocab_size is ", vocab));
   }
-  LlamaModel model(std::move(weights).value(), MakeCpuBackend());
+  BackendSpec backend_spec;
+  if (flags->values.count("device")) backend_spec.device = flags->values["device"];
+  if (flags->values.count("dtype")) backend_spec.dtype = flags->values["dtype"];
+  double gpu_util = 0.9;
+  if (auto st = GetNumber(*flags, "gpu-memory-utilization", &gpu_util); !st.ok()) return st;
+  if (!(gpu_util > 0.0 && gpu_util <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpu-memory-utilization must be in (0, 1], got ", gpu_util));
+  }
+  auto target_backend = MakeBackend(backend_spec);
+  if (!target_backend.ok()) return target_backend.status();
+  auto model_or = LlamaModel::Create(std::move(weights).value(), std::move(target_backend).value());
+  if (!model_or.ok()) return model_or.status();
+  LlamaModel& model = **model_or;
 
   // Speculative decoding.
   std::unique_ptr<LlamaModel> draft_model;
@@ -242,7 +260,11 @@ absl::Status RunGenerate(int argc, char** argv) {
           }
         }
       }
-      draft_model = std::make_unique<LlamaModel>(std::move(dw).value(), MakeCpuBackend());
+      auto draft_backend = MakeBackend(backend_spec);
+      if (!draft_backend.ok()) return draft_backend.status();
+      auto dm = LlamaModel::Create(std::move(dw).value(), std::move(draft_backend).value());
+      if (!dm.ok()) return dm.status();
+      draft_model = std::move(dm).value();
       const int32_t blocks = 64 * ((draft_model->config().max_seq_len + opt.block_size - 1) / opt.block_size);
       proposer = std::make_unique<DraftModelProposer>(draft_model.get(), opt.block_size, blocks);
     } else if (method == "synthetic") {
@@ -270,6 +292,21 @@ absl::Status RunGenerate(int argc, char** argv) {
                     GetNumber(*flags, "max-num-batched-tokens", &sc.max_num_batched_tokens),
                     GetNumber(*flags, "num-blocks", &sc.num_blocks), GetNumber(*flags, "max-wait-ms", &sc.max_wait_ms)}) {
       if (!st.ok()) return st;
+    }
+    if (sc.num_blocks == 0 && model.backend().on_device()) {
+      // The KV pool takes the memory the weights and the largest step's activations leave.
+      const int32_t table = (sc.max_model_len + sc.block_size - 1) / sc.block_size;
+      if (auto st = model.Reserve(std::max(sc.max_num_batched_tokens, sc.max_num_seqs), sc.max_num_seqs,
+                                  sc.max_num_seqs * table);
+          !st.ok()) {
+        return st;
+      }
+      auto budget = model.backend().KvBudgetBytes(gpu_util);
+      if (!budget.ok()) return budget.status();
+      const int64_t block_bytes = KvCache::BlockBytes(model.config(), sc.block_size, model.backend().dtype());
+      sc.num_blocks = static_cast<int32_t>(std::min<int64_t>(*budget / block_bytes, 1 << 30));
+      std::fprintf(stderr, "[specula] KV cache: %d blocks of %d tokens (%.2f GiB, gpu_memory_utilization %.2f)\n",
+                   sc.num_blocks, sc.block_size, sc.num_blocks * static_cast<double>(block_bytes) / (1 << 30), gpu_util);
     }
     if (sc.num_blocks == 0) {
       const ModelConfig& c = model.config();

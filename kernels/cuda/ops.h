@@ -1,0 +1,39 @@
+// Host entry points of the CUDA kernels: one InvokeXxx per kernel family, each enqueued on a
+// stream. Tensors are device pointers; `dtype` picks the element type of the `void*` ones.
+// Internal to kernels/cuda/ (CUDA types stay here).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/backend.h"
+
+namespace specula::cuda {
+
+// dst[n] (dtype) = src[n] (float32).
+void InvokeConvertFromF32(DType dtype, const float* src, int64_t n, void* dst, cudaStream_t s);
+// y[m, n] += bias[n].
+void InvokeAddBias(DType dtype, void* y, const void* bias, int32_t m, int32_t n, cudaStream_t s);
+void InvokeRmsNorm(DType dtype, const void* x, const void* w, int32_t m, int32_t d, float eps, void* y,
+                   cudaStream_t s);
+void InvokeAddRmsNorm(DType dtype, void* x, const void* delta, const void* w, int32_t m, int32_t d,
+                      float eps, void* y, cudaStream_t s);
+void InvokeRope(DType dtype, void* x, const int32_t* positions, int32_t m, int32_t num_heads,
+                const RopeParams& p, cudaStream_t s);
+void InvokeSiluMul(DType dtype, const void* gate, const void* up, int64_t n, void* out, cudaStream_t s);
+void InvokeAdd(DType dtype, void* x, const void* y, int64_t n, cudaStream_t s);
+void InvokeEmbeddingGather(DType dtype, const void* table, int32_t d, const int32_t* ids, int32_t m,
+                           void* out, cudaStream_t s);
+void InvokeKvWrite(DType dtype, const PagedKvLayer& kv, const void* k, const void* v,
+                   const AttentionMetadata& meta, cudaStream_t s);
+void InvokeCopyKvBlocks(DType dtype, const PagedKvLayer& kv, const int32_t* src, const int32_t* dst,
+                        int32_t n, cudaStream_t s);
+void InvokePagedAttention(DType dtype, const void* q, const PagedKvLayer& kv, const AttentionMetadata& meta,
+                          int32_t num_heads, float scale, void* out, cudaStream_t s);
+// probs: [m, vocab] f32 scratch, required (the caller's buffer or the backend's).
+void InvokeSample(const float* logits, int32_t m, int32_t vocab, const SampleArgs& args, float* probs,
+                  int32_t* tokens, cudaStream_t s);
+void InvokeVerifyDrafts(const VerifyArgs& args, cudaStream_t s);
+
+}  // namespace specula::cuda

@@ -1,0 +1,27 @@
+// Backend selection by name (--device cpu|cuda), for the tools, benchmarks and tests.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+
+namespace specula {
+
+struct BackendSpec {
+  std::string device = "cpu";  // cpu | cuda
+  std::string dtype;           // empty: f32 on cpu, bf16 on cuda
+  int device_index = 0;
+};
+
+// InvalidArgument for an unknown device or a dtype the device does not compute in;
+// FailedPrecondition when CUDA is asked for but not built in, or no GPU is present.
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendSpec& spec);
+
+// True when this build has the CUDA backend.
+bool CudaBuilt();
+// Usable CUDA devices (0 without a GPU, a driver, or the CUDA build).
+int CudaDevices();
+
+}  // namespace specula
