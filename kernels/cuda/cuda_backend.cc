@@ -308,6 +308,36 @@ int CudaDeviceCount() {
   return n;
 }
 
+absl::StatusOr<double> MeasureCopyBandwidthGBs(int device, size_t bytes) {
+  if (auto e = cudaSetDevice(device); e != cudaSuccess) return CudaError("cudaSetDevice", e);
+  void *a = nullptr, *b = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  absl::Status st;
+  float ms = 0;
+  constexpr int kReps = 20;
+  auto check = [&](const char* op, cudaError_t e) {
+    if (e != cudaSuccess && st.ok()) st = CudaError(op, e);
+  };
+  check("cudaMalloc", cudaMalloc(&a, bytes));
+  check("cudaMalloc", cudaMalloc(&b, bytes));
+  check("cudaEventCreate", cudaEventCreate(&start));
+  check("cudaEventCreate", cudaEventCreate(&stop));
+  if (st.ok()) {
+    check("cudaMemcpy", cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));  // warm-up
+    check("cudaEventRecord", cudaEventRecord(start));
+    for (int i = 0; i < kReps; ++i) check("cudaMemcpy", cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice));
+    check("cudaEventRecord", cudaEventRecord(stop));
+    check("cudaEventSynchronize", cudaEventSynchronize(stop));
+    check("cudaEventElapsedTime", cudaEventElapsedTime(&ms, start, stop));
+  }
+  if (a != nullptr) cudaFree(a);
+  if (b != nullptr) cudaFree(b);
+  if (start != nullptr) cudaEventDestroy(start);
+  if (stop != nullptr) cudaEventDestroy(stop);
+  if (!st.ok()) return st;
+  return 2.0 * static_cast<double>(bytes) * kReps / (ms / 1e3) / 1e9;
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& options) {
   int n = 0;
   if (auto e = cudaGetDeviceCount(&n); e != cudaSuccess || n == 0) {

@@ -18,6 +18,10 @@ struct CudaBackendOptions {
 // Number of usable CUDA devices; 0 when there is no GPU or no driver (never an error).
 int CudaDeviceCount();
 
+// Device-to-device copy bandwidth in GB/s (bytes read + written per second), the memory floor
+// of a decode step: weight bytes / this bandwidth.
+absl::StatusOr<double> MeasureCopyBandwidthGBs(int device, size_t bytes);
+
 // FailedPrecondition when no device is present, naming the CUDA error.
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& options);
 

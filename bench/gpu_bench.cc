@@ -1,0 +1,137 @@
+// GPU decode benchmarks (built with the CUDA backend; needs a GPU).
+//
+//  BM_GpuDecodeStep/batch:B  one decode step (B sequences, one token each, replayed from a CUDA
+//                            graph) of the model in $SPECULA_GPU_BENCH_MODEL (an HF directory,
+//                            e.g. `specula make-model --shape llama-3-8b --dtype bf16 --out DIR`),
+//                            in bf16, at a context of 512 tokens. Counters: step_ms; floor_ms =
+//                            weight bytes / device copy bandwidth measured here; ratio_to_floor.
+//  BM_GpuGenerate/batch:B    end to end through the engine: B requests of 32 prompt tokens and
+//                            128 greedy output tokens; generated tokens/s (prefill included, as
+//                            HF `generate` counts it; compare with bench/hf_generate_bench.py).
+//
+//   SPECULA_GPU_BENCH_MODEL=/tmp/llama-3-8b build/release/bench/gpu_bench
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
+#include "engine/engine.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/make_backend.h"
+
+namespace specula {
+namespace {
+
+struct Loaded {
+  std::unique_ptr<LlamaModel> model;
+  int64_t weight_bytes = 0;
+  double copy_gbs = 0;
+};
+
+Loaded* Get(benchmark::State& state) {
+  static Loaded* loaded = [] {
+    auto* l = new Loaded;
+    const char* dir = std::getenv("SPECULA_GPU_BENCH_MODEL");
+    if (dir == nullptr || CudaDevices() == 0) return l;
+    auto w = LoadModel(dir);
+    if (!w.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(w.status().message()).c_str());
+      return l;
+    }
+    const ModelConfig c = (*w)->config;
+    auto be = MakeBackend({"cuda", "bf16"});
+    if (!be.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(be.status().message()).c_str());
+      return l;
+    }
+    auto m = LlamaModel::Create(std::move(w).value(), std::move(be).value());
+    if (!m.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(m.status().message()).c_str());
+      return l;
+    }
+    l->model = std::move(m).value();
+    // Every weight is read once per step (the embedding only for B rows: not counted).
+    const int64_t params = c.NumParams() - (c.tie_embeddings ? 0 : int64_t{c.vocab_size} * c.dim);
+    l->weight_bytes = params * 2;
+    auto bw = MeasureCopyBandwidthGBs(0, size_t{1} << 30);
+    l->copy_gbs = bw.ok() ? *bw : 0;
+    return l;
+  }();
+  if (loaded->model == nullptr) state.SkipWithError("needs a GPU and SPECULA_GPU_BENCH_MODEL=<HF model directory>");
+  return loaded;
+}
+
+void BM_GpuDecodeStep(benchmark::State& state) {
+  Loaded* l = Get(state);
+  if (l->model == nullptr) return;
+  LlamaModel& m = *l->model;
+  const int32_t B = static_cast<int32_t>(state.range(0)), ctx = 512, bs = 16;
+  KvCache kv(m.config(), {bs, B * (ctx / bs + 1)}, &m.backend());
+  if (!kv.status().ok()) return state.SkipWithError(std::string(kv.status().message()).c_str());
+  std::vector<std::vector<BlockId>> tables(B);
+  for (int32_t s = 0; s < B; ++s) {
+    for (int32_t b = 0; b <= ctx / bs; ++b) tables[s].push_back(s * (ctx / bs + 1) + b);
+  }
+  std::vector<float> logits;
+  std::vector<TokenId> one = {7};
+  ForwardBatch batch;
+  for (int32_t s = 0; s < B; ++s) batch.seqs.push_back({one, ctx - 1, tables[s]});
+  // Warm-up captures the graph (the KV content is irrelevant to the cost).
+  for (int i = 0; i < 3; ++i) {
+    if (auto st = m.Forward(batch, kv, LogitsMode::kLastPerSequence, &logits); !st.ok()) {
+      return state.SkipWithError(std::string(st.message()).c_str());
+    }
+  }
+  for (auto _ : state) {
+    auto st = m.Forward(batch, kv, LogitsMode::kLastPerSequence, &logits);
+    if (!st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
+  }
+  const double floor_ms = l->copy_gbs > 0 ? l->weight_bytes / (l->copy_gbs * 1e9) * 1e3 : 0;
+  state.counters["step_ms"] = benchmark::Counter(static_cast<double>(state.iterations()) / 1e3,
+                                                 benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["floor_ms"] = floor_ms;
+  // ratio_to_floor = step_ms / floor_ms, as an inverted rate: floor_ms * iterations / elapsed.
+  state.counters["ratio_to_floor"] = benchmark::Counter(floor_ms > 0 ? static_cast<double>(state.iterations()) * floor_ms / 1e3 : 0,
+                                                        benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["copy_GBs"] = l->copy_gbs;
+  state.counters["tok/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * B, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_GpuDecodeStep)->ArgName("batch")->Arg(1)->Arg(32)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void BM_GpuGenerate(benchmark::State& state) {
+  Loaded* l = Get(state);
+  if (l->model == nullptr) return;
+  LlamaModel& m = *l->model;
+  const int32_t B = static_cast<int32_t>(state.range(0));
+  int64_t generated = 0;
+  for (auto _ : state) {
+    SchedulerConfig c;
+    c.max_num_seqs = B;
+    c.max_num_batched_tokens = 4096;
+    c.num_blocks = B * 16 + 16;
+    c.max_model_len = m.config().max_seq_len;
+    Engine e(&m, nullptr, c);
+    for (int32_t i = 0; i < B; ++i) {
+      Request r;
+      r.id = i;
+      for (int t = 0; t < 32; ++t) r.prompt.push_back(1 + (i * 131 + t * 17) % 1000);
+      r.max_tokens = 128;
+      r.ignore_eos = true;
+      if (auto st = e.AddRequest(r); !st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
+    }
+    while (e.HasUnfinished()) {
+      for (auto& o : e.Step()) {
+        if (!o.error.empty()) return state.SkipWithError(o.error.c_str());
+        generated += static_cast<int64_t>(o.tokens.size());
+      }
+    }
+  }
+  state.counters["tok/s"] = benchmark::Counter(static_cast<double>(generated), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_GpuGenerate)->ArgName("batch")->Arg(1)->Arg(32)->UseRealTime()->Unit(benchmark::kSecond)->Iterations(2);
+
+}  // namespace
+}  // namespace specula
+
+BENCHMARK_MAIN();
