@@ -118,11 +118,15 @@ absl::Status LlamaModel::Validate(const ForwardBatch& batch, const KvCache& kv) 
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::Reserve(int32_t tokens, int32_t seqs, int32_t table_len) {
-  if (tokens <= cap_tokens_ && seqs <= cap_seqs_ && table_len <= cap_table_) return absl::OkStatus();
+absl::Status LlamaModel::Reserve(int32_t tokens, int32_t seqs, int32_t table_len, int32_t rows) {
+  if (tokens <= cap_tokens_ && seqs <= cap_seqs_ && table_len <= cap_table_ && rows <= cap_rows_) {
+    return absl::OkStatus();
+  }
   cap_tokens_ = std::max(cap_tokens_, tokens);
   cap_seqs_ = std::max(cap_seqs_, seqs);
   cap_table_ = std::max(cap_table_, table_len);
+  cap_rows_ = std::max(cap_rows_, rows);
+  const size_t R = cap_rows_;
   const ModelConfig& c = config();
   const size_t T = cap_tokens_, e = DTypeBytes(backend_->dtype()), i32 = sizeof(int32_t);
   Backend* be = backend_.get();
@@ -131,18 +135,18 @@ absl::Status LlamaModel::Reserve(int32_t tokens, int32_t seqs, int32_t table_len
   RETURN_IF_ERROR(slots_dev_.Grow(be, T * i32));
   RETURN_IF_ERROR(qstart_dev_.Grow(be, (cap_seqs_ + 1) * i32));
   RETURN_IF_ERROR(tables_dev_.Grow(be, std::max(cap_table_, 1) * i32));
-  RETURN_IF_ERROR(rows_dev_.Grow(be, T * i32));
+  RETURN_IF_ERROR(rows_dev_.Grow(be, R * i32));
   RETURN_IF_ERROR(x_.Grow(be, T * c.dim * e));
   RETURN_IF_ERROR(xn_.Grow(be, T * c.dim * e));
   RETURN_IF_ERROR(proj_.Grow(be, T * c.dim * e));
-  RETURN_IF_ERROR(final_.Grow(be, T * c.dim * e));
+  RETURN_IF_ERROR(final_.Grow(be, R * c.dim * e));
   RETURN_IF_ERROR(q_.Grow(be, T * c.q_dim() * e));
   RETURN_IF_ERROR(attn_.Grow(be, T * c.q_dim() * e));
   RETURN_IF_ERROR(k_.Grow(be, T * c.kv_dim() * e));
   RETURN_IF_ERROR(v_.Grow(be, T * c.kv_dim() * e));
   RETURN_IF_ERROR(gate_.Grow(be, T * c.hidden_dim * e));
   RETURN_IF_ERROR(up_.Grow(be, T * c.hidden_dim * e));
-  if (be->on_device()) RETURN_IF_ERROR(logits_dev_.Grow(be, T * c.vocab_size * sizeof(float)));
+  if (be->on_device()) RETURN_IF_ERROR(logits_dev_.Grow(be, R * c.vocab_size * sizeof(float)));
   be->ClearGraphs();  // captured graphs point at the old buffers
   return absl::OkStatus();
 }
@@ -206,7 +210,8 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& kv, LogitsM
   int32_t max_blocks = 0;
   for (const auto& s : batch.seqs) max_blocks = std::max<int32_t>(max_blocks, s.block_table.size());
   if (graph_batch > 0) {
-    max_blocks = (c.max_seq_len + kv.block_size() - 1) / kv.block_size();
+    // No sequence can hold more blocks than the pool has.
+    max_blocks = std::min((c.max_seq_len + kv.block_size() - 1) / kv.block_size(), kv.num_blocks());
     T = S = graph_batch;
   }
 
@@ -241,7 +246,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& kv, LogitsM
   const int32_t run_rows = graph_batch > 0 ? graph_batch : rows;
   while (static_cast<int32_t>(out_rows_.size()) < run_rows) out_rows_.push_back(static_cast<int32_t>(out_rows_.size()));
 
-  RETURN_IF_ERROR(Reserve(T, S, S * max_blocks));
+  RETURN_IF_ERROR(Reserve(T, S, S * max_blocks, run_rows));
   be.CopyIn(ids_dev_.get(), token_ids_.data(), T * sizeof(int32_t));
   be.CopyIn(pos_dev_.get(), positions_.data(), T * sizeof(int32_t));
   be.CopyIn(slots_dev_.get(), slots_.data(), T * sizeof(int32_t));

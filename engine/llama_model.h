@@ -43,9 +43,10 @@ class LlamaModel {
   void set_max_graph_batch(int32_t n) { max_graph_batch_ = n; }
 
   // Sizes the step scratch for up to `tokens` tokens over `seqs` sequences with `table_len` block
-  // ids in all (Forward grows it on demand; calling this first keeps allocation out of the step
-  // loop and lets the KV pool be sized from what is left). Drops captured graphs when it grows.
-  absl::Status Reserve(int32_t tokens, int32_t seqs, int32_t table_len);
+  // ids in all and `rows` logits rows (Forward grows it on demand; calling this first keeps
+  // allocation out of the step loop and lets the KV pool be sized from what is left). Drops
+  // captured graphs when it grows.
+  absl::Status Reserve(int32_t tokens, int32_t seqs, int32_t table_len, int32_t rows);
 
  private:
   // Weight views in the backend's memory and dtype.
@@ -70,7 +71,7 @@ class LlamaModel {
   std::vector<int32_t> token_ids_, positions_, slots_, query_start_, tables_, out_rows_;
 
   // Backend scratch, grown to the largest step seen and reused (no allocation in steady state).
-  int32_t cap_tokens_ = 0, cap_seqs_ = 0, cap_table_ = 0;
+  int32_t cap_tokens_ = 0, cap_seqs_ = 0, cap_table_ = 0, cap_rows_ = 0;
   BackendBuffer ids_dev_;     // [T] i32
   BackendBuffer pos_dev_;     // [T] i32
   BackendBuffer slots_dev_;   // [T] i32

@@ -297,7 +297,7 @@ absl::Status RunGenerate(int argc, char** argv) {
       // The KV pool takes the memory the weights and the largest step's activations leave.
       const int32_t table = (sc.max_model_len + sc.block_size - 1) / sc.block_size;
       if (auto st = model.Reserve(std::max(sc.max_num_batched_tokens, sc.max_num_seqs), sc.max_num_seqs,
-                                  sc.max_num_seqs * table);
+                                  sc.max_num_seqs * table, sc.max_num_seqs * (num_spec + 1));
           !st.ok()) {
         return st;
       }
