@@ -36,36 +36,87 @@ void Gemv(const float* x, const float* w, int32_t n, int32_t k, float* y) {
 // verification pass cost several single-token steps.
 constexpr int32_t kStreamMaxRows = 8;
 
-// out[i] = row . x_i for M rows of x: each 8-float chunk of the weight row is loaded once for all
-// M accumulators (1 + 1/M loads per FMA instead of 2).
-template <int M>
-void DotRows(const float* row, const float* x, int32_t k, float* out) {
-#ifdef SPECULA_AVX2
-  __m256 acc[M];
-  for (int i = 0; i < M; ++i) acc[i] = _mm256_setzero_ps();
-  int32_t j = 0;
-  for (; j + 8 <= k; j += 8) {
-    const __m256 wv = _mm256_loadu_ps(row + j);
-    for (int i = 0; i < M; ++i) acc[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + static_cast<int64_t>(i) * k + j), acc[i]);
+// out[r][i] = w_r . x_i for R weight rows and M rows of x: each vector of a weight row is loaded
+// once for all M accumulators, and each vector of x once for all R rows ((R + M) loads per R * M
+// FMAs). Verification runs of a few tokens were load-bound with R = 1 and cost 2.5 single-token
+// steps.
+#if defined(__AVX512F__)
+using Vec = __m512;
+constexpr int32_t kLanes = 16;
+inline Vec VLoad(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec VFma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec VZero() { return _mm512_setzero_ps(); }
+inline float VSum(Vec v) {  // once per output: a store is as fast as shuffles here
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  return cpu::HorizontalSum(_mm256_add_ps(_mm256_load_ps(t), _mm256_load_ps(t + 8)));
+}
+#elif defined(SPECULA_AVX2)
+using Vec = __m256;
+constexpr int32_t kLanes = 8;
+inline Vec VLoad(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec VFma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec VZero() { return _mm256_setzero_ps(); }
+inline float VSum(Vec v) { return cpu::HorizontalSum(v); }
+#endif
+
+template <int M, int R>
+inline __attribute__((always_inline)) void DotTile(const float* w, const float* x, int32_t k, float out[R][M]) {
+#if defined(__AVX512F__) || defined(SPECULA_AVX2)
+  Vec acc[R][M];
+  for (int r = 0; r < R; ++r) {
+    for (int i = 0; i < M; ++i) acc[r][i] = VZero();
   }
-  for (int i = 0; i < M; ++i) {
-    float t = cpu::HorizontalSum(acc[i]);
-    for (int32_t jj = j; jj < k; ++jj) t += row[jj] * x[static_cast<int64_t>(i) * k + jj];
-    out[i] = t;
+  int32_t j = 0;
+  for (; j + kLanes <= k; j += kLanes) {
+    Vec wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = VLoad(w + static_cast<int64_t>(r) * k + j);
+    for (int i = 0; i < M; ++i) {
+      const Vec xv = VLoad(x + static_cast<int64_t>(i) * k + j);
+      for (int r = 0; r < R; ++r) acc[r][i] = VFma(wv[r], xv, acc[r][i]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int i = 0; i < M; ++i) {
+      float t = VSum(acc[r][i]);
+      for (int32_t jj = j; jj < k; ++jj) t += w[static_cast<int64_t>(r) * k + jj] * x[static_cast<int64_t>(i) * k + jj];
+      out[r][i] = t;
+    }
   }
 #else
-  for (int i = 0; i < M; ++i) out[i] = Dot(row, x + static_cast<int64_t>(i) * k, k);
+  for (int r = 0; r < R; ++r) {
+    for (int i = 0; i < M; ++i) out[r][i] = Dot(w + static_cast<int64_t>(r) * k, x + static_cast<int64_t>(i) * k, k);
+  }
+#endif
+}
+
+// Weight rows per tile: as many as the vector registers hold next to M accumulators each.
+template <int M>
+constexpr int TileRows() {
+#if defined(__AVX512F__)
+  return M <= 5 ? 4 : M <= 7 ? 3 : 2;  // 32 registers
+#else
+  return M <= 3 ? 3 : M <= 6 ? 2 : 1;  // 16 registers
 #endif
 }
 
 template <int M>
 void StreamGemmM(const float* x, int32_t k, const float* w, int32_t n, float* y, int64_t ldy, const float* bias) {
+  constexpr int R = TileRows<M>();
+  const int32_t tiles = (n + R - 1) / R;
 #pragma omp parallel for schedule(static) if (static_cast<int64_t>(n) * k >= (1 << 11))
-  for (int32_t r = 0; r < n; ++r) {
-    float out[M];
-    DotRows<M>(w + static_cast<int64_t>(r) * k, x, k, out);
-    const float b = bias != nullptr ? bias[r] : 0.0f;
-    for (int i = 0; i < M; ++i) y[static_cast<int64_t>(i) * ldy + r] = out[i] + b;
+  for (int32_t t = 0; t < tiles; ++t) {
+    const int32_t r0 = t * R;
+    float out[R][M];
+    if (r0 + R <= n) {
+      DotTile<M, R>(w + static_cast<int64_t>(r0) * k, x, k, out);
+    } else {
+      for (int32_t r = r0; r < n; ++r) DotTile<M, 1>(w + static_cast<int64_t>(r) * k, x, k, reinterpret_cast<float(*)[M]>(out[r - r0]));
+    }
+    for (int32_t r = r0; r < std::min(n, r0 + R); ++r) {
+      const float b = bias != nullptr ? bias[r] : 0.0f;
+      for (int i = 0; i < M; ++i) y[static_cast<int64_t>(i) * ldy + r] = out[r - r0][i] + b;
+    }
   }
 }
 
