@@ -10,6 +10,7 @@
 //
 //   build/release/bench/spec_bench --benchmark_filter=Acceptance
 //   build/release/bench/spec_bench --benchmark_filter='Synthetic/k:(0|4)/batch:1$'
+//  BM_SyntheticSideBySide    the acceptance figure: k = 0 and k = 4 at batch 1 alternated in one run
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
@@ -79,42 +80,86 @@ std::string SyntheticModel(const std::string& name, int32_t layers) {
   return bench::RandomModel(name, c, DType::kBF16, layers);
 }
 
-void BM_Synthetic(benchmark::State& state) {
+LlamaModel& SyntheticTarget() {
   static auto target = Load(SyntheticModel("llama-3.2-1b", 16));
+  return *target;
+}
+LlamaModel& SyntheticDraft() {
   static auto draft = Load(SyntheticModel("llama-3.2-1b-2layer", 2));
+  return *draft;
+}
+
+struct SyntheticResult {
+  int64_t tokens = 0;
+  double ms = 0;
+  double mean_acceptance_length = 0;
+};
+
+// `batch` requests of 24 tokens with k drafts per step (k = 0: plain decoding); the prefill step
+// is not timed.
+absl::StatusOr<SyntheticResult> RunSynthetic(int32_t k, int32_t batch) {
+  LlamaModel& target = SyntheticTarget();
+  DraftModelProposer proposer(&SyntheticDraft(), 16, batch * 8 + 8);
+  SchedulerConfig c;
+  c.max_num_seqs = batch;
+  c.num_blocks = batch * 8 + 8;
+  c.max_model_len = 128;
+  c.num_spec_tokens = k;
+  Engine e(&target, nullptr, c, {k > 0 ? &proposer : nullptr, k > 0 ? 0.8 : -1.0, true});
+  for (int i = 0; i < batch; ++i) {
+    Request r;
+    r.id = i;
+    r.prompt = {1 + i, 2, 3, 4};
+    r.max_tokens = 24;
+    r.ignore_eos = true;
+    if (auto st = e.AddRequest(r); !st.ok()) return st;
+  }
+  e.Step();  // prefill, not timed
+  const int64_t before = e.stats().generated_tokens;
+  const double t0 = e.NowMs();
+  while (e.HasUnfinished()) e.Step();
+  return SyntheticResult{e.stats().generated_tokens - before, e.NowMs() - t0, e.stats().spec.mean_acceptance_length()};
+}
+
+void BM_Synthetic(benchmark::State& state) {
   const int32_t k = static_cast<int32_t>(state.range(0));
   const int32_t batch = static_cast<int32_t>(state.range(1));
   for (auto _ : state) {
-    DraftModelProposer proposer(draft.get(), 16, batch * 8 + 8);
-    SchedulerConfig c;
-    c.max_num_seqs = batch;
-    c.num_blocks = batch * 8 + 8;
-    c.max_model_len = 128;
-    c.num_spec_tokens = k;
-    Engine e(target.get(), nullptr, c, {k > 0 ? &proposer : nullptr, k > 0 ? 0.8 : -1.0, true});
-    for (int i = 0; i < batch; ++i) {
-      Request r;
-      r.id = i;
-      r.prompt = {1 + i, 2, 3, 4};
-      r.max_tokens = 24;
-      r.ignore_eos = true;
-      if (!e.AddRequest(r).ok()) state.SkipWithError("add");
-    }
-    e.Step();  // prefill, not timed
-    const int64_t before = e.stats().generated_tokens;
-    const double t0 = e.NowMs();
-    while (e.HasUnfinished()) e.Step();
-    state.counters["tokens/s"] = (e.stats().generated_tokens - before) / ((e.NowMs() - t0) / 1000);
-    state.counters["mean_acceptance_length"] = e.stats().spec.mean_acceptance_length();
+    auto r = RunSynthetic(k, batch);
+    if (!r.ok()) return state.SkipWithError(std::string(r.status().message()).c_str());
+    state.counters["tokens/s"] = r->tokens / (r->ms / 1000);
+    state.counters["mean_acceptance_length"] = r->mean_acceptance_length;
   }
 }
 BENCHMARK(BM_Synthetic)->ArgNames({"k", "batch"})->ArgsProduct({{0, 1, 2, 4, 8}, {1, 8, 32}})->Iterations(1)->Unit(benchmark::kSecond);
 
+// The acceptance figure: plain decoding and k = 4 at batch 1, alternated 5 times in one run so
+// both see the same machine load; speedup = speculative tokens/s over plain tokens/s.
+void BM_SyntheticSideBySide(benchmark::State& state) {
+  for (auto _ : state) {
+    SyntheticResult plain, spec;
+    for (int round = 0; round < 5; ++round) {
+      for (int32_t k : {0, 4}) {
+        auto r = RunSynthetic(k, 1);
+        if (!r.ok()) return state.SkipWithError(std::string(r.status().message()).c_str());
+        SyntheticResult& acc = k == 0 ? plain : spec;
+        acc.tokens += r->tokens;
+        acc.ms += r->ms;
+        acc.mean_acceptance_length = r->mean_acceptance_length;
+      }
+    }
+    const double plain_tps = plain.tokens / (plain.ms / 1000), spec_tps = spec.tokens / (spec.ms / 1000);
+    state.counters["plain_tok/s"] = plain_tps;
+    state.counters["spec_k4_tok/s"] = spec_tps;
+    state.counters["speedup"] = spec_tps / plain_tps;
+    state.counters["mean_acceptance_length"] = spec.mean_acceptance_length;
+  }
+}
+BENCHMARK(BM_SyntheticSideBySide)->Iterations(1)->Unit(benchmark::kSecond);
+
 // The costs behind the synthetic grid: one forward of `tokens` new tokens for one sequence.
 void BM_ForwardCost(benchmark::State& state) {
-  static auto target = Load(SyntheticModel("llama-3.2-1b", 16));
-  static auto draft = Load(SyntheticModel("llama-3.2-1b-2layer", 2));
-  LlamaModel& m = state.range(0) ? *target : *draft;
+  LlamaModel& m = state.range(0) ? SyntheticTarget() : SyntheticDraft();
   const int32_t tokens = static_cast<int32_t>(state.range(1));
   KvCache kv(m.config(), {16, 8});
   std::vector<BlockId> table = {0, 1, 2, 3, 4, 5, 6, 7};
