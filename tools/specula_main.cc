@@ -293,14 +293,17 @@ absl::Status RunGenerate(int argc, char** argv) {
                     GetNumber(*flags, "num-blocks", &sc.num_blocks), GetNumber(*flags, "max-wait-ms", &sc.max_wait_ms)}) {
       if (!st.ok()) return st;
     }
-    if (sc.num_blocks == 0 && model.backend().on_device()) {
-      // The KV pool takes the memory the weights and the largest step's activations leave.
+    if (model.backend().on_device()) {
+      // Step scratch for the largest step, allocated now: none in the step loop, and the KV pool
+      // takes the memory the weights and activations leave.
       const int32_t table = (sc.max_model_len + sc.block_size - 1) / sc.block_size;
       if (auto st = model.Reserve(std::max(sc.max_num_batched_tokens, sc.max_num_seqs), sc.max_num_seqs,
                                   sc.max_num_seqs * table, sc.max_num_seqs * (num_spec + 1));
           !st.ok()) {
         return st;
       }
+    }
+    if (sc.num_blocks == 0 && model.backend().on_device()) {
       auto budget = model.backend().KvBudgetBytes(gpu_util);
       if (!budget.ok()) return budget.status();
       const int64_t block_bytes = KvCache::BlockBytes(model.config(), sc.block_size, model.backend().dtype());
