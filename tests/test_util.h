@@ -3,6 +3,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <system_error>
 #include <string>
 #include <vector>
 
@@ -18,11 +20,21 @@ inline std::string TinyStoriesDir() {
 
 inline std::string TestDataDir() { return absl::StrCat(SPECULA_SOURCE_DIR, "/tests/data"); }
 
-// A fresh temporary directory, removed by the OS tmp cleaner (tests write only small files).
+// A fresh temporary directory, removed with its contents when the test program exits.
 inline std::string MakeTempDir() {
+  static std::vector<std::string>* made = [] {
+    auto* v = new std::vector<std::string>;
+    std::atexit([] {
+      std::error_code ec;
+      for (const std::string& d : *made) std::filesystem::remove_all(d, ec);
+    });
+    return v;
+  }();
   std::string tmpl = "/tmp/specula_test_XXXXXX";
   const char* d = ::mkdtemp(tmpl.data());
-  return d == nullptr ? std::string("/tmp") : std::string(d);
+  if (d == nullptr) return std::string("/tmp");
+  made->push_back(d);
+  return std::string(d);
 }
 
 // Runs a shell command; returns its exit status and captures stdout.
