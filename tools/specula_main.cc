@@ -293,28 +293,27 @@ absl::Status RunGenerate(int argc, char** argv) {
                     GetNumber(*flags, "num-blocks", &sc.num_blocks), GetNumber(*flags, "max-wait-ms", &sc.max_wait_ms)}) {
       if (!st.ok()) return st;
     }
+    const int32_t table = (sc.max_model_len + sc.block_size - 1) / sc.block_size;  // blocks per full context
+    const int64_t block_bytes = KvCache::BlockBytes(model.config(), sc.block_size, model.backend().dtype());
     if (model.backend().on_device()) {
       // Step scratch for the largest step, allocated now: none in the step loop, and the KV pool
       // takes the memory the weights and activations leave.
-      const int32_t table = (sc.max_model_len + sc.block_size - 1) / sc.block_size;
       if (auto st = model.Reserve(std::max(sc.max_num_batched_tokens, sc.max_num_seqs), sc.max_num_seqs,
                                   sc.max_num_seqs * table, sc.max_num_seqs * (num_spec + 1));
           !st.ok()) {
         return st;
       }
-    }
-    if (sc.num_blocks == 0 && model.backend().on_device()) {
-      auto budget = model.backend().KvBudgetBytes(gpu_util);
-      if (!budget.ok()) return budget.status();
-      const int64_t block_bytes = KvCache::BlockBytes(model.config(), sc.block_size, model.backend().dtype());
-      sc.num_blocks = static_cast<int32_t>(std::min<int64_t>(*budget / block_bytes, 1 << 30));
-      std::fprintf(stderr, "[specula] KV cache: %d blocks of %d tokens (%.2f GiB, gpu_memory_utilization %.2f)\n",
-                   sc.num_blocks, sc.block_size, sc.num_blocks * static_cast<double>(block_bytes) / (1 << 30), gpu_util);
+      if (sc.num_blocks == 0) {
+        auto budget = model.backend().KvBudgetBytes(gpu_util);
+        if (!budget.ok()) return budget.status();
+        sc.num_blocks = static_cast<int32_t>(std::min<int64_t>(*budget / block_bytes, 1 << 30));
+        std::fprintf(stderr, "[specula] KV cache: %d blocks of %d tokens (%.2f GiB, gpu_memory_utilization %.2f)\n",
+                     sc.num_blocks, sc.block_size, sc.num_blocks * static_cast<double>(block_bytes) / (1 << 30),
+                     gpu_util);
+      }
     }
     if (sc.num_blocks == 0) {
-      const ModelConfig& c = model.config();
-      const int64_t block_bytes = int64_t{2} * c.num_layers * sc.block_size * c.kv_dim() * 4;
-      const int64_t want = int64_t{sc.max_num_seqs} * ((sc.max_model_len + sc.block_size - 1) / sc.block_size);
+      const int64_t want = int64_t{sc.max_num_seqs} * table;
       sc.num_blocks = static_cast<int32_t>(std::min<int64_t>(want, (int64_t{4} << 30) / block_bytes));
     }
     sc.num_spec_tokens = num_spec;

@@ -54,7 +54,7 @@ class CudaBackend final : public Backend {
     ClearGraphs();
     for (void* p : weights_) cudaFree(p);
     if (staging_ != nullptr) cudaFree(staging_);
-    if (probs_ != nullptr) cudaFree(probs_);
+    probs_.Reset();
     if (workspace_ != nullptr) cudaFree(workspace_);
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -241,17 +241,8 @@ class CudaBackend final : public Backend {
               int32_t* tokens) override {
     if (!status_.ok()) return;
     if (probs == nullptr) {  // scratch for the processed rows, grown on first use
-      const size_t bytes = static_cast<size_t>(m) * vocab * sizeof(float);
-      if (bytes > probs_bytes_) {
-        if (probs_ != nullptr) cudaFree(probs_);
-        probs_ = nullptr;
-        probs_bytes_ = 0;
-        auto p = Alloc(bytes);
-        if (!p.ok()) return Fail(p.status());
-        probs_ = static_cast<float*>(*p);
-        probs_bytes_ = bytes;
-      }
-      probs = probs_;
+      if (auto st = probs_.Grow(this, static_cast<size_t>(m) * vocab * sizeof(float)); !st.ok()) return Fail(st);
+      probs = probs_.as<float>();
     }
     cuda::InvokeSample(logits, m, vocab, args, probs, tokens, stream_);
     Check("Sample");
@@ -291,8 +282,7 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   void* workspace_ = nullptr;            // [kCublasWorkspace] bytes
   float* staging_ = nullptr;             // [kStagingFloats] weight upload chunk
-  float* probs_ = nullptr;               // [m, vocab] Sample scratch
-  size_t probs_bytes_ = 0;
+  BackendBuffer probs_;                  // [m, vocab] f32 Sample scratch
   std::vector<void*> weights_;           // uploaded weights, freed with the backend
   std::map<int64_t, cudaGraphExec_t> graphs_;
 };

@@ -273,8 +273,23 @@ struct SampleRow {
 };
 const SampleRow kRows[] = {{0, 0, 1}, {1, 0, 1}, {0.7f, 5, 1}, {1, 0, 0.9f}, {1.3f, 50, 0.8f}, {1, 1, 1}, {0.5f, 0, 0.5f}, {2, 3, 0.95f}};
 
-TEST_P(CudaOpsTest, SampleMatchesTheHostSampler) {
-  if (dt() != DType::kF32) GTEST_SKIP() << "sampling runs on float32 logits whatever the model dtype";
+// Sampling and verification run on float32 logits and probabilities whatever the model dtype:
+// one backend suffices.
+class CudaSamplingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SPECULA_REQUIRE_GPU();
+    cpu_ = MakeCpuBackend();
+    auto gpu = MakeBackend({"cuda", "f32"});
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    gpu_ = std::move(gpu).value();
+  }
+
+  std::unique_ptr<Backend> cpu_, gpu_;
+  uint64_t seed_ = 2000;
+};
+
+TEST_F(CudaSamplingTest, SampleMatchesTheHostSampler) {
   for (int32_t vocab : {97, 1000, 32000}) {
     const int32_t m = 64;
     const auto logits = RandomVec(int64_t{m} * vocab, ++seed_, 6.0f);
@@ -365,8 +380,7 @@ struct VerifyBatch {
   }
 };
 
-TEST_P(CudaOpsTest, VerifyDraftsMatchesTheReference) {
-  if (dt() != DType::kF32) GTEST_SKIP() << "verification runs on float32 probabilities whatever the model dtype";
+TEST_F(CudaSamplingTest, VerifyDraftsMatchesTheReference) {
   for (bool greedy : {false, true}) {
     for (bool one_hot : {false, true}) {
       const VerifyBatch b(++seed_, greedy);

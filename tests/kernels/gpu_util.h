@@ -96,29 +96,22 @@ std::unique_ptr<DevTensor> RawToBackend(Backend& be, const std::vector<T>& host)
   return t;
 }
 
-// n elements of the backend's dtype (or float32 when `f32`) -> float32 host values.
-inline std::vector<float> FromBackend(Backend& be, const void* p, int64_t n, bool f32 = false) {
-  std::vector<float> out(n);
-  const DType dt = f32 ? DType::kF32 : be.dtype();
-  if (dt == DType::kF32) {
-    be.CopyOut(out.data(), p, n * sizeof(float));
-  } else {
-    std::vector<uint16_t> half(n);
-    be.CopyOut(half.data(), p, n * 2);
-    EXPECT_TRUE(be.Sync().ok());
-    for (int64_t i = 0; i < n; ++i) out[i] = dt == DType::kBF16 ? Bf16ToF32(half[i]) : F16ToF32(half[i]);
-  }
-  const absl::Status st = be.Sync();
-  EXPECT_TRUE(st.ok()) << st;
-  return out;
-}
-
 template <typename T>
 std::vector<T> RawFromBackend(Backend& be, const void* p, int64_t n) {
   std::vector<T> out(n);
   be.CopyOut(out.data(), p, n * sizeof(T));
   const absl::Status st = be.Sync();
   EXPECT_TRUE(st.ok()) << st;
+  return out;
+}
+
+// n elements of the backend's dtype (or float32 when `f32`) -> float32 host values.
+inline std::vector<float> FromBackend(Backend& be, const void* p, int64_t n, bool f32 = false) {
+  const DType dt = f32 ? DType::kF32 : be.dtype();
+  if (dt == DType::kF32) return RawFromBackend<float>(be, p, n);
+  const std::vector<uint16_t> half = RawFromBackend<uint16_t>(be, p, n);
+  std::vector<float> out(n);
+  for (int64_t i = 0; i < n; ++i) out[i] = dt == DType::kBF16 ? Bf16ToF32(half[i]) : F16ToF32(half[i]);
   return out;
 }
 
