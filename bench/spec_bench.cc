@@ -8,9 +8,14 @@
 //                            tokens/s. k = 0 is plain decoding. Needs ~8 GB of RAM and disk in
 //                            $TMPDIR for the models (written once).
 //
+//                            The grid uses the int8 draft and 32 tokens per request.
+//  BM_SyntheticSideBySide    the acceptance figure: k = 0 and k = 4 at batch 1 alternated in one
+//                            run, 128 tokens per request, with the draft in f32 and in int8.
+//  BM_ForwardCost            one forward of 1 or 5 tokens of the draft, the target, the int8 draft.
+//
 //   build/release/bench/spec_bench --benchmark_filter=Acceptance
 //   build/release/bench/spec_bench --benchmark_filter='Synthetic/k:(0|4)/batch:1$'
-//  BM_SyntheticSideBySide    the acceptance figure: k = 0 and k = 4 at batch 1 alternated in one run
+//   build/release/bench/spec_bench --benchmark_filter=SyntheticSideBySide
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
@@ -26,13 +31,13 @@
 namespace specula {
 namespace {
 
-std::unique_ptr<LlamaModel> Load(const std::string& path) {
+std::unique_ptr<LlamaModel> Load(const std::string& path, bool int8_weights = false) {
   auto w = LoadModel(path);
   if (!w.ok()) {
     std::fprintf(stderr, "%s\n", std::string(w.status().message()).c_str());
     std::exit(1);
   }
-  return std::make_unique<LlamaModel>(std::move(w).value(), MakeCpuBackend());
+  return std::make_unique<LlamaModel>(std::move(w).value(), MakeCpuBackend({int8_weights}));
 }
 
 void BM_Acceptance(benchmark::State& state) {
@@ -84,9 +89,11 @@ LlamaModel& SyntheticTarget() {
   static auto target = Load(SyntheticModel("llama-3.2-1b", 16));
   return *target;
 }
-LlamaModel& SyntheticDraft() {
+// The 2-layer draft with f32 weights, or with weight-only int8 (--draft-quantization int8).
+LlamaModel& SyntheticDraft(bool int8 = false) {
   static auto draft = Load(SyntheticModel("llama-3.2-1b-2layer", 2));
-  return *draft;
+  static auto draft_q8 = Load(SyntheticModel("llama-3.2-1b-2layer", 2), true);
+  return int8 ? *draft_q8 : *draft;
 }
 
 struct SyntheticResult {
@@ -95,22 +102,22 @@ struct SyntheticResult {
   double mean_acceptance_length = 0;
 };
 
-// `batch` requests of 24 tokens with k drafts per step (k = 0: plain decoding); the prefill step
+// `batch` requests of max_tokens (<= 128) tokens with k drafts per step (k = 0: plain decoding); the prefill step
 // is not timed.
-absl::StatusOr<SyntheticResult> RunSynthetic(int32_t k, int32_t batch) {
+absl::StatusOr<SyntheticResult> RunSynthetic(int32_t k, int32_t batch, bool int8_draft, int32_t max_tokens) {
   LlamaModel& target = SyntheticTarget();
-  DraftModelProposer proposer(&SyntheticDraft(), 16, batch * 8 + 8);
+  DraftModelProposer proposer(&SyntheticDraft(int8_draft), 16, batch * 10 + 8);
   SchedulerConfig c;
   c.max_num_seqs = batch;
-  c.num_blocks = batch * 8 + 8;
-  c.max_model_len = 128;
+  c.num_blocks = batch * 10 + 8;  // 4 prompt + 128 generated + 9 lookahead tokens in blocks of 16
+  c.max_model_len = 160;
   c.num_spec_tokens = k;
   Engine e(&target, nullptr, c, {k > 0 ? &proposer : nullptr, k > 0 ? 0.8 : -1.0, true});
   for (int i = 0; i < batch; ++i) {
     Request r;
     r.id = i;
     r.prompt = {1 + i, 2, 3, 4};
-    r.max_tokens = 24;
+    r.max_tokens = max_tokens;
     r.ignore_eos = true;
     if (auto st = e.AddRequest(r); !st.ok()) return st;
   }
@@ -121,11 +128,12 @@ absl::StatusOr<SyntheticResult> RunSynthetic(int32_t k, int32_t batch) {
   return SyntheticResult{e.stats().generated_tokens - before, e.NowMs() - t0, e.stats().spec.mean_acceptance_length()};
 }
 
+// The grid: 32 tokens per request (the side-by-side figure uses 128), the int8 draft.
 void BM_Synthetic(benchmark::State& state) {
   const int32_t k = static_cast<int32_t>(state.range(0));
   const int32_t batch = static_cast<int32_t>(state.range(1));
   for (auto _ : state) {
-    auto r = RunSynthetic(k, batch);
+    auto r = RunSynthetic(k, batch, true, 32);
     if (!r.ok()) return state.SkipWithError(std::string(r.status().message()).c_str());
     state.counters["tokens/s"] = r->tokens / (r->ms / 1000);
     state.counters["mean_acceptance_length"] = r->mean_acceptance_length;
@@ -134,13 +142,15 @@ void BM_Synthetic(benchmark::State& state) {
 BENCHMARK(BM_Synthetic)->ArgNames({"k", "batch"})->ArgsProduct({{0, 1, 2, 4, 8}, {1, 8, 32}})->Iterations(1)->Unit(benchmark::kSecond);
 
 // The acceptance figure: plain decoding and k = 4 at batch 1, alternated 5 times in one run so
-// both see the same machine load; speedup = speculative tokens/s over plain tokens/s.
+// all see the same machine load; speedup = speculative tokens/s over plain tokens/s. The draft's
+// weights are f32 (draft_int8:0) or weight-only int8 (draft_int8:1); the target is f32 in both.
 void BM_SyntheticSideBySide(benchmark::State& state) {
+  const bool int8 = state.range(0) != 0;
   for (auto _ : state) {
     SyntheticResult plain, spec;
     for (int round = 0; round < 5; ++round) {
       for (int32_t k : {0, 4}) {
-        auto r = RunSynthetic(k, 1);
+        auto r = RunSynthetic(k, 1, int8, 128);
         if (!r.ok()) return state.SkipWithError(std::string(r.status().message()).c_str());
         SyntheticResult& acc = k == 0 ? plain : spec;
         acc.tokens += r->tokens;
@@ -155,11 +165,11 @@ void BM_SyntheticSideBySide(benchmark::State& state) {
     state.counters["mean_acceptance_length"] = spec.mean_acceptance_length;
   }
 }
-BENCHMARK(BM_SyntheticSideBySide)->Iterations(1)->Unit(benchmark::kSecond);
+BENCHMARK(BM_SyntheticSideBySide)->ArgName("draft_int8")->Arg(0)->Arg(1)->Iterations(1)->Unit(benchmark::kSecond);
 
 // The costs behind the synthetic grid: one forward of `tokens` new tokens for one sequence.
 void BM_ForwardCost(benchmark::State& state) {
-  LlamaModel& m = state.range(0) ? SyntheticTarget() : SyntheticDraft();
+  LlamaModel& m = state.range(0) == 1 ? SyntheticTarget() : SyntheticDraft(state.range(0) == 2);
   const int32_t tokens = static_cast<int32_t>(state.range(1));
   KvCache kv(m.config(), {16, 8});
   std::vector<BlockId> table = {0, 1, 2, 3, 4, 5, 6, 7};
@@ -171,7 +181,8 @@ void BM_ForwardCost(benchmark::State& state) {
     if (!m.Forward(b, kv, LogitsMode::kLastPerSequence, &logits).ok()) state.SkipWithError("forward");
   }
 }
-BENCHMARK(BM_ForwardCost)->ArgNames({"target", "tokens"})->ArgsProduct({{0, 1}, {1, 5}})->Unit(benchmark::kMillisecond)->MinTime(2.0);
+// model: 0 the draft, 1 the target, 2 the draft with int8 weights.
+BENCHMARK(BM_ForwardCost)->ArgNames({"model", "tokens"})->ArgsProduct({{0, 1, 2}, {1, 5}})->Unit(benchmark::kMillisecond)->MinTime(2.0);
 
 }  // namespace
 }  // namespace specula

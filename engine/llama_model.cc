@@ -48,15 +48,26 @@ absl::Status LlamaModel::Upload() {
     }
     return *r;
   };
+  // Matrices (read only by the Linear ops and the embedding lookup) may be stored in a format of
+  // the backend's own.
+  auto mat = [&](const float* host, int64_t rows, int64_t cols) -> const void* {
+    if (!st.ok()) return nullptr;
+    auto r = be.UploadMatrix(host, rows, cols);
+    if (!r.ok()) {
+      st = r.status();
+      return nullptr;
+    }
+    return *r;
+  };
   const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim;
-  embed_ = up(weights_->embed, c.vocab_size * dim);
+  embed_ = mat(weights_->embed, c.vocab_size, dim);
   for (const LayerWeights& w : weights_->layers) {
-    layers_.push_back(Layer{up(w.attn_norm, dim), up(w.wq, qd * dim), up(w.wk, kvd * dim), up(w.wv, kvd * dim),
-                            up(w.bq, qd), up(w.bk, kvd), up(w.bv, kvd), up(w.wo, dim * qd), up(w.ffn_norm, dim),
-                            up(w.w_gate, hid * dim), up(w.w_up, hid * dim), up(w.w_down, dim * hid)});
+    layers_.push_back(Layer{up(w.attn_norm, dim), mat(w.wq, qd, dim), mat(w.wk, kvd, dim), mat(w.wv, kvd, dim),
+                            up(w.bq, qd), up(w.bk, kvd), up(w.bv, kvd), mat(w.wo, dim, qd), up(w.ffn_norm, dim),
+                            mat(w.w_gate, hid, dim), mat(w.w_up, hid, dim), mat(w.w_down, dim, hid)});
   }
   final_norm_ = up(weights_->final_norm, dim);
-  lm_head_ = weights_->lm_head == weights_->embed ? embed_ : up(weights_->lm_head, c.vocab_size * dim);
+  lm_head_ = weights_->lm_head == weights_->embed ? embed_ : mat(weights_->lm_head, c.vocab_size, dim);
   RETURN_IF_ERROR(st);
 
   std::vector<float> cos_sin(static_cast<size_t>(c.max_seq_len) * c.head_dim);  // [max_seq_len, head_dim]

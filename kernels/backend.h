@@ -94,6 +94,12 @@ class Backend {
   // Converts n float32 host values to dtype() in backend memory owned by the backend for its
   // lifetime. The CPU backend (f32) returns `host` itself: no copy.
   virtual absl::StatusOr<const void*> UploadWeight(const float* host, int64_t n) = 0;
+  // A weight matrix [rows, cols] that only Linear, LinearF32, MultiLinear (as w) and
+  // EmbeddingGather (as table) read: a backend may keep it in a format of its own (the CPU
+  // backend's weight-only int8). The default is UploadWeight.
+  virtual absl::StatusOr<const void*> UploadMatrix(const float* host, int64_t rows, int64_t cols) {
+    return UploadWeight(host, rows * cols);
+  }
   // Byte copies, ordered with the ops. CopyOut's data is in place once Sync() returns.
   virtual void CopyIn(void* dst, const void* host, size_t bytes) = 0;
   virtual void CopyOut(void* host, const void* src, size_t bytes) = 0;

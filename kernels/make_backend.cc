@@ -25,12 +25,19 @@ int CudaDevices() {
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendSpec& spec) {
+  const bool int8 = spec.quantization == "int8";
+  if (!int8 && !spec.quantization.empty() && spec.quantization != "none") {
+    return absl::InvalidArgumentError(absl::StrCat("quantization '", spec.quantization, "' is not none or int8"));
+  }
+  if (int8 && spec.device != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat("quantization int8 is a CPU backend format (device ", spec.device, ")"));
+  }
   if (spec.device == "cpu") {
     if (!spec.dtype.empty() && spec.dtype != "f32" && spec.dtype != "float32") {
       return absl::InvalidArgumentError(absl::StrCat("--dtype ", spec.dtype,
                                                      ": the CPU backend computes in f32 (bf16/f16 need --device cuda)"));
     }
-    return MakeCpuBackend();
+    return MakeCpuBackend({int8});
   }
   if (spec.device == "cuda") {
     auto dtype = ParseDType(spec.dtype.empty() ? "bf16" : spec.dtype);

@@ -13,9 +13,11 @@ struct BackendSpec {
   std::string device = "cpu";  // cpu | cuda
   std::string dtype;           // empty: f32 on cpu, bf16 on cuda
   int device_index = 0;
+  std::string quantization = "none";  // or "int8": weight-only int8 matrices (cpu only)
 };
 
-// InvalidArgument for an unknown device or a dtype the device does not compute in;
+// InvalidArgument for an unknown device, a dtype the device does not compute in, or a
+// quantization it does not offer;
 // FailedPrecondition when CUDA is asked for but not built in, or no GPU is present.
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendSpec& spec);
 

@@ -9,18 +9,31 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/int8_gemm.h"
+#include "kernels/cpu/packed_gemm.h"
 #include "kernels/cpu/sampling.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/cpu/stream_gemm.h"
 
 namespace specula {
 namespace {
 
 using cpu::Dot;
 using cpu::ExpApprox;
+using cpu::kStreamMaxRows;
+using cpu::LinearQ8;
+using cpu::Q8Matrix;
+using cpu::Quantize;
+using cpu::StreamGemm;
+
+// Matrices of fewer rows multiply up to kStreamMaxRows tokens row-major (see Linear).
+constexpr int32_t kPackedMinRows = 1024;
 
 // y[n] = w[n, k] x[k]. Single-token decode is memory-bound; rows are split across threads.
 // (OpenBLAS sgemv measured 2.4x slower than this single-threaded on the CI machine.)
@@ -30,114 +43,11 @@ void Gemv(const float* x, const float* w, int32_t n, int32_t k, float* y) {
   for (int32_t i = 0; i < n; ++i) y[i] = Dot(w + static_cast<int64_t>(i) * k, x, k);
 }
 
-// y[m, n] = x[m, k] w[n, k]^T for a handful of rows (speculative verification, small decode
-// batches). Still memory-bound: each weight row is read once and stays in L1 while the m dot
-// products use it. OpenBLAS sgemm re-packs the whole weight matrix per call, which made a 5-row
-// verification pass cost several single-token steps.
-constexpr int32_t kStreamMaxRows = 8;
-
-// out[r][i] = w_r . x_i for R weight rows and M rows of x: each vector of a weight row is loaded
-// once for all M accumulators, and each vector of x once for all R rows ((R + M) loads per R * M
-// FMAs). Verification runs of a few tokens were load-bound with R = 1 and cost 2.5 single-token
-// steps.
-#if defined(__AVX512F__)
-using Vec = __m512;
-constexpr int32_t kLanes = 16;
-inline Vec VLoad(const float* p) { return _mm512_loadu_ps(p); }
-inline Vec VFma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline Vec VZero() { return _mm512_setzero_ps(); }
-inline float VSum(Vec v) {  // once per output: a store is as fast as shuffles here
-  alignas(64) float t[16];
-  _mm512_store_ps(t, v);
-  return cpu::HorizontalSum(_mm256_add_ps(_mm256_load_ps(t), _mm256_load_ps(t + 8)));
-}
-#elif defined(SPECULA_AVX2)
-using Vec = __m256;
-constexpr int32_t kLanes = 8;
-inline Vec VLoad(const float* p) { return _mm256_loadu_ps(p); }
-inline Vec VFma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline Vec VZero() { return _mm256_setzero_ps(); }
-inline float VSum(Vec v) { return cpu::HorizontalSum(v); }
-#endif
-
-template <int M, int R>
-inline __attribute__((always_inline)) void DotTile(const float* w, const float* x, int32_t k, float out[R][M]) {
-#if defined(__AVX512F__) || defined(SPECULA_AVX2)
-  Vec acc[R][M];
-  for (int r = 0; r < R; ++r) {
-    for (int i = 0; i < M; ++i) acc[r][i] = VZero();
-  }
-  int32_t j = 0;
-  for (; j + kLanes <= k; j += kLanes) {
-    Vec wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = VLoad(w + static_cast<int64_t>(r) * k + j);
-    for (int i = 0; i < M; ++i) {
-      const Vec xv = VLoad(x + static_cast<int64_t>(i) * k + j);
-      for (int r = 0; r < R; ++r) acc[r][i] = VFma(wv[r], xv, acc[r][i]);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int i = 0; i < M; ++i) {
-      float t = VSum(acc[r][i]);
-      for (int32_t jj = j; jj < k; ++jj) t += w[static_cast<int64_t>(r) * k + jj] * x[static_cast<int64_t>(i) * k + jj];
-      out[r][i] = t;
-    }
-  }
-#else
-  for (int r = 0; r < R; ++r) {
-    for (int i = 0; i < M; ++i) out[r][i] = Dot(w + static_cast<int64_t>(r) * k, x + static_cast<int64_t>(i) * k, k);
-  }
-#endif
-}
-
-// Weight rows per tile: as many as the vector registers hold next to M accumulators each.
-template <int M>
-constexpr int TileRows() {
-#if defined(__AVX512F__)
-  return M <= 5 ? 4 : M <= 7 ? 3 : 2;  // 32 registers
-#else
-  return M <= 3 ? 3 : M <= 6 ? 2 : 1;  // 16 registers
-#endif
-}
-
-template <int M>
-void StreamGemmM(const float* x, int32_t k, const float* w, int32_t n, float* y, int64_t ldy, const float* bias) {
-  constexpr int R = TileRows<M>();
-  const int32_t tiles = (n + R - 1) / R;
-#pragma omp parallel for schedule(static) if (static_cast<int64_t>(n) * k >= (1 << 11))
-  for (int32_t t = 0; t < tiles; ++t) {
-    const int32_t r0 = t * R;
-    float out[R][M];
-    if (r0 + R <= n) {
-      DotTile<M, R>(w + static_cast<int64_t>(r0) * k, x, k, out);
-    } else {
-      for (int32_t r = r0; r < n; ++r) DotTile<M, 1>(w + static_cast<int64_t>(r) * k, x, k, reinterpret_cast<float(*)[M]>(out[r - r0]));
-    }
-    for (int32_t r = r0; r < std::min(n, r0 + R); ++r) {
-      const float b = bias != nullptr ? bias[r] : 0.0f;
-      for (int i = 0; i < M; ++i) y[static_cast<int64_t>(i) * ldy + r] = out[r - r0][i] + b;
-    }
-  }
-}
-
-void StreamGemm(const float* x, int32_t m, int32_t k, const float* w, int32_t n, float* y, int64_t ldy,
-                const float* bias) {
-  switch (m) {
-    case 2: return StreamGemmM<2>(x, k, w, n, y, ldy, bias);
-    case 3: return StreamGemmM<3>(x, k, w, n, y, ldy, bias);
-    case 4: return StreamGemmM<4>(x, k, w, n, y, ldy, bias);
-    case 5: return StreamGemmM<5>(x, k, w, n, y, ldy, bias);
-    case 6: return StreamGemmM<6>(x, k, w, n, y, ldy, bias);
-    case 7: return StreamGemmM<7>(x, k, w, n, y, ldy, bias);
-    default: return StreamGemmM<8>(x, k, w, n, y, ldy, bias);
-  }
-}
-
 class CpuBackend final : public Backend {
  public:
   // One threading runtime: OpenBLAS runs single-threaded inside OpenMP threads (its own pthreads
   // fought libgomp's for the cores and halved batched throughput).
-  CpuBackend() { openblas_set_num_threads(1); }
+  explicit CpuBackend(const CpuOptions& options) : options_(options) { openblas_set_num_threads(1); }
 
   const char* name() const override { return "cpu"; }
   DType dtype() const override { return DType::kF32; }
@@ -150,6 +60,20 @@ class CpuBackend final : public Backend {
   }
   void Free(void* p) override { std::free(p); }
   absl::StatusOr<const void*> UploadWeight(const float* host, int64_t) override { return host; }
+  absl::StatusOr<const void*> UploadMatrix(const float* host, int64_t rows, int64_t cols) override {
+    if (host == nullptr) return host;
+    if (options_.int8_weights) {
+      auto q = std::make_unique<Q8Matrix>(Quantize(host, rows, cols));
+      const void* key = q->q.data();
+      q8_[key] = std::move(q);
+      return key;
+    }
+    if (!cpu::PackedGemmAvailable()) return host;
+    auto p = std::make_unique<cpu::PackedMatrix>(host, rows, cols);
+    const void* key = p->data();
+    packed_[key] = std::move(p);
+    return key;
+  }
   void CopyIn(void* dst, const void* host, size_t bytes) override { std::memcpy(dst, host, bytes); }
   void CopyOut(void* host, const void* src, size_t bytes) override { std::memcpy(host, src, bytes); }
   absl::Status Sync() override { return absl::OkStatus(); }
@@ -162,10 +86,17 @@ class CpuBackend final : public Backend {
               void* yv) override {
     const float *x = F(xv), *w = F(wv), *bias = F(bv);
     float* y = F(yv);
+    if (const Q8Matrix* q = FindQ8(wv)) return LinearQ8(x, *q, bias, m, n, k, y);
+    if (const cpu::PackedMatrix* p = Find(packed_, wv)) {
+      // A few tokens through a matrix of few 64-row groups would split unevenly between the
+      // cores: those take the row-major paths below.
+      if (m > kStreamMaxRows || n >= kPackedMinRows) return cpu::PackedGemm(x, m, *p, bias, y);
+      w = p->row_major();
+    }
     if (m == 1) {
       Gemv(x, w, n, k, y);
     } else if (m <= kStreamMaxRows) {
-      StreamGemm(x, m, k, w, n, y, n, bias);
+      StreamGemm(x, m, k, w, static_cast<const float*>(nullptr), n, y, n, bias);
       return;
     } else {
       // Each thread takes a slice of the output columns.
@@ -193,7 +124,7 @@ class CpuBackend final : public Backend {
   }
 
   void MultiLinear(const void* xv, int32_t m, int32_t k, const LinearOut* outs, int32_t num_outs) override {
-    if (m > 1) {
+    if (m > 1 || !q8_.empty() || !packed_.empty()) {
       for (int32_t i = 0; i < num_outs; ++i) Linear(xv, outs[i].w, outs[i].bias, m, outs[i].n, k, outs[i].y);
       return;
     }
@@ -276,6 +207,18 @@ class CpuBackend final : public Backend {
   void EmbeddingGather(const void* tablev, int32_t d, const int32_t* ids, int32_t m, void* outv) override {
     const float* table = F(tablev);
     float* out = F(outv);
+    if (const cpu::PackedMatrix* p = Find(packed_, tablev)) {
+      for (int32_t i = 0; i < m; ++i) p->Row(ids[i], out + static_cast<int64_t>(i) * d);
+      return;
+    }
+    if (const Q8Matrix* q = FindQ8(tablev)) {
+      for (int32_t i = 0; i < m; ++i) {
+        const int8_t* row = q->q.data() + static_cast<int64_t>(ids[i]) * d;
+        const float a = q->scale[ids[i]];
+        for (int32_t j = 0; j < d; ++j) out[static_cast<int64_t>(i) * d + j] = row[j] * a;
+      }
+      return;
+    }
     for (int32_t i = 0; i < m; ++i) {
       std::memcpy(out + static_cast<int64_t>(i) * d, table + static_cast<int64_t>(ids[i]) * d, sizeof(float) * d);
     }
@@ -411,6 +354,38 @@ class CpuBackend final : public Backend {
     const int64_t row = static_cast<int64_t>(kv.num_kv_heads) * hd;
     int64_t work = 0;
     for (const auto& [t, s] : loop_tokens_) work += static_cast<int64_t>(meta.positions[t] + 1) * hd * num_heads;
+#if defined(__AVX512F__)
+    // Enough tokens to keep the cores busy one token each: all heads of a token together.
+    const int32_t tokens = static_cast<int32_t>(loop_tokens_.size());
+    if (tokens >= 4 * omp_get_max_threads() && hd % 16 == 0 && hd <= 128 && hd != 112) {
+#pragma omp parallel for schedule(dynamic, 1)
+      for (int32_t i = 0; i < tokens; ++i) {
+        const auto [t, s] = loop_tokens_[i];
+        const int32_t ctx = meta.positions[t] + 1;
+        thread_local std::vector<float> scores;  // [num_heads, ctx]
+        scores.resize(static_cast<size_t>(num_heads) * ctx);
+        const int32_t* table = meta.block_tables + static_cast<int64_t>(s) * meta.max_blocks_per_seq;
+        const float* qt = q + static_cast<int64_t>(t) * num_heads * hd;
+        float* ot = out + static_cast<int64_t>(t) * num_heads * hd;
+        switch (hd / 16) {
+#define SPECULA_ATTEND_ALL(NV)                                                                                     \
+  case NV:                                                                                                         \
+    cpu::AttendAllHeads<NV>(qt, kv.k, kv.v, table, bs, row, ctx, num_heads, group, scale, scores.data(), ot, \
+                            MaskedSoftmax);                                                                        \
+    break;
+          SPECULA_ATTEND_ALL(1)
+          SPECULA_ATTEND_ALL(2)
+          SPECULA_ATTEND_ALL(3)
+          SPECULA_ATTEND_ALL(4)
+          SPECULA_ATTEND_ALL(5)
+          SPECULA_ATTEND_ALL(6)
+          SPECULA_ATTEND_ALL(8)
+#undef SPECULA_ATTEND_ALL
+        }
+      }
+      return;
+    }
+#endif
     const int32_t items = static_cast<int32_t>(loop_tokens_.size()) * num_heads;
 #pragma omp parallel for schedule(static, 1) if (work >= (1 << 11))
     for (int32_t item = 0; item < items; ++item) {
@@ -423,30 +398,69 @@ class CpuBackend final : public Backend {
       float* sc = scores.data();
       const float* qh = q + (static_cast<int64_t>(t) * num_heads + h) * hd;
       const int64_t head_off = static_cast<int64_t>(h / group) * hd;
-      for (int32_t p0 = 0; p0 < ctx; p0 += bs) {  // a block at a time: slots in a block are contiguous
-        const float* kb = kv.k + static_cast<int64_t>(table[p0 / bs]) * bs * row + head_off;
-        const int32_t n = std::min(bs, ctx - p0);
-        for (int32_t j = 0; j < n; ++j) sc[p0 + j] = Dot(qh, kb + j * row, hd) * scale;
-      }
-      MaskedSoftmax(sc, ctx, ctx);
       float* oh = out + (static_cast<int64_t>(t) * num_heads + h) * hd;
-      const float* vh = kv.v + head_off;
-      switch (hd) {
-        case 32: cpu::WeightedSumRegs<4>(sc, ctx, vh, table, bs, row, oh); break;
-        case 48: cpu::WeightedSumRegs<6>(sc, ctx, vh, table, bs, row, oh); break;
-        case 64: cpu::WeightedSumRegs<8>(sc, ctx, vh, table, bs, row, oh); break;
-        case 128: cpu::WeightedSumRegs<16>(sc, ctx, vh, table, bs, row, oh); break;
-        default: cpu::WeightedSum(sc, ctx, vh, table, bs, row, hd, oh);
-      }
+      AttendOne(qh, kv.k + head_off, kv.v + head_off, table, bs, row, ctx, hd, scale, sc, oh);
     }
   }
 
+  // One query head over ctx positions of one paged KV head: sc[ctx] is scratch.
+  static void AttendOne(const float* qh, const float* kh, const float* vh, const int32_t* table, int32_t bs,
+                        int64_t row, int32_t ctx, int32_t hd, float scale, float* sc, float* oh) {
+#if defined(__AVX512F__)
+    // 16 scores per tree reduction: the per-score horizontal sums made this loop a third of a
+    // 32-sequence decode step.
+    switch (hd) {
+#define SPECULA_ATTEND(NV)                                       \
+  case 16 * NV:                                                  \
+    cpu::ScoreKeys<NV>(qh, kh, table, bs, row, ctx, scale, sc);  \
+    MaskedSoftmax(sc, ctx, ctx);                                 \
+    cpu::WeightedSum512<NV>(sc, ctx, vh, table, bs, row, oh);    \
+    return;
+      SPECULA_ATTEND(2)
+      SPECULA_ATTEND(3)
+      SPECULA_ATTEND(4)
+      SPECULA_ATTEND(5)
+      SPECULA_ATTEND(6)
+      SPECULA_ATTEND(8)
+#undef SPECULA_ATTEND
+      default: break;
+    }
+#endif
+    for (int32_t p0 = 0; p0 < ctx; p0 += bs) {  // a block at a time: slots in a block are contiguous
+      const float* kb = kh + static_cast<int64_t>(table[p0 / bs]) * bs * row;
+      const int32_t n = std::min(bs, ctx - p0);
+      for (int32_t j = 0; j < n; ++j) sc[p0 + j] = Dot(qh, kb + j * row, hd) * scale;
+    }
+    MaskedSoftmax(sc, ctx, ctx);
+    switch (hd) {
+      case 32: cpu::WeightedSumRegs<4>(sc, ctx, vh, table, bs, row, oh); break;
+      case 48: cpu::WeightedSumRegs<6>(sc, ctx, vh, table, bs, row, oh); break;
+      case 64: cpu::WeightedSumRegs<8>(sc, ctx, vh, table, bs, row, oh); break;
+      case 128: cpu::WeightedSumRegs<16>(sc, ctx, vh, table, bs, row, oh); break;
+      default: cpu::WeightedSum(sc, ctx, vh, table, bs, row, hd, oh);
+    }
+  }
+
+  // The stored matrix behind a weight pointer, or null for plain row-major float32 data (weights
+  // not uploaded as matrices, activations).
+  template <typename T>
+  static const T* Find(const absl::flat_hash_map<const void*, std::unique_ptr<T>>& map, const void* w) {
+    if (map.empty()) return nullptr;
+    auto it = map.find(w);
+    return it == map.end() ? nullptr : it->second.get();
+  }
+  const Q8Matrix* FindQ8(const void* w) const { return Find(q8_, w); }
+
+  const CpuOptions options_;
+  // Matrices by the pointer UploadMatrix returned.
+  absl::flat_hash_map<const void*, std::unique_ptr<Q8Matrix>> q8_;
+  absl::flat_hash_map<const void*, std::unique_ptr<cpu::PackedMatrix>> packed_;
   std::vector<int32_t> gemm_seqs_;                        // sequences attended with GEMMs
   std::vector<std::pair<int32_t, int32_t>> loop_tokens_;  // (token, sequence) for the loop path
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeCpuBackend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> MakeCpuBackend(const CpuOptions& options) { return std::make_unique<CpuBackend>(options); }
 
 }  // namespace specula

@@ -7,6 +7,13 @@
 
 namespace specula {
 
-std::unique_ptr<Backend> MakeCpuBackend();
+struct CpuOptions {
+  // Weight matrices stored as int8 with one float scale per row (symmetric, max |w| / 127),
+  // dequantized on the fly; activations and KV stay f32. A quarter of the bytes per decode step:
+  // meant for draft models, whose weights' precision costs acceptance, never correctness.
+  bool int8_weights = false;
+};
+
+std::unique_ptr<Backend> MakeCpuBackend(const CpuOptions& options = {});
 
 }  // namespace specula

@@ -1,0 +1,220 @@
+// The CPU backend's stored weight matrices (packed float32 and weight-only int8) and its decode
+// attention loop, against plain double-precision loops.
+#include <cmath>
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+
+namespace specula {
+namespace {
+
+std::vector<float> Random(size_t n, std::mt19937* rng, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(*rng);
+  return v;
+}
+
+// y[m, n] = x[m, k] w[n, k]^T + bias, in double.
+std::vector<double> Reference(const std::vector<float>& x, const std::vector<float>& w, const float* bias, int32_t m,
+                              int32_t n, int32_t k) {
+  std::vector<double> y(static_cast<size_t>(m) * n);
+  for (int32_t i = 0; i < m; ++i) {
+    for (int32_t r = 0; r < n; ++r) {
+      double t = bias != nullptr ? bias[r] : 0.0;
+      for (int32_t j = 0; j < k; ++j) t += static_cast<double>(x[i * k + j]) * w[static_cast<size_t>(r) * k + j];
+      y[static_cast<size_t>(i) * n + r] = t;
+    }
+  }
+  return y;
+}
+
+struct Shape {
+  int32_t m, n, k;
+};
+// Single tokens, verification-sized runs, a token tile and a half, decode batches and prefill
+// chunks; rows below, at and past the packed groups of 64 and the row-major cut at 1024; k below
+// and across the 256-wide k chunks.
+const Shape kShapes[] = {{1, 1, 1},     {1, 17, 7},     {1, 1100, 300}, {2, 64, 64},    {5, 1024, 288},
+                         {5, 100, 33},  {6, 2000, 130}, {7, 1030, 600}, {8, 288, 288},  {9, 65, 257},
+                         {13, 130, 40}, {32, 288, 288}, {32, 1100, 768}, {100, 129, 513}, {200, 768, 288}};
+
+TEST(CpuPackedMatrixTest, LinearMatchesReference) {
+  auto be = MakeCpuBackend();
+  std::mt19937 rng(1);
+  for (const Shape& s : kShapes) {
+    for (bool with_bias : {false, true}) {
+      const std::vector<float> x = Random(static_cast<size_t>(s.m) * s.k, &rng), w = Random(static_cast<size_t>(s.n) * s.k, &rng),
+                               b = Random(s.n, &rng);
+      auto up = be->UploadMatrix(w.data(), s.n, s.k);
+      ASSERT_TRUE(up.ok());
+      std::vector<float> y(static_cast<size_t>(s.m) * s.n, NAN);
+      be->Linear(x.data(), *up, with_bias ? b.data() : nullptr, s.m, s.n, s.k, y.data());
+      const std::vector<double> want = Reference(x, w, with_bias ? b.data() : nullptr, s.m, s.n, s.k);
+      for (size_t i = 0; i < y.size(); ++i) {
+        ASSERT_NEAR(y[i], want[i], 1e-4 * std::sqrt(s.k) + 1e-5)
+            << "m " << s.m << " n " << s.n << " k " << s.k << " bias " << with_bias << " at " << i;
+      }
+      if (!with_bias) {  // LinearF32 is the same product
+        std::vector<float> y32(y.size(), NAN);
+        be->LinearF32(x.data(), *up, s.m, s.n, s.k, y32.data());
+        EXPECT_EQ(0, std::memcmp(y.data(), y32.data(), y.size() * sizeof(float))) << "m " << s.m << " n " << s.n;
+      }
+    }
+  }
+}
+
+TEST(CpuPackedMatrixTest, MultiLinearAndGatherMatchTheRowMajorWeights) {
+  auto be = MakeCpuBackend();
+  std::mt19937 rng(2);
+  const int32_t k = 96, n0 = 1100, n1 = 70;
+  const std::vector<float> w0 = Random(static_cast<size_t>(n0) * k, &rng), w1 = Random(static_cast<size_t>(n1) * k, &rng),
+                           b1 = Random(n1, &rng);
+  const void* p0 = *be->UploadMatrix(w0.data(), n0, k);
+  const void* p1 = *be->UploadMatrix(w1.data(), n1, k);
+  for (int32_t m : {1, 3, 20}) {
+    const std::vector<float> x = Random(static_cast<size_t>(m) * k, &rng);
+    std::vector<float> y0(static_cast<size_t>(m) * n0, NAN), y1(static_cast<size_t>(m) * n1, NAN);
+    const Backend::LinearOut outs[] = {{p0, nullptr, n0, y0.data()}, {p1, b1.data(), n1, y1.data()}};
+    be->MultiLinear(x.data(), m, k, outs, 2);
+    const std::vector<double> want0 = Reference(x, w0, nullptr, m, n0, k), want1 = Reference(x, w1, b1.data(), m, n1, k);
+    for (size_t i = 0; i < y0.size(); ++i) ASSERT_NEAR(y0[i], want0[i], 1e-4) << "m " << m << " at " << i;
+    for (size_t i = 0; i < y1.size(); ++i) ASSERT_NEAR(y1[i], want1[i], 1e-4) << "m " << m << " at " << i;
+  }
+  // The embedding lookup reads a packed table back exactly.
+  const int32_t ids[] = {0, 1099, 63, 64, 700};
+  std::vector<float> rows(5 * k, NAN);
+  be->EmbeddingGather(p0, k, ids, 5, rows.data());
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(0, std::memcmp(rows.data() + i * k, w0.data() + static_cast<size_t>(ids[i]) * k, k * sizeof(float)))
+        << "row " << ids[i];
+  }
+}
+
+// Weight-only int8 (and, where VNNI is compiled in, int8 activations for up to 8 tokens): each
+// output within the worst case of the two roundings, and on average within 3% of the output scale
+// (two roundings of a step of max/127 each, on Gaussian data, come to about 1%).
+TEST(CpuInt8MatrixTest, LinearWithinQuantizationError) {
+  auto be = MakeCpuBackend({/*int8_weights=*/true});
+  std::mt19937 rng(3);
+  for (const Shape& s : kShapes) {
+    const std::vector<float> x = Random(static_cast<size_t>(s.m) * s.k, &rng), w = Random(static_cast<size_t>(s.n) * s.k, &rng, 0.05f),
+                             b = Random(s.n, &rng);
+    auto up = be->UploadMatrix(w.data(), s.n, s.k);
+    ASSERT_TRUE(up.ok());
+    std::vector<float> y(static_cast<size_t>(s.m) * s.n, NAN);
+    be->Linear(x.data(), *up, b.data(), s.m, s.n, s.k, y.data());
+    const std::vector<double> want = Reference(x, w, b.data(), s.m, s.n, s.k);
+    double err_sum = 0, ref_sum = 0;
+    for (int32_t i = 0; i < s.m; ++i) {
+      float xmax = 0;
+      for (int32_t j = 0; j < s.k; ++j) xmax = std::max(xmax, std::fabs(x[i * s.k + j]));
+      for (int32_t r = 0; r < s.n; ++r) {
+        float wmax = 0;
+        for (int32_t j = 0; j < s.k; ++j) wmax = std::max(wmax, std::fabs(w[static_cast<size_t>(r) * s.k + j]));
+        const double sw = wmax / 127.0, sx = xmax / 127.0;
+        const double bound = s.k * (0.5 * sw * xmax + 0.5 * sx * wmax + 0.25 * sw * sx) + 1e-4;
+        const size_t at = static_cast<size_t>(i) * s.n + r;
+        ASSERT_NEAR(y[at], want[at], bound) << "m " << s.m << " n " << s.n << " k " << s.k << " token " << i << " row " << r;
+        err_sum += std::fabs(y[at] - want[at]);
+        ref_sum += std::fabs(want[at] - b[r]);
+      }
+    }
+    if (s.k >= 32) {
+      EXPECT_LT(err_sum, 0.03 * ref_sum) << "m " << s.m << " n " << s.n << " k " << s.k;
+    }
+  }
+}
+
+TEST(CpuInt8MatrixTest, GatherDequantizesEachRow) {
+  auto be = MakeCpuBackend({true});
+  std::mt19937 rng(4);
+  const int32_t n = 50, k = 40;
+  const std::vector<float> w = Random(static_cast<size_t>(n) * k, &rng);
+  const void* p = *be->UploadMatrix(w.data(), n, k);
+  const int32_t ids[] = {49, 0, 7};
+  std::vector<float> rows(3 * k);
+  be->EmbeddingGather(p, k, ids, 3, rows.data());
+  for (int i = 0; i < 3; ++i) {
+    float wmax = 0;
+    for (int32_t j = 0; j < k; ++j) wmax = std::max(wmax, std::fabs(w[ids[i] * k + j]));
+    for (int32_t j = 0; j < k; ++j) ASSERT_NEAR(rows[i * k + j], w[ids[i] * k + j], 0.5 * wmax / 127 + 1e-7) << ids[i];
+  }
+}
+
+// Decode-style attention (a few new tokens per sequence: the per-token loop) through block tables,
+// against softmax(q k^T * scale) v in double, for every head size the vector paths specialize
+// (and 40, which they do not), block sizes 1, 5 and 16, GQA, and both the head-by-head and the
+// token-by-token paths.
+TEST(CpuAttentionTest, DecodeLoopMatchesReference) {
+  auto be = MakeCpuBackend();
+  std::mt19937 rng(5);
+  // Per sequence, one new token each: 4 tokens attend head by head, 10 token by token.
+  const std::vector<std::vector<int32_t>> contexts = {{1, 17, 40, 100}, {1, 17, 40, 100, 3, 64, 65, 16, 2, 33}};
+  for (const std::vector<int32_t>& ctx : contexts) {
+    for (int32_t hd : {16, 32, 40, 48, 64, 80, 96, 128}) {
+    for (int32_t bs : {1, 5, 16}) {
+      const int32_t kv_heads = 2, heads = 6, blocks = 160;
+      const int32_t seqs = static_cast<int32_t>(ctx.size());
+      const int32_t max_blocks = (100 + bs - 1) / bs;
+      const int64_t row = static_cast<int64_t>(kv_heads) * hd;
+      std::vector<float> kpool = Random(static_cast<size_t>(blocks) * bs * row, &rng), vpool = Random(kpool.size(), &rng);
+      const std::vector<float> q = Random(static_cast<size_t>(seqs) * heads * hd, &rng);
+      std::vector<int32_t> tables(static_cast<size_t>(seqs) * max_blocks), positions(seqs), query_start(seqs + 1),
+          slots(seqs, -1);
+      std::vector<int32_t> perm(blocks);
+      for (int32_t i = 0; i < blocks; ++i) perm[i] = i;
+      std::shuffle(perm.begin(), perm.end(), rng);
+      for (int32_t s = 0; s < seqs; ++s) {
+        for (int32_t b = 0; b < max_blocks; ++b) tables[s * max_blocks + b] = perm[(s * max_blocks + b) % blocks];
+        positions[s] = ctx[s] - 1;
+        query_start[s] = s;
+      }
+      query_start[seqs] = seqs;
+      AttentionMetadata meta;
+      meta.num_tokens = seqs;
+      meta.num_seqs = seqs;
+      meta.positions = positions.data();
+      meta.query_start = query_start.data();
+      meta.block_tables = tables.data();
+      meta.max_blocks_per_seq = max_blocks;
+      meta.slot_mapping = slots.data();
+      const PagedKvLayer kv{kpool.data(), vpool.data(), blocks, bs, kv_heads, hd};
+      std::vector<float> out(q.size(), NAN);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      be->PagedAttention(q.data(), kv, meta, heads, scale, out.data());
+      for (int32_t s = 0; s < seqs; ++s) {
+        for (int32_t h = 0; h < heads; ++h) {
+          const int32_t kvh = h / (heads / kv_heads);
+          std::vector<double> p(ctx[s]);
+          double mx = -1e300, sum = 0;
+          auto at = [&](const std::vector<float>& pool, int32_t pos, int32_t d) {
+            const int64_t slot = static_cast<int64_t>(tables[s * max_blocks + pos / bs]) * bs + pos % bs;
+            return static_cast<double>(pool[slot * row + kvh * hd + d]);
+          };
+          for (int32_t t = 0; t < ctx[s]; ++t) {
+            double dot = 0;
+            for (int32_t d = 0; d < hd; ++d) dot += q[(s * heads + h) * hd + d] * at(kpool, t, d);
+            p[t] = dot * scale;
+            mx = std::max(mx, p[t]);
+          }
+          for (double& v : p) sum += (v = std::exp(v - mx));
+          for (int32_t d = 0; d < hd; ++d) {
+            double o = 0;
+            for (int32_t t = 0; t < ctx[s]; ++t) o += p[t] / sum * at(vpool, t, d);
+            ASSERT_NEAR(out[(s * heads + h) * hd + d], o, 1e-5)
+                << "hd " << hd << " bs " << bs << " seqs " << seqs << " seq " << s << " head " << h << " dim " << d;
+          }
+        }
+      }
+    }
+  }
+  }
+}
+
+}  // namespace
+}  // namespace specula
