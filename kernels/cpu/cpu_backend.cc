@@ -124,11 +124,20 @@ class CpuBackend final : public Backend {
   }
 
   void MultiLinear(const void* xv, int32_t m, int32_t k, const LinearOut* outs, int32_t num_outs) override {
-    if (m > 1 || !q8_.empty() || !packed_.empty()) {
+    // Decode through row-major matrices (small packed ones keep their row-major original): one
+    // parallel pass over the rows of all outputs, one fork/join instead of several.
+    constexpr int32_t kMaxOuts = 4;
+    const float* rows[kMaxOuts];
+    bool fused = m == 1 && num_outs <= kMaxOuts && q8_.empty();
+    for (int32_t i = 0; fused && i < num_outs; ++i) {
+      const cpu::PackedMatrix* p = Find(packed_, outs[i].w);
+      fused = p == nullptr || outs[i].n < kPackedMinRows;
+      rows[i] = p != nullptr ? p->row_major() : F(outs[i].w);
+    }
+    if (!fused) {
       for (int32_t i = 0; i < num_outs; ++i) Linear(xv, outs[i].w, outs[i].bias, m, outs[i].n, k, outs[i].y);
       return;
     }
-    // Decode: one parallel pass over the rows of all outputs (one fork/join instead of several).
     const float* x = F(xv);
     int32_t total = 0;
     for (int32_t i = 0; i < num_outs; ++i) total += outs[i].n;
@@ -137,7 +146,7 @@ class CpuBackend final : public Backend {
       int32_t i = 0, row = r;
       while (row >= outs[i].n) row -= outs[i++].n;
       const float b = outs[i].bias != nullptr ? F(outs[i].bias)[row] : 0.0f;
-      F(outs[i].y)[row] = Dot(F(outs[i].w) + static_cast<int64_t>(row) * k, x, k) + b;
+      F(outs[i].y)[row] = Dot(rows[i] + static_cast<int64_t>(row) * k, x, k) + b;
     }
   }
 

@@ -84,6 +84,15 @@ TEST(CpuPackedMatrixTest, MultiLinearAndGatherMatchTheRowMajorWeights) {
     const std::vector<double> want0 = Reference(x, w0, nullptr, m, n0, k), want1 = Reference(x, w1, b1.data(), m, n1, k);
     for (size_t i = 0; i < y0.size(); ++i) ASSERT_NEAR(y0[i], want0[i], 1e-4) << "m " << m << " at " << i;
     for (size_t i = 0; i < y1.size(); ++i) ASSERT_NEAR(y1[i], want1[i], 1e-4) << "m " << m << " at " << i;
+    // Small matrices only: the single-token fused pass over their row-major originals.
+    std::fill(y1.begin(), y1.end(), NAN);
+    const Backend::LinearOut small[] = {{p1, b1.data(), n1, y1.data()}, {p1, nullptr, n1, y0.data()}};
+    be->MultiLinear(x.data(), m, k, small, 2);
+    const std::vector<double> want2 = Reference(x, w1, nullptr, m, n1, k);
+    for (int32_t i = 0; i < m * n1; ++i) {
+      ASSERT_NEAR(y1[i], want1[i], 1e-4) << "m " << m << " at " << i;
+      ASSERT_NEAR(y0[i], want2[i], 1e-4) << "m " << m << " at " << i;
+    }
   }
   // The embedding lookup reads a packed table back exactly.
   const int32_t ids[] = {0, 1099, 63, 64, 700};
