@@ -91,9 +91,12 @@ LlamaModel& SyntheticTarget() {
 }
 // The 2-layer draft with f32 weights, or with weight-only int8 (--draft-quantization int8).
 LlamaModel& SyntheticDraft(bool int8 = false) {
+  if (int8) {
+    static auto draft_q8 = Load(SyntheticModel("llama-3.2-1b-2layer", 2), true);
+    return *draft_q8;
+  }
   static auto draft = Load(SyntheticModel("llama-3.2-1b-2layer", 2));
-  static auto draft_q8 = Load(SyntheticModel("llama-3.2-1b-2layer", 2), true);
-  return int8 ? *draft_q8 : *draft;
+  return *draft;
 }
 
 struct SyntheticResult {

@@ -38,26 +38,18 @@ absl::Status LlamaModel::Upload() {
   const ModelConfig& c = weights_->config;
   Backend& be = *backend_;
   absl::Status st;
-  // One upload per tensor; a null view (absent bias) stays null.
-  auto up = [&](const float* host, int64_t n) -> const void* {
+  // One upload per tensor; a null view (absent bias) stays null; the first error is kept.
+  auto keep = [&](const float* host, auto upload) -> const void* {
     if (host == nullptr || !st.ok()) return nullptr;
-    auto r = be.UploadWeight(host, n);
-    if (!r.ok()) {
-      st = r.status();
-      return nullptr;
-    }
-    return *r;
+    absl::StatusOr<const void*> r = upload();
+    if (!r.ok()) st = r.status();
+    return r.ok() ? *r : nullptr;
   };
+  auto up = [&](const float* host, int64_t n) { return keep(host, [&] { return be.UploadWeight(host, n); }); };
   // Matrices (read only by the Linear ops and the embedding lookup) may be stored in a format of
   // the backend's own.
-  auto mat = [&](const float* host, int64_t rows, int64_t cols) -> const void* {
-    if (!st.ok()) return nullptr;
-    auto r = be.UploadMatrix(host, rows, cols);
-    if (!r.ok()) {
-      st = r.status();
-      return nullptr;
-    }
-    return *r;
+  auto mat = [&](const float* host, int64_t rows, int64_t cols) {
+    return keep(host, [&] { return be.UploadMatrix(host, rows, cols); });
   };
   const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim;
   embed_ = mat(weights_->embed, c.vocab_size, dim);

@@ -24,14 +24,19 @@ int CudaDevices() {
 #endif
 }
 
+absl::Status CheckQuantization(const std::string& flag, const std::string& quantization, const std::string& device) {
+  if (!quantization.empty() && quantization != "none" && quantization != "int8") {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": '", quantization, "' is not none or int8"));
+  }
+  if (quantization == "int8" && device != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat(flag, " int8 is a CPU backend format (--device ", device, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendSpec& spec) {
+  if (auto st = CheckQuantization("quantization", spec.quantization, spec.device); !st.ok()) return st;
   const bool int8 = spec.quantization == "int8";
-  if (!int8 && !spec.quantization.empty() && spec.quantization != "none") {
-    return absl::InvalidArgumentError(absl::StrCat("quantization '", spec.quantization, "' is not none or int8"));
-  }
-  if (int8 && spec.device != "cpu") {
-    return absl::InvalidArgumentError(absl::StrCat("quantization int8 is a CPU backend format (device ", spec.device, ")"));
-  }
   if (spec.device == "cpu") {
     if (!spec.dtype.empty() && spec.dtype != "f32" && spec.dtype != "float32") {
       return absl::InvalidArgumentError(absl::StrCat("--dtype ", spec.dtype,

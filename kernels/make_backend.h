@@ -21,6 +21,9 @@ struct BackendSpec {
 // FailedPrecondition when CUDA is asked for but not built in, or no GPU is present.
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendSpec& spec);
 
+// InvalidArgument, naming `flag`, unless `quantization` is empty, none, or int8 on the cpu.
+absl::Status CheckQuantization(const std::string& flag, const std::string& quantization, const std::string& device);
+
 // True when this build has the CUDA backend.
 bool CudaBuilt();
 // Usable CUDA devices (0 without a GPU, a driver, or the CUDA build).

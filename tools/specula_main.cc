@@ -218,14 +218,10 @@ absl::Status RunGenerate(int argc, char** argv) {
   BackendSpec draft_spec = backend_spec;
   if (flags->values.count("quantization")) backend_spec.quantization = flags->values["quantization"];
   if (flags->values.count("draft-quantization")) draft_spec.quantization = flags->values["draft-quantization"];
-  for (const auto& [flag, q] : {std::pair<const char*, std::string>{"--quantization", backend_spec.quantization},
-                                {"--draft-quantization", draft_spec.quantization}}) {
-    if (!q.empty() && q != "none" && q != "int8") {
-      return absl::InvalidArgumentError(absl::StrCat(flag, ": '", q, "' is not none or int8"));
-    }
-    if (q == "int8" && backend_spec.device != "cpu") {
-      return absl::InvalidArgumentError(absl::StrCat(flag, " int8 is a CPU backend format (--device ", backend_spec.device, ")"));
-    }
+  // Checked before any model loads, so that a bad --draft-quantization fails fast.
+  for (auto st : {CheckQuantization("--quantization", backend_spec.quantization, backend_spec.device),
+                  CheckQuantization("--draft-quantization", draft_spec.quantization, draft_spec.device)}) {
+    if (!st.ok()) return st;
   }
   double gpu_util = 0.9;
   if (auto st = GetNumber(*flags, "gpu-memory-utilization", &gpu_util); !st.ok()) return st;

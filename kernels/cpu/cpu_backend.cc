@@ -366,7 +366,8 @@ class CpuBackend final : public Backend {
 #if defined(__AVX512F__)
     // Enough tokens to keep the cores busy one token each: all heads of a token together.
     const int32_t tokens = static_cast<int32_t>(loop_tokens_.size());
-    if (tokens >= 4 * omp_get_max_threads() && hd % 16 == 0 && hd <= 128 && hd != 112) {
+    constexpr auto handled = [](int32_t d) { return d % 16 == 0 && (d / 16 <= 6 || d / 16 == 8); };  // the cases below
+    if (tokens >= 4 * omp_get_max_threads() && handled(hd)) {
 #pragma omp parallel for schedule(dynamic, 1)
       for (int32_t i = 0; i < tokens; ++i) {
         const auto [t, s] = loop_tokens_[i];

@@ -54,8 +54,6 @@ inline Vec VLoadW(const int8_t* p) {
 }
 #endif
 
-constexpr int32_t kPrefetchBytes = 1024;
-
 template <int M, int R, typename W>
 inline __attribute__((always_inline)) void DotTile(const W* w, const float* x, int32_t k, float out[R][M]) {
 #if defined(__AVX512F__) || defined(SPECULA_AVX2)
@@ -66,12 +64,7 @@ inline __attribute__((always_inline)) void DotTile(const W* w, const float* x, i
   int32_t j = 0;
   for (; j + kLanes <= k; j += kLanes) {
     Vec wv[R];
-    for (int r = 0; r < R; ++r) {
-      // R interleaved row streams defeat the hardware prefetcher (half the bandwidth of one
-      // stream): fetch each row kPrefetchBytes ahead.
-      _mm_prefetch(reinterpret_cast<const char*>(w + static_cast<int64_t>(r) * k + j) + kPrefetchBytes, _MM_HINT_T0);
-      wv[r] = VLoadW(w + static_cast<int64_t>(r) * k + j);
-    }
+    for (int r = 0; r < R; ++r) wv[r] = VLoadW(w + static_cast<int64_t>(r) * k + j);
     for (int i = 0; i < M; ++i) {
       const Vec xv = VLoad(x + static_cast<int64_t>(i) * k + j);
       for (int r = 0; r < R; ++r) acc[r][i] = VFma(wv[r], xv, acc[r][i]);
