@@ -38,10 +38,11 @@ struct Shape {
 };
 // Single tokens, verification-sized runs, a token tile and a half, decode batches and prefill
 // chunks; rows below, at and past the packed groups of 64 and the row-major cut at 1024; k below
-// and across the 256-wide k chunks.
+// and across the 256-wide k chunks; token counts that split into uneven blocks.
 const Shape kShapes[] = {{1, 1, 1},     {1, 17, 7},     {1, 1100, 300}, {2, 64, 64},    {5, 1024, 288},
                          {5, 100, 33},  {6, 2000, 130}, {7, 1030, 600}, {8, 288, 288},  {9, 65, 257},
-                         {13, 130, 40}, {32, 288, 288}, {32, 1100, 768}, {100, 129, 513}, {200, 768, 288}};
+                         {13, 130, 40}, {32, 288, 288}, {32, 1100, 768}, {37, 70, 50},   {100, 129, 513},
+                         {200, 768, 288}, {543, 288, 768}};
 
 TEST(CpuPackedMatrixTest, LinearMatchesReference) {
   auto be = MakeCpuBackend();
