@@ -27,23 +27,6 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
   return absl::OkStatus();
 }
 
-// Two passes that vectorize: 16 running maxima, then a search for the first equal element (a
-// compare-and-branch max_element took 12 us per 32000-token row).
-TokenId Argmax(absl::Span<const float> logits) {
-  const size_t n = logits.size();
-  float lane[16];
-  std::fill(std::begin(lane), std::end(lane), -INFINITY);
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    for (int j = 0; j < 16; ++j) lane[j] = logits[i + j] > lane[j] ? logits[i + j] : lane[j];
-  }
-  float mx = -INFINITY;
-  for (; i < n; ++i) mx = logits[i] > mx ? logits[i] : mx;
-  for (float v : lane) mx = v > mx ? v : mx;
-  const auto it = std::find(logits.begin(), logits.end(), mx);
-  return it == logits.end() ? 0 : static_cast<TokenId>(it - logits.begin());
-}
-
 void SamplingProbabilities(const SamplingParams& params, absl::Span<const float> logits,
                            absl::Span<const TokenId> history, std::vector<float>* probs) {
   const int32_t n = static_cast<int32_t>(logits.size());

@@ -23,10 +23,6 @@ struct SamplingParams {
 
 absl::Status ValidateSamplingParams(const SamplingParams& p);
 
-// The first index of the largest value, NaNs ignored (0 when there is none). Greedy sampling and
-// the greedy (one-hot) distribution both pick it, so that speculative and plain greedy agree.
-TokenId Argmax(absl::Span<const float> logits);
-
 // The distribution a token is drawn from after all processing (repetition penalty, temperature,
 // top-k, top-p, min-p): probs[vocab], summing to 1; one-hot at the argmax when greedy. Needs no
 // randomness, so proposers and the verifier call it directly.

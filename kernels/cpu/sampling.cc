@@ -14,7 +14,7 @@ namespace {
 // The processed distribution of one row (see SampleArgs for the rules), into p[vocab].
 void ProcessRow(const float* logits, int32_t vocab, float temperature, int32_t top_k, float top_p,
                 float* p) {
-  const int32_t argmax = static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+  const int32_t argmax = Argmax(absl::MakeConstSpan(logits, vocab));
   if (!(temperature > 0.0f)) {
     std::fill(p, p + vocab, 0.0f);
     p[argmax] = 1.0f;

@@ -5,6 +5,7 @@
 #include <map>
 #include <random>
 
+#include "engine/core/categorical.h"
 #include "gtest/gtest.h"
 
 namespace specula {
