@@ -15,7 +15,7 @@
 
 #include "bench/bench_models.h"
 #include "engine/engine.h"
-#include "engine/make_model.h"
+#include "model/make_model.h"
 #include "kernels/cpu/cpu_backend.h"
 
 namespace specula {

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "engine/make_model.h"
+#include "model/make_model.h"
 
 namespace specula::bench {
 

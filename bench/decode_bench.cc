@@ -15,8 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "bench/bench_models.h"
 #include "bench/runc_reference.h"
-#include "engine/llama_model.h"
-#include "engine/make_model.h"
+#include "model/llama_model.h"
+#include "model/make_model.h"
 #include "kernels/cpu/cpu_backend.h"
 
 namespace specula {

@@ -24,8 +24,8 @@
 #include "bench/bench_models.h"
 #include "draft/draft_model_proposer.h"
 #include "engine/engine.h"
-#include "engine/make_model.h"
-#include "engine/tokenizer.h"
+#include "model/make_model.h"
+#include "model/tokenizer.h"
 #include "kernels/cpu/cpu_backend.h"
 
 namespace specula {

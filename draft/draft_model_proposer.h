@@ -9,8 +9,8 @@
 #include <unordered_map>
 
 #include "draft/proposer.h"
-#include "engine/kv_cache.h"
-#include "engine/llama_model.h"
+#include "model/kv_cache.h"
+#include "model/llama_model.h"
 
 namespace specula {
 

@@ -6,8 +6,8 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "engine/core/step.h"
-#include "engine/sampler.h"
+#include "core/step.h"
+#include "model/sampler.h"
 
 namespace specula {
 

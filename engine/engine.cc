@@ -2,7 +2,7 @@
 
 #include <thread>
 
-#include "engine/core/categorical.h"
+#include "core/categorical.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/llama_model.h"
-#include "engine/sampler.h"
+#include "model/llama_model.h"
+#include "model/sampler.h"
 #include "draft/proposer.h"
-#include "engine/tokenizer.h"
+#include "model/tokenizer.h"
 #include "scheduler/scheduler.h"
 #include "verify/rejection_sampler.h"
 

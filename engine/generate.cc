@@ -3,7 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "engine/core/status_macros.h"
+#include "core/status_macros.h"
 
 namespace specula {
 

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/llama_model.h"
-#include "engine/sampler.h"
+#include "model/llama_model.h"
+#include "model/sampler.h"
 
 namespace specula {
 

@@ -15,7 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/core/dtype.h"
+#include "core/dtype.h"
 
 namespace specula {
 

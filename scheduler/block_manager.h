@@ -12,7 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "engine/core/batch.h"
+#include "core/batch.h"
 
 namespace specula {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/core/step.h"
+#include "core/step.h"
 
 namespace specula {
 

@@ -6,10 +6,10 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "engine/llama_model.h"
-#include "engine/sampler.h"
+#include "model/llama_model.h"
+#include "model/sampler.h"
 #include "draft/proposer.h"
-#include "engine/tokenizer.h"
+#include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "verify/rejection_sampler.h"
 #include "scheduler/scheduler.h"

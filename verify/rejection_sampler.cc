@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "engine/core/categorical.h"
+#include "core/categorical.h"
 
 namespace specula {
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "engine/core/batch.h"
+#include "core/batch.h"
 
 namespace specula {
 

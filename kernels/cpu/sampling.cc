@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "engine/core/categorical.h"
+#include "core/categorical.h"
 
 namespace specula::cpu {
 namespace {

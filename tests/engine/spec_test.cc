@@ -11,7 +11,7 @@
 #include "draft/ngram_proposer.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
-#include "engine/make_model.h"
+#include "model/make_model.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/test_util.h"

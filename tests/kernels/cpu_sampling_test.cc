@@ -3,8 +3,8 @@
 #include <random>
 #include <vector>
 
-#include "engine/core/categorical.h"
-#include "engine/sampler.h"
+#include "core/categorical.h"
+#include "model/sampler.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "verify/rejection_sampler.h"

@@ -8,7 +8,7 @@
 #include "draft/draft_model_proposer.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
-#include "engine/make_model.h"
+#include "model/make_model.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/kernels/gpu_util.h"
 #include "tests/test_util.h"

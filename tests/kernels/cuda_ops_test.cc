@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <numeric>
 
-#include "engine/core/categorical.h"
-#include "engine/sampler.h"
+#include "core/categorical.h"
+#include "model/sampler.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/kernels/gpu_util.h"
 

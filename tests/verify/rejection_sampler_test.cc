@@ -3,7 +3,7 @@
 
 #include <map>
 
-#include "engine/core/categorical.h"
+#include "core/categorical.h"
 #include "gtest/gtest.h"
 
 namespace specula {

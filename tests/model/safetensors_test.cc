@@ -1,4 +1,4 @@
-#include "engine/safetensors.h"
+#include "model/safetensors.h"
 
 #include <cmath>
 #include <cstring>
@@ -7,8 +7,8 @@
 
 #include "nlohmann/json.hpp"
 
-#include "engine/make_model.h"
-#include "engine/weights.h"
+#include "model/make_model.h"
+#include "model/weights.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 

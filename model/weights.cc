@@ -1,4 +1,4 @@
-#include "engine/weights.h"
+#include "model/weights.h"
 
 #include <sys/stat.h>
 
@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "engine/core/status_macros.h"
-#include "engine/safetensors.h"
+#include "core/status_macros.h"
+#include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 
 namespace specula {

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/core/dtype.h"
-#include "engine/core/mapped_file.h"
+#include "core/dtype.h"
+#include "core/mapped_file.h"
 
 namespace specula {
 

@@ -9,10 +9,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "engine/core/mapped_file.h"
-#include "engine/core/status_macros.h"
-#include "engine/pretokenize.h"
-#include "engine/tokenizer.h"
+#include "core/mapped_file.h"
+#include "core/status_macros.h"
+#include "model/pretokenize.h"
+#include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace specula {

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/core/batch.h"
-#include "engine/model_config.h"
+#include "core/batch.h"
+#include "model/model_config.h"
 #include "kernels/backend.h"
 
 namespace specula {

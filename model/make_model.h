@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/model_config.h"
-#include "engine/safetensors.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
 
 namespace specula {
 

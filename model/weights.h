@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/core/mapped_file.h"
-#include "engine/model_config.h"
+#include "core/mapped_file.h"
+#include "model/model_config.h"
 
 namespace specula {
 

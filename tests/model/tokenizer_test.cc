@@ -2,8 +2,8 @@
 // encode/decode round-trips on ASCII, Chinese, emoji and invalid UTF-8.
 #include <fstream>
 
-#include "engine/core/mapped_file.h"
-#include "engine/tokenizer.h"
+#include "core/mapped_file.h"
+#include "model/tokenizer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/test_util.h"

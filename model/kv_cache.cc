@@ -1,4 +1,4 @@
-#include "engine/kv_cache.h"
+#include "model/kv_cache.h"
 
 #include "absl/strings/str_cat.h"
 

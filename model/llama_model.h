@@ -8,9 +8,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/core/batch.h"
-#include "engine/kv_cache.h"
-#include "engine/weights.h"
+#include "core/batch.h"
+#include "model/kv_cache.h"
+#include "model/weights.h"
 #include "kernels/backend.h"
 
 namespace specula {

@@ -3,7 +3,7 @@
 #include <map>
 
 #include "engine/generate.h"
-#include "engine/tokenizer.h"
+#include "model/tokenizer.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/test_util.h"

@@ -1,11 +1,11 @@
-#include "engine/sampler.h"
+#include "model/sampler.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
-#include "engine/core/categorical.h"
+#include "core/categorical.h"
 
 namespace specula {
 

@@ -2,10 +2,10 @@
 #include <cstring>
 #include <fstream>
 
-#include "engine/core/mapped_file.h"
+#include "core/mapped_file.h"
 #include "engine/generate.h"
-#include "engine/make_model.h"
-#include "engine/safetensors.h"
+#include "model/make_model.h"
+#include "model/safetensors.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "nlohmann/json.hpp"

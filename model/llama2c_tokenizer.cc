@@ -6,9 +6,9 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
-#include "engine/core/mapped_file.h"
-#include "engine/core/status_macros.h"
-#include "engine/tokenizer.h"
+#include "core/mapped_file.h"
+#include "core/status_macros.h"
+#include "model/tokenizer.h"
 
 namespace specula {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/batch.h"
+#include "core/batch.h"
 
 namespace specula {
 

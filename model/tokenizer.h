@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "engine/core/batch.h"
+#include "core/batch.h"
 
 namespace specula {
 

@@ -7,7 +7,7 @@
 #include <iterator>
 
 #include "absl/types/span.h"
-#include "engine/core/batch.h"
+#include "core/batch.h"
 
 namespace specula {
 

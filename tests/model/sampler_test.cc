@@ -1,11 +1,11 @@
-#include "engine/sampler.h"
+#include "model/sampler.h"
 
 #include <cmath>
 #include <algorithm>
 #include <map>
 #include <random>
 
-#include "engine/core/categorical.h"
+#include "core/categorical.h"
 #include "gtest/gtest.h"
 
 namespace specula {

@@ -6,8 +6,8 @@
 #include <fstream>
 
 #include "absl/strings/str_join.h"
-#include "engine/llama_model.h"
-#include "engine/make_model.h"
+#include "model/llama_model.h"
+#include "model/make_model.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/test_util.h"

@@ -1,4 +1,4 @@
-#include "engine/pretokenize.h"
+#include "model/pretokenize.h"
 
 #include <unicode/uchar.h>
 

@@ -1,11 +1,11 @@
-#include "engine/llama_model.h"
+#include "model/llama_model.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "engine/core/status_macros.h"
+#include "core/status_macros.h"
 
 namespace specula {
 namespace {
