@@ -1,8 +1,9 @@
 // Continuous-batching benchmarks on a stories15m-shape random model (context 1024):
 //
-//  BM_Throughput/max_num_seqs:N  256 requests, prompts of 64..512 tokens, 128 output tokens each,
-//                                all queued at once; reports generated tokens/s. Compare N=32
-//                                against N=1 (same run).
+//  BM_Throughput/max_num_seqs:N/kv_bf16:B
+//                                256 requests, prompts of 64..512 tokens, 128 output tokens each,
+//                                all queued at once, with an f32 (B=0) or bf16 (B=1) KV cache;
+//                                reports generated tokens/s. Compare N=32 against N=1 (same run).
 //  BM_Conversation/caching:B     a 20-turn conversation where each turn resends the whole history;
 //                                reports prefill tokens computed with prefix caching on and off.
 //
@@ -47,6 +48,7 @@ SchedulerConfig Config(int32_t max_num_seqs, bool caching) {
 void BM_Throughput(benchmark::State& state) {
   LlamaModel& model = Model();
   const int32_t vocab = model.config().vocab_size;
+  if (!model.set_kv_dtype(state.range(1) ? DType::kBF16 : DType::kF32).ok()) return state.SkipWithError("kv dtype");
   for (auto _ : state) {
     Engine engine(&model, nullptr, Config(static_cast<int32_t>(state.range(0)), false));
     std::mt19937 rng(7);
@@ -67,7 +69,12 @@ void BM_Throughput(benchmark::State& state) {
     state.counters["steps"] = static_cast<double>(engine.stats().steps);
   }
 }
-BENCHMARK(BM_Throughput)->ArgName("max_num_seqs")->Arg(32)->Arg(1)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
+BENCHMARK(BM_Throughput)
+    ->ArgNames({"max_num_seqs", "kv_bf16"})
+    ->ArgsProduct({{32, 1}, {0, 1}})
+    ->Iterations(1)
+    ->Unit(benchmark::kSecond)
+    ->UseRealTime();
 
 void BM_Conversation(benchmark::State& state) {
   LlamaModel& model = Model();

@@ -7,7 +7,7 @@
 namespace specula {
 
 DraftModelProposer::DraftModelProposer(LlamaModel* draft, int32_t block_size, int32_t num_blocks)
-    : draft_(draft), kv_(draft->config(), {block_size, num_blocks}, &draft->backend()), allocator_(kv_.num_blocks()) {}
+    : draft_(draft), kv_(draft->config(), {block_size, num_blocks, draft->kv_dtype()}, &draft->backend()), allocator_(kv_.num_blocks()) {}
 
 absl::Status DraftModelProposer::Propose(absl::Span<const ProposeInput> inputs, std::vector<Proposal>* out) {
   out->assign(inputs.size(), Proposal{});

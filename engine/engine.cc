@@ -10,7 +10,7 @@ namespace specula {
 
 Engine::Engine(LlamaModel* model, const Tokenizer* tokenizer, const SchedulerConfig& config, SpecConfig spec)
     : model_(model), tokenizer_(tokenizer), scheduler_(config),
-      kv_(model->config(), {config.block_size, config.num_blocks}, &model->backend()), spec_(spec) {}
+      kv_(model->config(), {config.block_size, config.num_blocks, model->kv_dtype()}, &model->backend()), spec_(spec) {}
 
 absl::Status Engine::Validate() const {
   if (!model_->status().ok()) return model_->status();

@@ -21,7 +21,8 @@ absl::StatusOr<GenerateResult> Generate(LlamaModel& model, absl::Span<const Toke
   if (options.max_tokens < 0) return absl::InvalidArgumentError("max_tokens must be >= 0");
   const int32_t total =
       std::min<int64_t>(c.max_seq_len, static_cast<int64_t>(prompt.size()) + options.max_tokens);
-  KvCache kv(c, {options.block_size, (total + options.block_size - 1) / options.block_size}, &model.backend());
+  KvCache kv(c, {options.block_size, (total + options.block_size - 1) / options.block_size, model.kv_dtype()},
+             &model.backend());
   RETURN_IF_ERROR(kv.status());
   BlockAllocator allocator(kv.num_blocks());
   SequenceBlocks blocks(&allocator, options.block_size);

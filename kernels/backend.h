@@ -20,7 +20,8 @@
 namespace specula {
 
 // One layer's slice of the paged KV pool. Block b, slot s of head h lives at element
-// ((b * block_size + s) * num_kv_heads + h) * head_dim.
+// ((b * block_size + s) * num_kv_heads + h) * head_dim. Elements are of `dtype` (the KV cache
+// dtype, which may differ from the backend's compute dtype: see Backend::SupportsKvDtype).
 struct PagedKvLayer {
   void* k = nullptr;  // [num_blocks, block_size, num_kv_heads, head_dim]
   void* v = nullptr;  // [num_blocks, block_size, num_kv_heads, head_dim]
@@ -28,6 +29,7 @@ struct PagedKvLayer {
   int32_t block_size = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
+  DType dtype = DType::kF32;
 };
 
 // Where every new token of a batch sits. A token at position p attends to positions [0, p] of its
@@ -86,6 +88,9 @@ class Backend {
   virtual DType dtype() const = 0;
   // True when backend memory is not host-addressable (results come back through CopyOut).
   virtual bool on_device() const = 0;
+  // Element types the KV pool may hold (KvWrite converts into it, attention reads from it). The
+  // default is the compute dtype only; the CPU backend also stores bf16 (--kv-cache-dtype).
+  virtual bool SupportsKvDtype(DType d) const { return d == dtype(); }
 
   // --- Memory -------------------------------------------------------------------------------
   // ResourceExhausted, naming the size, when out of memory.

@@ -11,12 +11,13 @@ KvCache::KvCache(const ModelConfig& model, const KvCacheConfig& config, Backend*
                       : (model.max_seq_len + config.block_size - 1) / config.block_size),
       num_kv_heads_(model.num_kv_heads),
       head_dim_(model.head_dim),
-      backend_(backend) {
-  const size_t elem = DTypeBytes(dtype());
+      backend_(backend),
+      dtype_(config.dtype.value_or(backend != nullptr ? backend->dtype() : DType::kF32)) {
+  const size_t elem = DTypeBytes(dtype_);
   layer_stride_ = static_cast<int64_t>(num_blocks_) * block_size_ * num_kv_heads_ * head_dim_ * elem;
   const size_t total = static_cast<size_t>(layer_stride_) * 2 * model.num_layers;
   if (backend_ == nullptr) {
-    host_.assign(total / sizeof(float), 0.0f);
+    host_.assign((total + sizeof(float) - 1) / sizeof(float), 0.0f);
     base_ = reinterpret_cast<char*>(host_.data());
     return;
   }
@@ -42,6 +43,7 @@ PagedKvLayer KvCache::Layer(int32_t layer) {
   l.block_size = block_size_;
   l.num_kv_heads = num_kv_heads_;
   l.head_dim = head_dim_;
+  l.dtype = dtype_;
   return l;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -17,12 +18,15 @@ namespace specula {
 struct KvCacheConfig {
   int32_t block_size = 16;  // token slots per block
   int32_t num_blocks = 0;   // pool size; 0 = enough for one sequence of max_seq_len
+  // Element type of the pool (--kv-cache-dtype); unset: the backend's compute dtype (f32 on the
+  // host). The backend must support it (Backend::SupportsKvDtype), which LlamaModel checks.
+  std::optional<DType> dtype = std::nullopt;
 };
 
 class KvCache {
  public:
-  // The pool is one allocation in `backend`'s memory and dtype (the model's backend), or host
-  // float32 when `backend` is null. Check status() before use: allocation can fail.
+  // The pool is one allocation in `backend`'s memory (the model's backend), or in host memory when
+  // `backend` is null. Check status() before use: allocation can fail.
   KvCache(const ModelConfig& model, const KvCacheConfig& config, Backend* backend = nullptr);
 
   const absl::Status& status() const { return status_; }
@@ -30,7 +34,7 @@ class KvCache {
   int32_t block_size() const { return block_size_; }
   int32_t num_blocks() const { return num_blocks_; }
   const Backend* backend() const { return backend_; }
-  DType dtype() const { return backend_ != nullptr ? backend_->dtype() : DType::kF32; }
+  DType dtype() const { return dtype_; }
 
   // Bytes one block takes across all layers (K and V) in `dtype`.
   static int64_t BlockBytes(const ModelConfig& model, int32_t block_size, DType dtype);
@@ -41,9 +45,12 @@ class KvCache {
   int32_t num_kv_heads_;
   int32_t head_dim_;
   Backend* backend_;
+  DType dtype_;
   absl::Status status_;
   int64_t layer_stride_;     // bytes per layer for K (and again for V)
-  std::vector<float> host_;  // [num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]
+  // [num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim] elements of dtype_ (as
+  // floats, for the alignment).
+  std::vector<float> host_;
   BackendBuffer pool_;       // the same layout in the backend's memory and dtype
   char* base_ = nullptr;     // host_ or pool_
 };

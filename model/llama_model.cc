@@ -23,7 +23,7 @@ int32_t GraphBatch(int32_t seqs, int32_t max_graph_batch) {
 }  // namespace
 
 LlamaModel::LlamaModel(std::unique_ptr<ModelWeights> weights, std::unique_ptr<Backend> backend)
-    : weights_(std::move(weights)), backend_(std::move(backend)) {
+    : weights_(std::move(weights)), backend_(std::move(backend)), kv_dtype_(backend_->dtype()) {
   status_ = Upload();
 }
 
@@ -78,12 +78,22 @@ absl::Status LlamaModel::Upload() {
   return be.Sync();
 }
 
+absl::Status LlamaModel::set_kv_dtype(DType d) {
+  if (!backend_->SupportsKvDtype(d)) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-dtype ", DTypeName(d), " is not supported by the ",
+                                                   backend_->name(), " backend computing in ",
+                                                   DTypeName(backend_->dtype())));
+  }
+  kv_dtype_ = d;
+  return absl::OkStatus();
+}
+
 absl::Status LlamaModel::Validate(const ForwardBatch& batch, const KvCache& kv) const {
   const ModelConfig& c = config();
   if (!kv.status().ok()) return kv.status();
-  if (kv.dtype() != backend_->dtype() || (backend_->on_device() && kv.backend() != backend_.get())) {
+  if (!backend_->SupportsKvDtype(kv.dtype()) || (backend_->on_device() && kv.backend() != backend_.get())) {
     return absl::InvalidArgumentError(absl::StrCat("the KV cache (", DTypeName(kv.dtype()),
-                                                   ") was not allocated on the model's backend (",
+                                                   ") was not allocated for the model's backend (",
                                                    backend_->name(), ", ", DTypeName(backend_->dtype()), ")"));
   }
   for (size_t s = 0; s < batch.seqs.size(); ++s) {

@@ -31,6 +31,11 @@ class LlamaModel {
   Backend& backend() { return *backend_; }
   const absl::Status& status() const { return status_; }
 
+  // Element type of the KV caches made for this model (the engine's, a proposer's, Generate's):
+  // the backend's compute dtype unless set. InvalidArgument when the backend cannot store it.
+  DType kv_dtype() const { return kv_dtype_; }
+  absl::Status set_kv_dtype(DType d);
+
   // Runs one step for a batch of sequences. Writes the new tokens' K/V into `kv` and returns logits
   // in `logits`: [num_tokens or num_seqs, vocab_size], in batch order. Bad input (token id out of
   // range, context overflow, short block table, a KV cache of another backend) is an
@@ -62,6 +67,7 @@ class LlamaModel {
 
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<Backend> backend_;
+  DType kv_dtype_;
   absl::Status status_;
   std::vector<Layer> layers_;
   const void *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -65,6 +66,8 @@ Writes only the new text to stdout, as it is produced. Statistics go to stderr.
                         weights and activations leave (default 0.9; cuda only)
   --quantization Q      none (default) or int8: weight matrices stored as int8 with a scale per row
                         (a quarter of f32's bytes; cpu only). Changes the target's output slightly
+  --kv-cache-dtype D    element type of the KV cache: f32 or bf16 (default on cpu: bf16, which halves
+                        the bytes attention reads; on cuda: the compute dtype, the only one offered)
   --ignore-eos          keep generating past end-of-sequence tokens
   --no-bos              do not prepend BOS to the prompt
 
@@ -104,6 +107,9 @@ real model's shape, for speed work without downloads.
   --dtype D        f32, f16 or bf16 (default f32)
   --seed S         random seed (default 0)
 )";
+
+// The CPU's KV cache dtype when --kv-cache-dtype is not given (README, "KV cache dtype").
+constexpr DType kDefaultCpuKvDtype = DType::kBF16;
 
 bool Exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
 
@@ -164,7 +170,7 @@ absl::Status RunGenerate(int argc, char** argv) {
                            "max-num-batched-tokens", "num-blocks", "max-wait-ms", "max-tokens",
                            "spec-method", "num-spec-tokens", "draft-model", "draft-tokenizer", "ngram-min", "ngram-max", "temperature", "top-k",
                            "top-p", "min-p", "repetition-penalty", "seed", "block-size", "device", "dtype",
-                           "gpu-memory-utilization", "quantization", "draft-quantization"},
+                           "gpu-memory-utilization", "quantization", "draft-quantization", "kv-cache-dtype"},
                           {"help", "ignore-eos", "no-bos", "no-prefix-caching", "no-progress"});
   if (!flags.ok()) return flags.status();
   if (flags->switches.count("help")) {
@@ -233,6 +239,21 @@ absl::Status RunGenerate(int argc, char** argv) {
   auto model_or = LlamaModel::Create(std::move(weights).value(), std::move(target_backend).value());
   if (!model_or.ok()) return model_or.status();
   LlamaModel& model = **model_or;
+  // The KV cache dtype of the target and the draft: bf16 on the CPU unless asked otherwise (see
+  // --help), the compute dtype on a GPU.
+  std::optional<DType> kv_dtype;
+  if (flags->values.count("kv-cache-dtype")) {
+    const std::string d = flags->values["kv-cache-dtype"];
+    if (d != "f32" && d != "bf16") {
+      return absl::InvalidArgumentError(absl::StrCat("--kv-cache-dtype: '", d, "' is not f32 or bf16"));
+    }
+    kv_dtype = *ParseDType(d);
+  } else if (!model.backend().on_device()) {
+    kv_dtype = kDefaultCpuKvDtype;
+  }
+  if (kv_dtype.has_value()) {
+    if (auto st = model.set_kv_dtype(*kv_dtype); !st.ok()) return st;
+  }
 
   // Speculative decoding.
   std::unique_ptr<LlamaModel> draft_model;
@@ -277,6 +298,7 @@ absl::Status RunGenerate(int argc, char** argv) {
       auto dm = LlamaModel::Create(std::move(dw).value(), std::move(draft_backend).value());
       if (!dm.ok()) return dm.status();
       draft_model = std::move(dm).value();
+      if (auto st = draft_model->set_kv_dtype(model.kv_dtype()); !st.ok()) return st;
       const int32_t blocks = 64 * ((draft_model->config().max_seq_len + opt.block_size - 1) / opt.block_size);
       proposer = std::make_unique<DraftModelProposer>(draft_model.get(), opt.block_size, blocks);
     } else if (method == "synthetic") {
@@ -306,7 +328,7 @@ absl::Status RunGenerate(int argc, char** argv) {
       if (!st.ok()) return st;
     }
     const int32_t table = (sc.max_model_len + sc.block_size - 1) / sc.block_size;  // blocks per full context
-    const int64_t block_bytes = KvCache::BlockBytes(model.config(), sc.block_size, model.backend().dtype());
+    const int64_t block_bytes = KvCache::BlockBytes(model.config(), sc.block_size, model.kv_dtype());
     if (model.backend().on_device()) {
       // Step scratch for the largest step, allocated now: none in the step loop, and the KV pool
       // takes the memory the weights and activations leave.

@@ -15,6 +15,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/packed_gemm.h"
 #include "kernels/cpu/sampling.h"
@@ -52,6 +53,7 @@ class CpuBackend final : public Backend {
   const char* name() const override { return "cpu"; }
   DType dtype() const override { return DType::kF32; }
   bool on_device() const override { return false; }
+  bool SupportsKvDtype(DType d) const override { return cpu::CpuKvDtype(d); }
 
   absl::StatusOr<void*> Alloc(size_t bytes) override {
     void* p = std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64);
@@ -234,21 +236,10 @@ class CpuBackend final : public Backend {
   }
 
   void KvWrite(const PagedKvLayer& kv, const void* k, const void* v, const AttentionMetadata& meta) override {
-    const int64_t row = static_cast<int64_t>(kv.num_kv_heads) * kv.head_dim;
-    for (int32_t t = 0; t < meta.num_tokens; ++t) {
-      const int64_t slot = meta.slot_mapping[t];
-      if (slot < 0) continue;  // padding
-      std::memcpy(F(kv.k) + slot * row, F(k) + t * row, sizeof(float) * row);
-      std::memcpy(F(kv.v) + slot * row, F(v) + t * row, sizeof(float) * row);
-    }
+    cpu::WriteKv(kv, F(k), F(v), meta);
   }
-
   void CopyKvBlocks(const PagedKvLayer& kv, const int32_t* src, const int32_t* dst, int32_t n) override {
-    const int64_t block = static_cast<int64_t>(kv.block_size) * kv.num_kv_heads * kv.head_dim;
-    for (int32_t i = 0; i < n; ++i) {
-      std::memcpy(F(kv.k) + dst[i] * block, F(kv.k) + src[i] * block, sizeof(float) * block);
-      std::memcpy(F(kv.v) + dst[i] * block, F(kv.v) + src[i] * block, sizeof(float) * block);
-    }
+    cpu::CopyKvBlocks(kv, src, dst, n);
   }
 
   void Sample(const float* logits, int32_t m, int32_t vocab, const SampleArgs& args, float* probs,
@@ -257,39 +248,15 @@ class CpuBackend final : public Backend {
   }
   void VerifyDrafts(const VerifyArgs& args) override { cpu::VerifyRows(args); }
 
-  void PagedAttention(const void* qv, const PagedKvLayer& kvv, const AttentionMetadata& meta, int32_t num_heads,
-                      float scale, void* outv) override {
-    const float* q = F(qv);
-    float* out = F(outv);
-    const HostKv kv{F(kvv.k), F(kvv.v), kvv.num_kv_heads, kvv.block_size, kvv.head_dim};
-    // Sequences with many new tokens (prefill chunks) go through GEMMs; the rest (decode, short
-    // verification runs) through the per-token loop.
-    gemm_seqs_.clear();
-    loop_tokens_.clear();
-    for (int32_t s = 0; s < meta.num_seqs; ++s) {
-      if (meta.query_start[s + 1] - meta.query_start[s] >= kGemmMinTokens) {
-        gemm_seqs_.push_back(s);
-      } else {
-        for (int32_t t = meta.query_start[s]; t < meta.query_start[s + 1]; ++t) loop_tokens_.push_back({t, s});
-      }
-    }
-    if (!gemm_seqs_.empty()) AttentionGemm(q, kv, meta, num_heads, scale, out);
-    if (!loop_tokens_.empty()) AttentionLoop(q, kv, meta, num_heads, scale, out);
+  void PagedAttention(const void* q, const PagedKvLayer& kv, const AttentionMetadata& meta, int32_t num_heads,
+                      float scale, void* out) override {
+    attention_.Run(F(q), kv, meta, num_heads, scale, F(out));
   }
 
  private:
-  static constexpr int32_t kGemmMinTokens = 8;
-
   // Host float views of the typed interface (the CPU backend's dtype is always f32).
   static float* F(void* p) { return static_cast<float*>(p); }
   static const float* F(const void* p) { return static_cast<const float*>(p); }
-
-  // One layer's pool as float pointers.
-  struct HostKv {
-    const float* k;
-    const float* v;
-    int32_t num_kv_heads, block_size, head_dim;
-  };
 
   static void NormRow(const float* xr, const float* w, int32_t d, float eps, float* yr) {
     float ss = 0.0f;
@@ -297,158 +264,6 @@ class CpuBackend final : public Backend {
     for (int32_t j = 0; j < d; ++j) ss += xr[j] * xr[j];
     const float inv = 1.0f / std::sqrt(ss / d + eps);
     for (int32_t j = 0; j < d; ++j) yr[j] = xr[j] * inv * w[j];
-  }
-
-  // Copies K and V of positions [0, ctx) of one KV head into contiguous [ctx, head_dim] buffers.
-  static void Gather(const HostKv& kv, const int32_t* table, int32_t kvh, int32_t ctx, float* k, float* v) {
-    const int32_t hd = kv.head_dim, bs = kv.block_size;
-    const int64_t row = static_cast<int64_t>(kv.num_kv_heads) * hd;
-    for (int32_t p0 = 0; p0 < ctx; p0 += bs) {
-      const int64_t base = static_cast<int64_t>(table[p0 / bs]) * bs * row + static_cast<int64_t>(kvh) * hd;
-      for (int32_t j = 0; j < std::min(bs, ctx - p0); ++j) {
-        std::memcpy(k + static_cast<int64_t>(p0 + j) * hd, kv.k + base + j * row, sizeof(float) * hd);
-        std::memcpy(v + static_cast<int64_t>(p0 + j) * hd, kv.v + base + j * row, sizeof(float) * hd);
-      }
-    }
-  }
-
-  // Softmax of row[0, valid) in place; row[valid, ctx) is zeroed (causal mask).
-  static void MaskedSoftmax(float* row, int32_t valid, int32_t ctx) {
-    float mx = -INFINITY;
-    for (int32_t p = 0; p < valid; ++p) mx = std::max(mx, row[p]);
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int32_t p = 0; p < valid; ++p) {
-      row[p] = ExpApprox(row[p] - mx);
-      sum += row[p];
-    }
-    const float inv = 1.0f / sum;
-#pragma omp simd
-    for (int32_t p = 0; p < valid; ++p) row[p] *= inv;
-    std::fill(row + valid, row + ctx, 0.0f);
-  }
-
-  void AttentionGemm(const float* q, const HostKv& kv, const AttentionMetadata& meta, int32_t num_heads,
-                     float scale, float* out) {
-    const int32_t hd = kv.head_dim;
-    const int32_t group = num_heads / kv.num_kv_heads;
-    const int32_t items = static_cast<int32_t>(gemm_seqs_.size()) * kv.num_kv_heads;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int32_t item = 0; item < items; ++item) {
-      const int32_t s = gemm_seqs_[item / kv.num_kv_heads], kvh = item % kv.num_kv_heads;
-      const int32_t t0 = meta.query_start[s], m = meta.query_start[s + 1] - t0;
-      const int32_t ctx = meta.positions[t0 + m - 1] + 1;  // a sequence's new tokens are consecutive
-      thread_local std::vector<float> kbuf, vbuf, sbuf;  // [ctx, hd], [ctx, hd], [m, ctx]
-      kbuf.resize(static_cast<size_t>(ctx) * hd);
-      vbuf.resize(kbuf.size());
-      sbuf.resize(static_cast<size_t>(m) * ctx);
-      Gather(kv, meta.block_tables + static_cast<int64_t>(s) * meta.max_blocks_per_seq, kvh, ctx, kbuf.data(),
-             vbuf.data());
-      for (int32_t g = 0; g < group; ++g) {
-        const int64_t qo = (static_cast<int64_t>(t0) * num_heads + kvh * group + g) * hd;
-        // scores[m, ctx] = scale * Q_h[m, hd] K^T, then the causal softmax, then out_h = P V.
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, ctx, hd, scale, q + qo, num_heads * hd, kbuf.data(),
-                    hd, 0.0f, sbuf.data(), ctx);
-        for (int32_t i = 0; i < m; ++i) MaskedSoftmax(sbuf.data() + static_cast<int64_t>(i) * ctx, meta.positions[t0 + i] + 1, ctx);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hd, ctx, 1.0f, sbuf.data(), ctx, vbuf.data(), hd,
-                    0.0f, out + qo, num_heads * hd);
-      }
-    }
-  }
-
-  void AttentionLoop(const float* q, const HostKv& kv, const AttentionMetadata& meta, int32_t num_heads,
-                     float scale, float* out) {
-    const int32_t hd = kv.head_dim, bs = kv.block_size;
-    const int32_t group = num_heads / kv.num_kv_heads;
-    const int64_t row = static_cast<int64_t>(kv.num_kv_heads) * hd;
-    int64_t work = 0;
-    for (const auto& [t, s] : loop_tokens_) work += static_cast<int64_t>(meta.positions[t] + 1) * hd * num_heads;
-#if defined(__AVX512F__)
-    // Enough tokens to keep the cores busy one token each: all heads of a token together.
-    const int32_t tokens = static_cast<int32_t>(loop_tokens_.size());
-    constexpr auto handled = [](int32_t d) { return d % 16 == 0 && (d / 16 <= 6 || d / 16 == 8); };  // the cases below
-    if (tokens >= 4 * omp_get_max_threads() && handled(hd)) {
-#pragma omp parallel for schedule(dynamic, 1)
-      for (int32_t i = 0; i < tokens; ++i) {
-        const auto [t, s] = loop_tokens_[i];
-        const int32_t ctx = meta.positions[t] + 1;
-        thread_local std::vector<float> scores;  // [num_heads, ctx]
-        scores.resize(static_cast<size_t>(num_heads) * ctx);
-        const int32_t* table = meta.block_tables + static_cast<int64_t>(s) * meta.max_blocks_per_seq;
-        const float* qt = q + static_cast<int64_t>(t) * num_heads * hd;
-        float* ot = out + static_cast<int64_t>(t) * num_heads * hd;
-        switch (hd / 16) {
-#define SPECULA_ATTEND_ALL(NV)                                                                                     \
-  case NV:                                                                                                         \
-    cpu::AttendAllHeads<NV>(qt, kv.k, kv.v, table, bs, row, ctx, num_heads, group, scale, scores.data(), ot, \
-                            MaskedSoftmax);                                                                        \
-    break;
-          SPECULA_ATTEND_ALL(1)
-          SPECULA_ATTEND_ALL(2)
-          SPECULA_ATTEND_ALL(3)
-          SPECULA_ATTEND_ALL(4)
-          SPECULA_ATTEND_ALL(5)
-          SPECULA_ATTEND_ALL(6)
-          SPECULA_ATTEND_ALL(8)
-#undef SPECULA_ATTEND_ALL
-        }
-      }
-      return;
-    }
-#endif
-    const int32_t items = static_cast<int32_t>(loop_tokens_.size()) * num_heads;
-#pragma omp parallel for schedule(static, 1) if (work >= (1 << 11))
-    for (int32_t item = 0; item < items; ++item) {
-      const auto [t, s] = loop_tokens_[item / num_heads];
-      const int32_t h = item % num_heads;
-      const int32_t* table = meta.block_tables + static_cast<int64_t>(s) * meta.max_blocks_per_seq;
-      const int32_t ctx = meta.positions[t] + 1;
-      thread_local std::vector<float> scores;  // [ctx]
-      scores.resize(ctx);
-      float* sc = scores.data();
-      const float* qh = q + (static_cast<int64_t>(t) * num_heads + h) * hd;
-      const int64_t head_off = static_cast<int64_t>(h / group) * hd;
-      float* oh = out + (static_cast<int64_t>(t) * num_heads + h) * hd;
-      AttendOne(qh, kv.k + head_off, kv.v + head_off, table, bs, row, ctx, hd, scale, sc, oh);
-    }
-  }
-
-  // One query head over ctx positions of one paged KV head: sc[ctx] is scratch.
-  static void AttendOne(const float* qh, const float* kh, const float* vh, const int32_t* table, int32_t bs,
-                        int64_t row, int32_t ctx, int32_t hd, float scale, float* sc, float* oh) {
-#if defined(__AVX512F__)
-    // 16 scores per tree reduction: the per-score horizontal sums made this loop a third of a
-    // 32-sequence decode step.
-    switch (hd) {
-#define SPECULA_ATTEND(NV)                                       \
-  case 16 * NV:                                                  \
-    cpu::ScoreKeys<NV>(qh, kh, table, bs, row, ctx, scale, sc);  \
-    MaskedSoftmax(sc, ctx, ctx);                                 \
-    cpu::WeightedSum512<NV>(sc, ctx, vh, table, bs, row, oh);    \
-    return;
-      SPECULA_ATTEND(2)
-      SPECULA_ATTEND(3)
-      SPECULA_ATTEND(4)
-      SPECULA_ATTEND(5)
-      SPECULA_ATTEND(6)
-      SPECULA_ATTEND(8)
-#undef SPECULA_ATTEND
-      default: break;
-    }
-#endif
-    for (int32_t p0 = 0; p0 < ctx; p0 += bs) {  // a block at a time: slots in a block are contiguous
-      const float* kb = kh + static_cast<int64_t>(table[p0 / bs]) * bs * row;
-      const int32_t n = std::min(bs, ctx - p0);
-      for (int32_t j = 0; j < n; ++j) sc[p0 + j] = Dot(qh, kb + j * row, hd) * scale;
-    }
-    MaskedSoftmax(sc, ctx, ctx);
-    switch (hd) {
-      case 32: cpu::WeightedSumRegs<4>(sc, ctx, vh, table, bs, row, oh); break;
-      case 48: cpu::WeightedSumRegs<6>(sc, ctx, vh, table, bs, row, oh); break;
-      case 64: cpu::WeightedSumRegs<8>(sc, ctx, vh, table, bs, row, oh); break;
-      case 128: cpu::WeightedSumRegs<16>(sc, ctx, vh, table, bs, row, oh); break;
-      default: cpu::WeightedSum(sc, ctx, vh, table, bs, row, hd, oh);
-    }
   }
 
   // The stored matrix behind a weight pointer, or null for plain row-major float32 data (weights
@@ -465,8 +280,7 @@ class CpuBackend final : public Backend {
   // Matrices by the pointer UploadMatrix returned.
   absl::flat_hash_map<const void*, std::unique_ptr<Q8Matrix>> q8_;
   absl::flat_hash_map<const void*, std::unique_ptr<cpu::PackedMatrix>> packed_;
-  std::vector<int32_t> gemm_seqs_;                        // sequences attended with GEMMs
-  std::vector<std::pair<int32_t, int32_t>> loop_tokens_;  // (token, sequence) for the loop path
+  cpu::PagedAttention attention_;
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
-// Vector helpers of the CPU backend. AVX2+FMA where the compiler targets it (-march=native on the
-// x86 machines we run on), portable loops otherwise. No -ffast-math: these are written so that the
-// compiler vectorizes them without it.
+// Vector helpers of the CPU backend: one small vector layer (`Vec`, kLanes floats: 16 with AVX-512,
+// 8 with AVX2+FMA) that the GEMM tiles and the attention kernels are written against once, plus
+// bf16 conversions. Portable loops where neither is compiled in. No -ffast-math: these are written
+// so that the compiler vectorizes them without it.
 #pragma once
 
 #include <algorithm>
@@ -11,13 +12,39 @@
 #include <immintrin.h>
 #define SPECULA_AVX2 1
 #endif
+#if defined(__AVX512F__) || defined(SPECULA_AVX2)
+#define SPECULA_SIMD 1
+#endif
 
 namespace specula::cpu {
+
+// A bfloat16 element (KV storage with --kv-cache-dtype bf16): the top 16 bits of a float32.
+struct Bf16 {
+  uint16_t bits;
+};
+
+inline float ToF32(float x) { return x; }
+inline float ToF32(Bf16 x) {
+  const uint32_t b = static_cast<uint32_t>(x.bits) << 16;
+  float f;
+  std::memcpy(&f, &b, sizeof(f));
+  return f;
+}
+// Round to nearest even; NaN stays NaN (quiet). Branch-free so that loops over rows vectorize.
+inline Bf16 ToBf16(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof(b));
+  const uint32_t rounded = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+  const bool nan = (b & 0x7FFFFFFFu) > 0x7F800000u;
+  return Bf16{static_cast<uint16_t>(nan ? ((b >> 16) | 0x40u) : rounded)};
+}
 
 // exp(x) for x in [-87, 88] with relative error ~2e-7, branch-free so that `omp simd` loops
 // vectorize it (libm's expf does not vectorize without -ffast-math): 2^(x log2 e) split into an
 // integer power, built in the exponent bits, and e^f for |f| <= ln2/2 by its Taylor series.
+#ifdef _OPENMP
 #pragma omp declare simd
+#endif
 inline float ExpApprox(float x) {
   x = std::min(std::max(x, -87.0f), 88.0f);
   const float t = x * 1.4426950409f;
@@ -69,51 +96,35 @@ inline float Dot(const float* a, const float* b, int32_t k) {
 }
 #endif
 
-// oh[hd] = sum_p weight[p] * V[p] for p in [0, ctx), reading V rows through a block table
-// (`v` points at the head's first element; rows are `row` floats apart).
-inline void WeightedSum(const float* weight, int32_t ctx, const float* v, const int32_t* table, int32_t bs,
-                        int64_t row, int32_t hd, float* oh) {
-  std::fill(oh, oh + hd, 0.0f);
-  for (int32_t p0 = 0; p0 < ctx; p0 += bs) {
-    const float* vb = v + static_cast<int64_t>(table[p0 / bs]) * bs * row;
-    const int32_t n = std::min(bs, ctx - p0);
-    for (int32_t j = 0; j < n; ++j) {
-      const float* vp = vb + j * row;
-      const float w = weight[p0 + j];
-#pragma omp simd
-      for (int32_t i = 0; i < hd; ++i) oh[i] += w * vp[i];
-    }
-  }
-}
-
-// The same with hd = 8 * NV, its accumulators held in registers.
-template <int NV>
-void WeightedSumRegs(const float* weight, int32_t ctx, const float* v, const int32_t* table, int32_t bs,
-                     int64_t row, float* oh) {
-#ifdef SPECULA_AVX2
-  __m256 acc[NV];
-  for (int i = 0; i < NV; ++i) acc[i] = _mm256_setzero_ps();
-  for (int32_t p0 = 0; p0 < ctx; p0 += bs) {
-    const float* vb = v + static_cast<int64_t>(table[p0 / bs]) * bs * row;
-    const int32_t n = std::min(bs, ctx - p0);
-    for (int32_t j = 0; j < n; ++j) {
-      const float* vp = vb + j * row;
-      const __m256 w = _mm256_set1_ps(weight[p0 + j]);
-      for (int i = 0; i < NV; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(vp + 8 * i), w, acc[i]);
-    }
-  }
-  for (int i = 0; i < NV; ++i) _mm256_storeu_ps(oh + 8 * i, acc[i]);
-#else
-  WeightedSum(weight, ctx, v, table, bs, row, 8 * NV, oh);
-#endif
-}
-
-
+// --- The vector layer ----------------------------------------------------------------------------
 #if defined(__AVX512F__)
-// Sum of each of 16 vectors, as one vector (lane i = sum of a[i]): a transpose-and-add tree of
-// 30 shuffles and 15 adds instead of 16 separate horizontal sums. Written with
-// __builtin_shufflevector because GCC 12's unpack intrinsics trip -Wmaybe-uninitialized (bug 105593).
-inline __attribute__((always_inline)) __m512 Sum16(const __m512 a[16]) {
+using Vec = __m512;
+constexpr int32_t kLanes = 16;
+inline Vec VLoad(const float* p) { return _mm512_loadu_ps(p); }
+// bf16 -> f32 in registers: widen to 32 bits and shift into the high half (exact).
+inline Vec VLoad(const Bf16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  // The maskz forms: GCC 12's plain ones trip -Wmaybe-uninitialized (bug 105593).
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
+}
+inline Vec VFma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec VMul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+inline Vec VZero() { return _mm512_setzero_ps(); }
+inline Vec VSet1(float x) { return _mm512_set1_ps(x); }
+inline void VStore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+// The first n lanes only.
+inline void VStoreFirst(float* p, Vec v, int32_t n) {
+  _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), v);
+}
+inline float VSum(Vec v) {  // once per output: a store is as fast as shuffles here
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  return HorizontalSum(_mm256_add_ps(_mm256_load_ps(t), _mm256_load_ps(t + 8)));
+}
+// Lane i of the result is the sum of a[i]: a transpose-and-add tree of 30 shuffles and 15 adds
+// instead of 16 separate horizontal sums. Written with __builtin_shufflevector because GCC 12's
+// unpack intrinsics trip -Wmaybe-uninitialized (bug 105593).
+inline __attribute__((always_inline)) Vec VSumLanes(const Vec a[16]) {
   __m512 b[8], c[4];
   for (int i = 0; i < 8; ++i) {  // per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3] of x = a[2i], y = a[2i+1]
     const __m512 x = a[2 * i], y = a[2 * i + 1];
@@ -133,92 +144,33 @@ inline __attribute__((always_inline)) __m512 Sum16(const __m512 a[16]) {
   return __builtin_shufflevector(e0, e1, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
          __builtin_shufflevector(e0, e1, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
 }
-
-// sc[j] = scale * q . k_j for the n <= 16 key rows k_j = k + j * row, with hd = 16 * NV. The query
-// stays in registers; a decode step attends with one query to hundreds of keys.
-template <int NV>
-inline void ScoreKeys16(const __m512 q[NV], const float* k, int64_t row, int32_t n, float scale, float* sc) {
-  __m512 acc[16];
-  for (int j = 0; j < 16; ++j) {
-    acc[j] = _mm512_setzero_ps();
-    if (j < n) {
-      const float* kj = k + j * row;
-      for (int i = 0; i < NV; ++i) acc[j] = _mm512_fmadd_ps(q[i], _mm512_loadu_ps(kj + 16 * i), acc[j]);
-    }
-  }
-  const __m512 s = _mm512_mul_ps(Sum16(acc), _mm512_set1_ps(scale));
-  _mm512_mask_storeu_ps(sc, static_cast<__mmask16>((1u << n) - 1), s);
+#elif defined(SPECULA_AVX2)
+using Vec = __m256;
+constexpr int32_t kLanes = 8;
+inline Vec VLoad(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec VLoad(const Bf16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
-
-// Attention of one query head over ctx positions of a paged KV head (hd = 16 * NV): scores into
-// sc[ctx], then softmax(sc) (by `softmax`), then oh[hd] = sum_p sc[p] V[p].
-template <int NV>
-void ScoreKeys(const float* qh, const float* k, const int32_t* table, int32_t bs, int64_t row, int32_t ctx,
-               float scale, float* sc) {
-  __m512 q[NV];
-  for (int i = 0; i < NV; ++i) q[i] = _mm512_loadu_ps(qh + 16 * i);
-  for (int32_t p0 = 0; p0 < ctx; p0 += bs) {
-    const float* kb = k + static_cast<int64_t>(table[p0 / bs]) * bs * row;
-    const int32_t n = std::min(bs, ctx - p0);
-    for (int32_t j = 0; j < n; j += 16) ScoreKeys16<NV>(q, kb + j * row, row, std::min(16, n - j), scale, sc + p0 + j);
-  }
+inline Vec VFma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec VMul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+inline Vec VZero() { return _mm256_setzero_ps(); }
+inline Vec VSet1(float x) { return _mm256_set1_ps(x); }
+inline void VStore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline void VStoreFirst(float* p, Vec v, int32_t n) {
+  alignas(32) float t[8];
+  _mm256_store_ps(t, v);
+  std::copy(t, t + n, p);
 }
-
-template <int NV>
-void WeightedSum512(const float* weight, int32_t ctx, const float* v, const int32_t* table, int32_t bs, int64_t row,
-                    float* oh) {
-  __m512 acc[NV];
-  for (int i = 0; i < NV; ++i) acc[i] = _mm512_setzero_ps();
-  for (int32_t p0 = 0; p0 < ctx; p0 += bs) {
-    const float* vb = v + static_cast<int64_t>(table[p0 / bs]) * bs * row;
-    const int32_t n = std::min(bs, ctx - p0);
-    for (int32_t j = 0; j < n; ++j) {
-      const __m512 w = _mm512_set1_ps(weight[p0 + j]);
-      for (int i = 0; i < NV; ++i) acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(vb + j * row + 16 * i), w, acc[i]);
-    }
-  }
-  for (int i = 0; i < NV; ++i) _mm512_storeu_ps(oh + 16 * i, acc[i]);
+inline float VSum(Vec v) { return HorizontalSum(v); }
+// Lane i of the result is the sum of a[i]: three rounds of horizontal adds, then the two 128-bit
+// halves (7 instructions for 8 sums instead of 8 horizontal sums of 4 each).
+inline __attribute__((always_inline)) Vec VSumLanes(const Vec a[8]) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
-
-// All heads of one token over ctx positions, a block at a time: every head's keys of a block before
-// the next block, so that the token reads its K and V as sequential streams (one head at a time
-// strides through the pool and ran at half the bandwidth in 32-sequence decode steps).
-// q[heads, hd] and out[heads, hd] with hd = 16 * NV; k and v point at the pool; sc is [heads, ctx].
-template <int NV>
-void AttendAllHeads(const float* q, const float* k, const float* v, const int32_t* table, int32_t bs, int64_t row,
-                    int32_t ctx, int32_t heads, int32_t group, float scale, float* sc, float* out,
-                    void (*softmax)(float*, int32_t, int32_t)) {
-  constexpr int32_t hd = 16 * NV;
-  for (int32_t p0 = 0; p0 < ctx; p0 += bs) {
-    const float* kb = k + static_cast<int64_t>(table[p0 / bs]) * bs * row;
-    const int32_t n = std::min(bs, ctx - p0);
-    for (int32_t h = 0; h < heads; ++h) {
-      __m512 qh[NV];
-      for (int i = 0; i < NV; ++i) qh[i] = _mm512_loadu_ps(q + h * hd + 16 * i);
-      const float* kh = kb + (h / group) * hd;
-      for (int32_t j = 0; j < n; j += 16) {
-        ScoreKeys16<NV>(qh, kh + j * row, row, std::min(16, n - j), scale, sc + static_cast<int64_t>(h) * ctx + p0 + j);
-      }
-    }
-  }
-  for (int32_t h = 0; h < heads; ++h) softmax(sc + static_cast<int64_t>(h) * ctx, ctx, ctx);
-  for (int32_t i = 0; i < heads * hd; ++i) out[i] = 0.0f;
-  for (int32_t p0 = 0; p0 < ctx; p0 += bs) {
-    const float* vb = v + static_cast<int64_t>(table[p0 / bs]) * bs * row;
-    const int32_t n = std::min(bs, ctx - p0);
-    for (int32_t h = 0; h < heads; ++h) {
-      __m512 acc[NV];
-      for (int i = 0; i < NV; ++i) acc[i] = _mm512_loadu_ps(out + h * hd + 16 * i);
-      const float* vh = vb + (h / group) * hd;
-      const float* w = sc + static_cast<int64_t>(h) * ctx + p0;
-      for (int32_t j = 0; j < n; ++j) {
-        const __m512 wj = _mm512_set1_ps(w[j]);
-        for (int i = 0; i < NV; ++i) acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(vh + j * row + 16 * i), wj, acc[i]);
-      }
-      for (int i = 0; i < NV; ++i) _mm512_storeu_ps(out + h * hd + 16 * i, acc[i]);
-    }
-  }
-}
-#endif  // __AVX512F__
+#endif
 
 }  // namespace specula::cpu

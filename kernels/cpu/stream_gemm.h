@@ -15,30 +15,6 @@ namespace specula::cpu {
 // verification pass cost several single-token steps.
 constexpr int32_t kStreamMaxRows = 8;
 
-// out[r][i] = w_r . x_i for R weight rows and M rows of x: each vector of a weight row is loaded
-// once for all M accumulators, and each vector of x once for all R rows ((R + M) loads per R * M
-// FMAs). Verification runs of a few tokens were load-bound with R = 1 and cost 2.5 single-token
-// steps.
-#if defined(__AVX512F__)
-using Vec = __m512;
-constexpr int32_t kLanes = 16;
-inline Vec VLoad(const float* p) { return _mm512_loadu_ps(p); }
-inline Vec VFma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline Vec VZero() { return _mm512_setzero_ps(); }
-inline float VSum(Vec v) {  // once per output: a store is as fast as shuffles here
-  alignas(64) float t[16];
-  _mm512_store_ps(t, v);
-  return HorizontalSum(_mm256_add_ps(_mm256_load_ps(t), _mm256_load_ps(t + 8)));
-}
-#elif defined(SPECULA_AVX2)
-using Vec = __m256;
-constexpr int32_t kLanes = 8;
-inline Vec VLoad(const float* p) { return _mm256_loadu_ps(p); }
-inline Vec VFma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline Vec VZero() { return _mm256_setzero_ps(); }
-inline float VSum(Vec v) { return HorizontalSum(v); }
-#endif
-
 // A vector of weights: float as is, int8 widened (the per-row scale is applied to the dot product).
 // The AVX-512 widening uses the maskz forms: GCC 12's plain ones trip -Wmaybe-uninitialized.
 #if defined(__AVX512F__)
@@ -54,9 +30,13 @@ inline Vec VLoadW(const int8_t* p) {
 }
 #endif
 
+// out[r][i] = w_r . x_i for R weight rows and M rows of x: each vector of a weight row is loaded
+// once for all M accumulators, and each vector of x once for all R rows ((R + M) loads per R * M
+// FMAs). Verification runs of a few tokens were load-bound with R = 1 and cost 2.5 single-token
+// steps.
 template <int M, int R, typename W>
 inline __attribute__((always_inline)) void DotTile(const W* w, const float* x, int32_t k, float out[R][M]) {
-#if defined(__AVX512F__) || defined(SPECULA_AVX2)
+#ifdef SPECULA_SIMD
   Vec acc[R][M];
   for (int r = 0; r < R; ++r) {
     for (int i = 0; i < M; ++i) acc[r][i] = VZero();
@@ -108,7 +88,7 @@ void StreamGemmM(const float* x, int32_t k, const W* w, const float* scale, int3
 #pragma omp parallel for schedule(static) if (static_cast<int64_t>(n) * k >= (1 << 11))
   for (int32_t t = 0; t < tiles; ++t) {
     const int32_t r0 = t * R;
-    float out[R][M];
+    float out[R][M] = {};  // (zeroed: GCC 12 cannot see that a partial tile reads only what it wrote)
     if (r0 + R <= n) {
       DotTile<M, R>(w + static_cast<int64_t>(r0) * k, x, k, out);
     } else {

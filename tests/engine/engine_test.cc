@@ -106,6 +106,18 @@ TEST_F(EngineTest, SmallPoolPreemptsAndStillEqualsAlone) {
   std::printf("[engine] small pool: %lld preemptions\n", static_cast<long long>(e.scheduler().num_preemptions()));
 }
 
+// A bf16 KV cache (the engine's, and Generate's for the single runs) keeps batching exact: the same
+// tokens alone and batched, with preemption and recomputation.
+TEST_F(EngineTest, Bf16KvCacheBatchedEqualsEachAlone) {
+  ASSERT_TRUE(model_->set_kv_dtype(DType::kBF16).ok());
+  const auto reqs = Requests();
+  Engine e(model_.get(), tok_.get(), Config(24, false));
+  auto got = RunAll(e, reqs);
+  EXPECT_GT(e.scheduler().num_preemptions(), 0);
+  ExpectSameAsAlone(reqs, got);
+  EXPECT_FALSE(model_->set_kv_dtype(DType::kF16).ok());  // not a CPU KV type
+}
+
 TEST_F(EngineTest, SharedPrefixHitsTheCacheWithUnchangedOutputs) {
   const std::string prefix =
       "Once upon a time, there was a kind girl who loved stories. Every night her mom told her a story. ";

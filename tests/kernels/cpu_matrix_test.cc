@@ -1,5 +1,5 @@
-// The CPU backend's stored weight matrices (packed float32 and weight-only int8) and its decode
-// attention loop, against plain double-precision loops.
+// The CPU backend's stored weight matrices (packed float32 and weight-only int8), against plain
+// double-precision loops.
 #include <cmath>
 #include <algorithm>
 #include <cstring>
@@ -153,76 +153,6 @@ TEST(CpuInt8MatrixTest, GatherDequantizesEachRow) {
     float wmax = 0;
     for (int32_t j = 0; j < k; ++j) wmax = std::max(wmax, std::fabs(w[ids[i] * k + j]));
     for (int32_t j = 0; j < k; ++j) ASSERT_NEAR(rows[i * k + j], w[ids[i] * k + j], 0.5 * wmax / 127 + 1e-7) << ids[i];
-  }
-}
-
-// Decode-style attention (a few new tokens per sequence: the per-token loop) through block tables,
-// against softmax(q k^T * scale) v in double, for every head size the vector paths specialize
-// (and 40, which they do not), block sizes 1, 5 and 16, GQA, and both the head-by-head and the
-// token-by-token paths.
-TEST(CpuAttentionTest, DecodeLoopMatchesReference) {
-  auto be = MakeCpuBackend();
-  std::mt19937 rng(5);
-  // Per sequence, one new token each: 4 tokens attend head by head, 10 token by token.
-  const std::vector<std::vector<int32_t>> contexts = {{1, 17, 40, 100}, {1, 17, 40, 100, 3, 64, 65, 16, 2, 33}};
-  for (const std::vector<int32_t>& ctx : contexts) {
-    for (int32_t hd : {16, 32, 40, 48, 64, 80, 96, 128}) {
-    for (int32_t bs : {1, 5, 16}) {
-      const int32_t kv_heads = 2, heads = 6, blocks = 160;
-      const int32_t seqs = static_cast<int32_t>(ctx.size());
-      const int32_t max_blocks = (100 + bs - 1) / bs;
-      const int64_t row = static_cast<int64_t>(kv_heads) * hd;
-      std::vector<float> kpool = Random(static_cast<size_t>(blocks) * bs * row, &rng), vpool = Random(kpool.size(), &rng);
-      const std::vector<float> q = Random(static_cast<size_t>(seqs) * heads * hd, &rng);
-      std::vector<int32_t> tables(static_cast<size_t>(seqs) * max_blocks), positions(seqs), query_start(seqs + 1),
-          slots(seqs, -1);
-      std::vector<int32_t> perm(blocks);
-      for (int32_t i = 0; i < blocks; ++i) perm[i] = i;
-      std::shuffle(perm.begin(), perm.end(), rng);
-      for (int32_t s = 0; s < seqs; ++s) {
-        for (int32_t b = 0; b < max_blocks; ++b) tables[s * max_blocks + b] = perm[(s * max_blocks + b) % blocks];
-        positions[s] = ctx[s] - 1;
-        query_start[s] = s;
-      }
-      query_start[seqs] = seqs;
-      AttentionMetadata meta;
-      meta.num_tokens = seqs;
-      meta.num_seqs = seqs;
-      meta.positions = positions.data();
-      meta.query_start = query_start.data();
-      meta.block_tables = tables.data();
-      meta.max_blocks_per_seq = max_blocks;
-      meta.slot_mapping = slots.data();
-      const PagedKvLayer kv{kpool.data(), vpool.data(), blocks, bs, kv_heads, hd};
-      std::vector<float> out(q.size(), NAN);
-      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-      be->PagedAttention(q.data(), kv, meta, heads, scale, out.data());
-      for (int32_t s = 0; s < seqs; ++s) {
-        for (int32_t h = 0; h < heads; ++h) {
-          const int32_t kvh = h / (heads / kv_heads);
-          std::vector<double> p(ctx[s]);
-          double mx = -1e300, sum = 0;
-          auto at = [&](const std::vector<float>& pool, int32_t pos, int32_t d) {
-            const int64_t slot = static_cast<int64_t>(tables[s * max_blocks + pos / bs]) * bs + pos % bs;
-            return static_cast<double>(pool[slot * row + kvh * hd + d]);
-          };
-          for (int32_t t = 0; t < ctx[s]; ++t) {
-            double dot = 0;
-            for (int32_t d = 0; d < hd; ++d) dot += q[(s * heads + h) * hd + d] * at(kpool, t, d);
-            p[t] = dot * scale;
-            mx = std::max(mx, p[t]);
-          }
-          for (double& v : p) sum += (v = std::exp(v - mx));
-          for (int32_t d = 0; d < hd; ++d) {
-            double o = 0;
-            for (int32_t t = 0; t < ctx[s]; ++t) o += p[t] / sum * at(vpool, t, d);
-            ASSERT_NEAR(out[(s * heads + h) * hd + d], o, 1e-5)
-                << "hd " << hd << " bs " << bs << " seqs " << seqs << " seq " << s << " head " << h << " dim " << d;
-          }
-        }
-      }
-    }
-  }
   }
 }
 

@@ -1,6 +1,7 @@
 // Parity with an independent numpy reference (tests/reference/llama_ref.py) on random HF models
 // covering GQA, QKV bias, tied and untied classifiers, both RoPE conventions, Llama-3 rope scaling,
-// f32/f16/bf16 weights, and prompts of 1 to 300 tokens fed in chunks through the paged cache.
+// f32/f16/bf16 weights, f32 and bf16 KV caches (the reference rounds K and V the same way), and
+// prompts of 1 to 300 tokens fed in chunks through the paged cache.
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -20,6 +21,7 @@ struct ParityCase {
   int32_t heads, kv_heads;
   bool qkv_bias, tied, interleaved, llama3_scaling;
   DType dtype;
+  DType kv_dtype = DType::kF32;
 };
 
 class ParityTest : public ::testing::TestWithParam<ParityCase> {};
@@ -52,7 +54,7 @@ TEST_P(ParityTest, LogitsMatchNumpyReference) {
     std::vector<TokenId> ids(len);  // [len]
     for (int32_t i = 0; i < len; ++i) ids[i] = (i * 31 + len * 7 + 3) % c.vocab_size;
     // Engine: prompt fed in chunks of 37 tokens through a 16-slot paged cache.
-    KvCache kv(c, {16, 0});
+    KvCache kv(c, {16, 0, pc.kv_dtype});
     BlockAllocator alloc(kv.num_blocks());
     SequenceBlocks blocks(&alloc, 16);
     std::vector<float> got;  // [len, vocab]
@@ -68,7 +70,8 @@ TEST_P(ParityTest, LogitsMatchNumpyReference) {
     // Reference.
     const std::string out = dir + "/ref_logits.f32";
     const std::string cmd = absl::StrCat("python3 ", SPECULA_SOURCE_DIR, "/tests/reference/llama_ref.py --model ",
-                                         dir, " --ids ", absl::StrJoin(ids, ","), " --out ", out);
+                                         dir, " --ids ", absl::StrJoin(ids, ","), " --out ", out,
+                                         pc.kv_dtype == DType::kBF16 ? " --kv-bf16" : "");
     ASSERT_EQ(testing::RunCommand(cmd), 0) << cmd;
     std::vector<float> want(got.size());
     std::ifstream in(out, std::ios::binary);
@@ -95,7 +98,9 @@ INSTANTIATE_TEST_SUITE_P(
         ParityCase{"mha_interleaved_tied", 4, 4, false, true, true, false, DType::kF32},
         ParityCase{"qkv_bias_gqa_tied_f16", 4, 2, true, true, false, false, DType::kF16},
         ParityCase{"llama3_scaling_bf16", 8, 4, false, false, false, true, DType::kBF16},
-        ParityCase{"mqa_bias_interleaved", 8, 1, true, false, true, false, DType::kF32}),
+        ParityCase{"mqa_bias_interleaved", 8, 1, true, false, true, false, DType::kF32},
+        ParityCase{"gqa_kv_bf16", 8, 2, false, false, false, false, DType::kF32, DType::kBF16},
+        ParityCase{"mha_interleaved_kv_bf16", 4, 4, true, true, true, false, DType::kBF16, DType::kBF16}),
     [](const ::testing::TestParamInfo<ParityCase>& i) { return i.param.name; });
 
 }  // namespace

@@ -143,7 +143,14 @@ def rmsnorm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def forward(m, ids):
+def to_bf16(x):
+    """Rounds float32 values to bfloat16 (nearest even), as the engine stores a bf16 KV cache."""
+    b = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    b = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16
+    return b.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def forward(m, ids, kv_bf16=False):
     n = len(ids)
     hd, H, KV = m["head_dim"], m["heads"], m["kv_heads"]
     inv = rope_freqs(m)
@@ -158,6 +165,8 @@ def forward(m, ids):
         q = rotate(q.reshape(n, H, hd), pos, inv, m["interleaved"])
         k = rotate(k.reshape(n, KV, hd), pos, inv, m["interleaved"])
         v = v.reshape(n, KV, hd)
+        if kv_bf16:
+            k, v = to_bf16(k), to_bf16(v)
         rep = H // KV
         k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)  # GQA: [n, H, hd]
         att = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(hd) + mask
@@ -177,15 +186,16 @@ def main():
     ap.add_argument("--ids", required=True)
     ap.add_argument("--out")
     ap.add_argument("--greedy", type=int, default=0)
+    ap.add_argument("--kv-bf16", action="store_true", help="round K and V to bfloat16 (--kv-cache-dtype bf16)")
     a = ap.parse_args()
     m = load_hf(a.model) if os.path.isdir(a.model) else load_llama2c(a.model)
     ids = [int(t) for t in a.ids.split(",")]
     if a.greedy:
         for _ in range(a.greedy):
-            ids.append(int(np.argmax(forward(m, ids)[-1])))
+            ids.append(int(np.argmax(forward(m, ids, a.kv_bf16)[-1])))
         print(",".join(str(t) for t in ids[-a.greedy:]))
     else:
-        forward(m, ids).astype("<f4").tofile(a.out)
+        forward(m, ids, a.kv_bf16).astype("<f4").tofile(a.out)
 
 
 if __name__ == "__main__":

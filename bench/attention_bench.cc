@@ -1,0 +1,68 @@
+// The CPU backend's paged attention in the shape of a batched decode step: 32 sequences of one new
+// token each over contexts of 400, every layer of a stories15m-shape model (6 heads of 48, 6
+// layers) through block tables scattered over one pool, f32 and bf16 KV. Reports the KV bytes read
+// per second (the kernel is bound by them), and a 512-token prefill chunk of one sequence.
+//
+//   build/release/bench/attention_bench
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cpu/cpu_backend.h"
+
+namespace specula {
+namespace {
+
+constexpr int32_t kLayers = 6, kHeads = 6, kHeadDim = 48, kBlockSize = 16;
+
+void Attention(benchmark::State& state, int32_t seqs, int32_t new_tokens, int32_t ctx) {
+  const DType dtype = state.range(0) ? DType::kBF16 : DType::kF32;
+  auto be = MakeCpuBackend();
+  const int32_t per_seq = (ctx + kBlockSize - 1) / kBlockSize;
+  const int32_t blocks = seqs * per_seq + 64;
+  const int64_t row = kHeads * kHeadDim;
+  const size_t layer_bytes = static_cast<size_t>(blocks) * kBlockSize * row * DTypeBytes(dtype);
+  std::vector<char> pool(2 * kLayers * layer_bytes);
+  std::mt19937 rng(1);
+  for (size_t i = 0; i < pool.size(); i += 2) pool[i + 1] = static_cast<char>(0x3c + rng() % 2);  // ~1.0 (both types)
+  std::vector<int32_t> perm(blocks), tables(static_cast<size_t>(seqs) * per_seq), positions, query_start, slots;
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);  // blocks scattered over the pool, as after a long run
+  std::copy(perm.begin(), perm.begin() + tables.size(), tables.begin());
+  for (int32_t s = 0; s < seqs; ++s) {
+    query_start.push_back(static_cast<int32_t>(positions.size()));
+    for (int32_t t = 0; t < new_tokens; ++t) positions.push_back(ctx - new_tokens + t);
+  }
+  const int32_t tokens = static_cast<int32_t>(positions.size());
+  query_start.push_back(tokens);
+  slots.assign(tokens, -1);
+  AttentionMetadata meta{seqs, tokens, query_start.data(), positions.data(), slots.data(), tables.data(), per_seq};
+  std::vector<float> q(static_cast<size_t>(tokens) * row, 0.1f), out(q.size());
+  int64_t positions_read = 0;
+  for (int32_t p : positions) positions_read += p + 1;
+  for (auto _ : state) {
+    for (int32_t l = 0; l < kLayers; ++l) {
+      char* k = pool.data() + 2 * l * layer_bytes;
+      const PagedKvLayer kv{k, k + layer_bytes, blocks, kBlockSize, kHeads, kHeadDim, dtype};
+      be->PagedAttention(q.data(), kv, meta, kHeads, 0.144f, out.data());
+    }
+  }
+  // Each new token reads its context's K and V in every layer (a prefill chunk's tokens share theirs).
+  const double bytes = 2.0 * kLayers * row * DTypeBytes(dtype) * (new_tokens == 1 ? positions_read : seqs * ctx);
+  state.counters["KV_GB/s"] = benchmark::Counter(bytes * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+
+void BM_DecodeAttention(benchmark::State& state) { Attention(state, 32, 1, 400); }
+BENCHMARK(BM_DecodeAttention)->ArgName("kv_bf16")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_PrefillAttention(benchmark::State& state) { Attention(state, 1, 512, 512); }
+BENCHMARK(BM_PrefillAttention)->ArgName("kv_bf16")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+}  // namespace specula
+
+BENCHMARK_MAIN();

@@ -1,0 +1,218 @@
+// The CPU backend's KV storage and paged attention, for float32 and bf16 pools, against
+// softmax(q k^T * scale) v in double over the values the pool holds. Also built against the AVX2
+// variant of the backend (kernel_tests_avx2), so that both SIMD paths are checked on every machine.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/simd.h"
+
+namespace specula {
+namespace {
+
+using cpu::Bf16;
+using cpu::ToBf16;
+using cpu::ToF32;
+
+uint32_t Bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof(b));
+  return b;
+}
+float FromBits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof(f));
+  return f;
+}
+
+TEST(Bf16Test, RoundsToNearestEvenLikeTheCoreConversion) {
+  EXPECT_EQ(ToBf16(1.0f).bits, 0x3F80);
+  EXPECT_EQ(ToBf16(1.00390625f).bits, 0x3F80);  // halfway: to the even 1.0
+  EXPECT_EQ(ToBf16(1.01171875f).bits, 0x3F82);  // halfway: to the even 1.015625
+  EXPECT_EQ(ToBf16(FromBits(0x3F808001)).bits, 0x3F81);  // just past halfway
+  EXPECT_EQ(ToBf16(-2.0f).bits, 0xC000);
+  EXPECT_EQ(ToBf16(INFINITY).bits, 0x7F80);
+  EXPECT_EQ(ToBf16(FromBits(0x7F7FFFFF)).bits, 0x7F80);  // the largest float rounds to infinity
+  EXPECT_TRUE(std::isnan(ToF32(ToBf16(NAN))));
+  EXPECT_TRUE(std::isnan(ToF32(ToBf16(FromBits(0x7F800001)))));  // a NaN whose payload is in the low bits
+  std::mt19937 rng(3);
+  for (int i = 0; i < 100000; ++i) {
+    const float f = FromBits(rng());
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(ToBf16(f).bits, F32ToBf16(f)) << std::hex << Bits(f);
+    ASSERT_EQ(Bits(ToF32(ToBf16(f))), static_cast<uint32_t>(F32ToBf16(f)) << 16);
+  }
+}
+
+// A pool of `dtype` elements for one layer, filled with random values; at() reads what it holds.
+struct Pool {
+  DType dtype;
+  int32_t blocks, bs, kv_heads, hd;
+  std::vector<float> kf, vf;      // f32 storage
+  std::vector<Bf16> kb, vb;       // bf16 storage
+
+  Pool(DType d, int32_t blocks_, int32_t bs_, int32_t kv_heads_, int32_t hd_, std::mt19937* rng)
+      : dtype(d), blocks(blocks_), bs(bs_), kv_heads(kv_heads_), hd(hd_) {
+    const size_t n = static_cast<size_t>(blocks) * bs * kv_heads * hd;
+    std::normal_distribution<float> normal(0, 1);
+    for (auto* f : {&kf, &vf}) {
+      f->resize(n);
+      for (float& x : *f) x = normal(*rng);
+    }
+    if (d == DType::kBF16) {
+      for (auto [f, b] : {std::pair{&kf, &kb}, std::pair{&vf, &vb}}) {
+        b->resize(n);
+        for (size_t i = 0; i < n; ++i) (*b)[i] = ToBf16((*f)[i]);
+      }
+    }
+  }
+  PagedKvLayer Layer() {
+    if (dtype == DType::kBF16) return {kb.data(), vb.data(), blocks, bs, kv_heads, hd, dtype};
+    return {kf.data(), vf.data(), blocks, bs, kv_heads, hd, dtype};
+  }
+  double at(bool key, int64_t slot, int32_t kvh, int32_t d) const {
+    const size_t i = (static_cast<size_t>(slot) * kv_heads + kvh) * hd + d;
+    if (dtype == DType::kBF16) return ToF32((key ? kb : vb)[i]);
+    return (key ? kf : vf)[i];
+  }
+};
+
+// Per sequence: its new tokens and its context length (the last new token's position + 1).
+struct SeqShape {
+  int32_t new_tokens, ctx;
+};
+
+void CheckAttention(DType dtype, const std::vector<SeqShape>& shape, int32_t hd, int32_t bs, std::mt19937* rng) {
+  auto be = MakeCpuBackend();
+  const int32_t kv_heads = 2, heads = 6, blocks = 200;
+  const int32_t seqs = static_cast<int32_t>(shape.size());
+  int32_t max_ctx = 0, tokens = 0;
+  for (const SeqShape& s : shape) max_ctx = std::max(max_ctx, s.ctx), tokens += s.new_tokens;
+  const int32_t max_blocks = (max_ctx + bs - 1) / bs;
+  Pool pool(dtype, blocks, bs, kv_heads, hd, rng);
+  std::normal_distribution<float> normal(0, 1);
+  std::vector<float> q(static_cast<size_t>(tokens) * heads * hd);
+  for (float& x : q) x = normal(*rng);
+  std::vector<int32_t> tables(static_cast<size_t>(seqs) * max_blocks), positions, query_start, slots(tokens, -1);
+  std::vector<int32_t> perm(blocks);
+  for (int32_t i = 0; i < blocks; ++i) perm[i] = i;
+  std::shuffle(perm.begin(), perm.end(), *rng);
+  for (int32_t s = 0; s < seqs; ++s) {
+    for (int32_t b = 0; b < max_blocks; ++b) tables[s * max_blocks + b] = perm[(s * max_blocks + b) % blocks];
+    query_start.push_back(static_cast<int32_t>(positions.size()));
+    for (int32_t i = 0; i < shape[s].new_tokens; ++i) positions.push_back(shape[s].ctx - shape[s].new_tokens + i);
+  }
+  query_start.push_back(tokens);
+  AttentionMetadata meta;
+  meta.num_tokens = tokens;
+  meta.num_seqs = seqs;
+  meta.positions = positions.data();
+  meta.query_start = query_start.data();
+  meta.block_tables = tables.data();
+  meta.max_blocks_per_seq = max_blocks;
+  meta.slot_mapping = slots.data();
+  std::vector<float> out(q.size(), NAN);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  be->PagedAttention(q.data(), pool.Layer(), meta, heads, scale, out.data());
+  for (int32_t s = 0; s < seqs; ++s) {
+    for (int32_t t = query_start[s]; t < query_start[s + 1]; ++t) {
+      const int32_t ctx = positions[t] + 1;
+      for (int32_t h = 0; h < heads; ++h) {
+        const int32_t kvh = h / (heads / kv_heads);
+        auto slot = [&](int32_t pos) { return static_cast<int64_t>(tables[s * max_blocks + pos / bs]) * bs + pos % bs; };
+        std::vector<double> p(ctx);
+        double mx = -1e300, sum = 0;
+        for (int32_t c = 0; c < ctx; ++c) {
+          double dot = 0;
+          for (int32_t d = 0; d < hd; ++d) dot += q[(static_cast<size_t>(t) * heads + h) * hd + d] * pool.at(true, slot(c), kvh, d);
+          p[c] = dot * scale;
+          mx = std::max(mx, p[c]);
+        }
+        for (double& v : p) sum += (v = std::exp(v - mx));
+        for (int32_t d = 0; d < hd; ++d) {
+          double o = 0;
+          for (int32_t c = 0; c < ctx; ++c) o += p[c] / sum * pool.at(false, slot(c), kvh, d);
+          ASSERT_NEAR(out[(static_cast<size_t>(t) * heads + h) * hd + d], o, 2e-5)
+              << DTypeName(dtype) << " hd " << hd << " bs " << bs << " seq " << s << " token " << t << " head " << h
+              << " dim " << d;
+        }
+      }
+    }
+  }
+}
+
+// Every head size the SIMD kernel specializes (and 40, which takes the portable loop), block sizes
+// 1, 5 and 16, GQA, both pool types, and each path: a few decode tokens (head by head), many decode
+// tokens (all heads of a token together), short causal runs (verification) and prefill chunks
+// (GEMMs over gathered rows).
+TEST(CpuAttentionTest, EveryPathMatchesReference) {
+  std::mt19937 rng(5);
+  const std::vector<std::vector<SeqShape>> cases = {
+      {{1, 1}, {1, 17}, {1, 40}, {1, 100}},
+      {{1, 1}, {1, 17}, {1, 40}, {1, 100}, {1, 3}, {1, 64}, {1, 65}, {1, 16}, {1, 2}, {1, 33}},
+      {{5, 5}, {3, 50}, {2, 97}},
+      {{9, 9}, {1, 30}, {40, 100}}};
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (const auto& c : cases) {
+      for (int32_t hd : {16, 32, 40, 48, 64, 80, 96, 128}) {
+        for (int32_t bs : {1, 5, 16}) {
+          CheckAttention(dtype, c, hd, bs, &rng);
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuAttentionTest, KvWriteConvertsAndCopyMovesWholeBlocks) {
+  auto be = MakeCpuBackend();
+  ASSERT_TRUE(be->SupportsKvDtype(DType::kF32));
+  ASSERT_TRUE(be->SupportsKvDtype(DType::kBF16));
+  EXPECT_FALSE(be->SupportsKvDtype(DType::kF16));
+  std::mt19937 rng(9);
+  const int32_t blocks = 6, bs = 4, kv_heads = 3, hd = 8, row = kv_heads * hd;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    Pool pool(dtype, blocks, bs, kv_heads, hd, &rng);
+    const std::vector<int32_t> slots = {5, -1, 0, 23};  // -1: padding, nothing written
+    std::normal_distribution<float> normal(0, 1);
+    std::vector<float> k(slots.size() * row), v(k.size());
+    for (float& x : k) x = normal(rng);
+    for (float& x : v) x = normal(rng);
+    Pool before = pool;
+    AttentionMetadata meta;
+    meta.num_tokens = static_cast<int32_t>(slots.size());
+    meta.slot_mapping = slots.data();
+    be->KvWrite(pool.Layer(), k.data(), v.data(), meta);
+    for (int64_t slot = 0; slot < blocks * bs; ++slot) {
+      const auto it = std::find(slots.begin(), slots.end(), slot);
+      for (int32_t i = 0; i < row; ++i) {
+        double want_k = before.at(true, slot, i / hd, i % hd), want_v = before.at(false, slot, i / hd, i % hd);
+        if (it != slots.end()) {
+          const size_t t = it - slots.begin();
+          want_k = dtype == DType::kBF16 ? ToF32(ToBf16(k[t * row + i])) : k[t * row + i];
+          want_v = dtype == DType::kBF16 ? ToF32(ToBf16(v[t * row + i])) : v[t * row + i];
+        }
+        ASSERT_EQ(pool.at(true, slot, i / hd, i % hd), want_k) << DTypeName(dtype) << " slot " << slot;
+        ASSERT_EQ(pool.at(false, slot, i / hd, i % hd), want_v) << DTypeName(dtype) << " slot " << slot;
+      }
+    }
+    const std::vector<int32_t> src = {0, 5}, dst = {2, 3};
+    before = pool;
+    be->CopyKvBlocks(pool.Layer(), src.data(), dst.data(), 2);
+    for (int32_t b = 0; b < blocks; ++b) {
+      const int32_t from = b == 2 ? 0 : b == 3 ? 5 : b;
+      for (int32_t j = 0; j < bs * row; ++j) {
+        ASSERT_EQ(pool.at(true, b * bs + j / row, j % row / hd, j % hd), before.at(true, from * bs + j / row, j % row / hd, j % hd));
+        ASSERT_EQ(pool.at(false, b * bs + j / row, j % row / hd, j % hd), before.at(false, from * bs + j / row, j % row / hd, j % hd));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace specula
