@@ -31,6 +31,15 @@ struct StepPlan {
   int32_t num_batched_tokens = 0;
   // When the plan is empty because the batching window is open: how long to wait for arrivals.
   double wait_ms = 0.0;
+
+  // Lowers sequence i's draft slots to k <= seqs[i].num_spec (adaptive speculation chooses k after
+  // the scheduler reserved room for the most); the scheduler takes the unused slots back in Update.
+  void SetNumSpec(size_t i, int32_t k) {
+    ScheduledSeq& s = seqs[i];
+    num_batched_tokens -= s.num_spec - k;
+    s.num_tokens -= s.num_spec - k;
+    s.num_spec = k;
+  }
 };
 
 // The engine's answer for one scheduled sequence: the tokens it appends (empty for a prefill

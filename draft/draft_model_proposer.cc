@@ -65,6 +65,15 @@ absl::Status DraftModelProposer::Propose(absl::Span<const ProposeInput> inputs, 
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<CostSample>> DraftModelProposer::MeasureCost(const CostGrid& grid) {
+  return MeasureForwardCost(*draft_, grid);
+}
+
+int32_t DraftModelProposer::CatchUpTokens(RequestId id, int32_t len) const {
+  auto it = seqs_.find(id);
+  return len - (it == seqs_.end() ? 0 : std::min(it->second.computed, len - 1));
+}
+
 void DraftModelProposer::Rollback(RequestId id, int32_t num_valid) {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return;

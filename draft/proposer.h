@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "core/step.h"
+#include "model/forward_cost.h"
 #include "model/sampler.h"
 
 namespace specula {
@@ -36,6 +37,16 @@ class Proposer {
   virtual void Release(RequestId id) {}
   // Blocks the proposer holds (leak tests).
   virtual int32_t blocks_in_use() const { return 0; }
+
+  // For adaptive speculation. A proposer with a model of its own (the draft model) measures its
+  // forwards (model/forward_cost.h); one without (n-gram) returns nothing and costs nothing.
+  virtual absl::StatusOr<std::vector<CostSample>> MeasureCost(const CostGrid& grid) {
+    return std::vector<CostSample>{};
+  }
+  virtual bool has_model() const { return false; }
+  // Tokens of a sequence of `len` tokens that the proposer's model must run before its first draft:
+  // its state lags the target's by the tokens accepted since, or decoded without drafts.
+  virtual int32_t CatchUpTokens(RequestId id, int32_t len) const { return 0; }
 };
 
 }  // namespace specula

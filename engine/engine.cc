@@ -10,11 +10,35 @@ namespace specula {
 
 Engine::Engine(LlamaModel* model, const Tokenizer* tokenizer, const SchedulerConfig& config, SpecConfig spec)
     : model_(model), tokenizer_(tokenizer), scheduler_(config),
-      kv_(model->config(), {config.block_size, config.num_blocks, model->kv_dtype()}, &model->backend()), spec_(spec) {}
+      kv_(model->config(), {config.block_size, config.num_blocks, model->kv_dtype()}, &model->backend()), spec_(spec) {
+  stats_.spec_k_histogram.assign(std::max(config.num_spec_tokens, 0) + 1, 0);
+  if (spec_.adaptive && spec_.proposer != nullptr && model_->status().ok() && kv_.status().ok()) {
+    calibration_ = Calibrate();
+  }
+}
+
+absl::Status Engine::Calibrate() {
+  const CostGrid grid{scheduler_.config().num_spec_tokens, std::min(scheduler_.config().max_num_seqs, 8),
+                      scheduler_.config().block_size, spec_.calibration_seconds};
+  auto target = spec_.target_cost.has_value() ? *spec_.target_cost : MeasureForwardCost(*model_, grid);
+  if (!target.ok()) return target.status();
+  std::unique_ptr<StepCost> draft;
+  if (spec_.proposer->has_model()) {
+    auto samples = spec_.draft_cost.has_value() ? *spec_.draft_cost : spec_.proposer->MeasureCost(grid);
+    if (!samples.ok()) return samples.status();
+    draft = std::make_unique<StepCost>(*samples);
+  }
+  controller_ = std::make_unique<SpecController>(StepCost(*target), std::move(draft));
+  return absl::OkStatus();
+}
 
 absl::Status Engine::Validate() const {
   if (!model_->status().ok()) return model_->status();
   if (!kv_.status().ok()) return kv_.status();
+  if (!calibration_.ok()) return calibration_;
+  if (spec_.adaptive && spec_.proposer == nullptr) {
+    return absl::InvalidArgumentError("adaptive speculation needs a proposer");
+  }
   if (spec_.synthetic_alpha >= 0 && !spec_.allow_synthetic) {
     return absl::FailedPreconditionError(
         "the synthetic proposer is not lossless: it is only available in benchmark and experiment modes");
@@ -67,6 +91,7 @@ void Engine::Abort(RequestId id) {
 
 RequestOutput Engine::Complete(RequestId id, FinishReason reason) {
   if (spec_.proposer != nullptr) spec_.proposer->Release(id);
+  if (controller_ != nullptr) controller_->Forget(id);
   auto it = active_.find(id);
   RequestOutput out = std::move(it->second.out);
   active_.erase(it);
@@ -124,17 +149,53 @@ VerifyResult Engine::VerifyDrafts(Active& a, const SequenceState& st, const Prop
   return RejectionSample(draft.tokens, target_probs_, draft.probs, vocab, *a.uniform);
 }
 
+void Engine::ChooseSpeculation(StepPlan* plan, std::vector<SpecCandidate>* candidates, std::vector<size_t>* index) {
+  std::vector<int32_t> start, tokens;
+  double fixed_tokens = 0;  // tokens the step yields besides the candidates'
+  for (size_t i = 0; i < plan->seqs.size(); ++i) {
+    const ScheduledSeq& s = plan->seqs[i];
+    start.push_back(s.start_pos);
+    tokens.push_back(s.num_tokens - s.num_spec);
+    if (s.num_spec == 0) {
+      fixed_tokens += s.samples ? 1 : 0;
+      continue;
+    }
+    const int32_t len = static_cast<int32_t>(scheduler_.Get(s.id)->tokens.size());
+    index->push_back(i);
+    candidates->push_back({s.id, s.num_spec, len, spec_.proposer->CatchUpTokens(s.id, len)});
+  }
+  if (candidates->empty()) return;
+  if (controller_ != nullptr) {
+    const CostFeatures base = ForwardFeatures(start, tokens, static_cast<int32_t>(plan->seqs.size()));
+    const std::vector<int32_t> k = controller_->Choose(base, fixed_tokens, *candidates);
+    for (size_t c = 0; c < index->size(); ++c) plan->SetNumSpec((*index)[c], k[c]);
+  }
+  ++stats_.decode_steps;
+  bool any = false;
+  for (size_t i : *index) {
+    const int32_t k = plan->seqs[i].num_spec;
+    ++stats_.spec_k_histogram[std::min<size_t>(k, stats_.spec_k_histogram.size() - 1)];
+    any = any || k > 0;
+  }
+  if (!any) ++stats_.spec_off_steps;
+}
+
 std::vector<RequestOutput> Engine::Step() {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point step_start = Clock::now();
   std::vector<RequestOutput> done = std::move(aborted_);
   aborted_.clear();
-  const StepPlan plan = scheduler_.Schedule(NowMs());
+  StepPlan plan = scheduler_.Schedule(NowMs());
   if (plan.seqs.empty()) {
     if (plan.wait_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(std::min(plan.wait_ms, 5.0)));
     return done;
   }
   ++stats_.steps;
+  std::vector<SpecCandidate> candidates;  // sequences that may speculate
+  std::vector<size_t> candidate_index;     // their plan indices
   if (spec_.proposer != nullptr) {
     for (RequestId id : plan.preempted) spec_.proposer->Release(id);
+    ChooseSpeculation(&plan, &candidates, &candidate_index);
   }
   // Drafts for the speculating sequences.
   std::vector<ProposeInput> inputs;
@@ -146,10 +207,13 @@ std::vector<RequestOutput> Engine::Step() {
     inputs.push_back({plan.seqs[i].id, st->tokens, plan.seqs[i].num_spec, &active_.at(plan.seqs[i].id).request.sampling});
   }
   std::vector<Proposal> drafts;
+  double propose_seconds = 0;
   if (!inputs.empty()) {
+    const Clock::time_point t0 = Clock::now();
     if (auto status = spec_.proposer->Propose(inputs, &drafts); !status.ok()) {
       drafts.assign(inputs.size(), Proposal{});  // a failed proposer degrades to plain decoding
     }
+    propose_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   }
   ForwardBatch batch;
   std::vector<std::vector<TokenId>> fed(plan.seqs.size());  // last token + drafts, for speculating sequences
@@ -203,6 +267,7 @@ std::vector<RequestOutput> Engine::Step() {
       o.num_drafts = static_cast<int32_t>(d.tokens.size());
       a.out.spec.Record(o.num_drafts, v.num_accepted);
       stats_.spec.Record(o.num_drafts, v.num_accepted);
+      if (controller_ != nullptr) controller_->ObserveAcceptance(s.id, o.num_drafts, v.num_accepted);
     } else {
       o.new_tokens = {a.sampler->Sample(absl::MakeConstSpan(row, vocab), st->tokens)};
     }
@@ -242,6 +307,19 @@ std::vector<RequestOutput> Engine::Step() {
       done.push_back(Complete(o.id, FinishReason::kStopString));
       break;
     }
+  }
+  if (controller_ != nullptr && spec_.refine_cost) {
+    // The step as it ran: the target's forward (and everything around it) and the draft's.
+    std::vector<int32_t> start, fed, k;
+    for (const SequenceInput& in : batch.seqs) {
+      start.push_back(in.start_pos);
+      fed.push_back(static_cast<int32_t>(in.tokens.size()));
+    }
+    for (size_t i : candidate_index) k.push_back(plan.seqs[i].num_spec);
+    const double seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
+    const bool draft_model = spec_.proposer->has_model();
+    controller_->ObserveStep(ForwardFeatures(start, fed, rows), draft_model ? seconds - propose_seconds : seconds,
+                             SpecController::DraftFeatures(candidates, k), propose_seconds);
   }
   return done;
 }

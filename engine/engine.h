@@ -5,14 +5,16 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "draft/proposer.h"
+#include "engine/spec_controller.h"
 #include "model/llama_model.h"
 #include "model/sampler.h"
-#include "draft/proposer.h"
 #include "model/tokenizer.h"
 #include "scheduler/scheduler.h"
 #include "verify/rejection_sampler.h"
@@ -57,6 +59,17 @@ struct SpecConfig {
   // of being verified. NOT lossless; refused unless allow_synthetic (benchmarks, experiments).
   double synthetic_alpha = -1.0;
   bool allow_synthetic = false;
+  // --num-spec-tokens auto: each step, k drafts per decoding sequence, 0 <= k <= the scheduler's
+  // num_spec_tokens, chosen for the most expected tokens per second (engine/spec_controller.h).
+  // The engine measures forwards of the target and the draft when it is built (at most
+  // calibration_seconds each) and refines the cost model with every step's timings.
+  bool adaptive = false;
+  double calibration_seconds = 1.0;
+  // Startup measurements to use instead of measuring (the draft's ignored for proposers without a
+  // model), and whether step timings refine them: fixed costs make the choices reproducible, for
+  // tests and cost studies.
+  std::optional<std::vector<CostSample>> target_cost = std::nullopt, draft_cost = std::nullopt;
+  bool refine_cost = true;
 };
 
 struct EngineStats {
@@ -65,6 +78,12 @@ struct EngineStats {
   int64_t decode_tokens = 0;
   int64_t generated_tokens = 0;
   SpecStats spec;
+  // Speculation lengths: decoding sequence-steps by the number of drafts they were given
+  // ([num_spec_tokens + 1]), and the steps with decoding sequences, of which spec_off_steps gave
+  // none any drafts.
+  std::vector<int64_t> spec_k_histogram;
+  int64_t decode_steps = 0;
+  int64_t spec_off_steps = 0;
 };
 
 class Engine {
@@ -100,6 +119,12 @@ class Engine {
   // Verifies one sequence's drafts against its logit rows [1 + drafts, vocab]: accepted tokens then
   // a recovered or bonus token.
   VerifyResult VerifyDrafts(Active& a, const SequenceState& st, const Proposal& draft, const float* rows);
+  // Measures the target's and the draft's forwards for adaptive speculation.
+  absl::Status Calibrate();
+  // The drafts each speculating sequence of the plan gets (lowering num_spec under adaptive
+  // speculation), recorded in the stats. `candidates` receives those sequences, `index` their plan
+  // indices.
+  void ChooseSpeculation(StepPlan* plan, std::vector<SpecCandidate>* candidates, std::vector<size_t>* index);
 
   LlamaModel* model_;
   const Tokenizer* tokenizer_;
@@ -110,6 +135,8 @@ class Engine {
   std::vector<float> logits_;           // [num_seqs, vocab]
   EngineStats stats_;
   SpecConfig spec_;
+  std::unique_ptr<SpecController> controller_;  // adaptive speculation
+  absl::Status calibration_;
   std::vector<float> target_probs_, draft_probs_;  // [k + 1, vocab], [k, vocab]
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };

@@ -170,8 +170,10 @@ std::vector<RequestId> Scheduler::Update(const StepPlan& plan, const StepResult&
     if (reason != FinishReason::kNone) {
       Finish(s->id, reason);
       finished.push_back(s->id);
-    } else if (sch.num_spec > 0) {
-      blocks_.Truncate(&s->blocks, static_cast<int32_t>(s->tokens.size()));  // lookahead slots back
+    } else {
+      // Lookahead slots back: those of rejected drafts, and those reserved for drafts the engine
+      // chose not to propose (adaptive speculation lowers num_spec after Schedule).
+      blocks_.Truncate(&s->blocks, static_cast<int32_t>(s->tokens.size()));
     }
   }
   return finished;

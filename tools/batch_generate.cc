@@ -4,6 +4,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "engine/engine.h"
 #include "nlohmann/json.hpp"
 
@@ -110,11 +111,29 @@ std::string SpecStatsLine(const SpecStats& s) {
                       s.mean_acceptance_length(), ", acceptance per position [", per_pos, "]\n");
 }
 
+std::string SpecLengthLine(const EngineStats& s) {
+  int64_t total = 0;
+  for (int64_t n : s.spec_k_histogram) total += n;
+  std::string hist;
+  for (size_t k = 0; k < s.spec_k_histogram.size(); ++k) {
+    if (s.spec_k_histogram[k] == 0) continue;
+    absl::StrAppend(&hist, hist.empty() ? "" : ", ", "k=", k, " ",
+                    absl::StrFormat("%.1f%%", 100.0 * s.spec_k_histogram[k] / std::max<int64_t>(total, 1)));
+  }
+  return absl::StrFormat("[specula] speculation length: %s; steps without speculation: %.1f%% (%d of %d)\n",
+                         hist.empty() ? "none" : hist,
+                         100.0 * s.spec_off_steps / std::max<int64_t>(s.decode_steps, 1), s.spec_off_steps,
+                         s.decode_steps);
+}
+
 absl::Status RunBatchGenerate(LlamaModel& model, const Tokenizer& tokenizer, const BatchOptions& opt,
                               std::FILE* out) {
   std::ifstream in(opt.prompts_file);
   if (!in) return absl::NotFoundError(absl::StrCat(opt.prompts_file, ": cannot open"));
-  Engine engine(&model, &tokenizer, opt.scheduler, {opt.proposer});
+  SpecConfig spec;
+  spec.proposer = opt.proposer;
+  spec.adaptive = opt.adaptive_spec;
+  Engine engine(&model, &tokenizer, opt.scheduler, spec);
   if (auto st = engine.Validate(); !st.ok()) return st;
   std::map<RequestId, Line> lines;
   std::string text;
@@ -172,7 +191,10 @@ absl::Status RunBatchGenerate(LlamaModel& model, const Tokenizer& tokenizer, con
                static_cast<long long>(engine.stats().steps), static_cast<long long>(engine.stats().prefill_tokens),
                static_cast<long long>(engine.scheduler().num_preemptions()),
                bm.query_tokens() > 0 ? 100.0 * bm.hit_tokens() / bm.query_tokens() : 0.0);
-  if (opt.proposer != nullptr) std::fputs(SpecStatsLine(engine.stats().spec).c_str(), stderr);
+  if (opt.proposer != nullptr) {
+    std::fputs(SpecStatsLine(engine.stats().spec).c_str(), stderr);
+    std::fputs(SpecLengthLine(engine.stats()).c_str(), stderr);
+  }
   return absl::OkStatus();
 }
 

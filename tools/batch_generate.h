@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "engine/engine.h"
 #include "model/llama_model.h"
 #include "model/sampler.h"
 #include "draft/proposer.h"
@@ -25,12 +26,16 @@ struct BatchOptions {
   bool ignore_eos = false;
   bool progress = true;
   Proposer* proposer = nullptr;  // speculation when set (scheduler.num_spec_tokens > 0)
+  bool adaptive_spec = false;    // --num-spec-tokens auto (scheduler.num_spec_tokens is the largest k)
 };
 
 // Acceptance statistics as JSON (per request or in total).
 nlohmann::json SpecStatsJson(const SpecStats& s);
 // One line for stderr.
 std::string SpecStatsLine(const SpecStats& s);
+// The speculation lengths chosen (a histogram over decoding sequence-steps) and the share of steps
+// that speculated on no sequence, for stderr.
+std::string SpecLengthLine(const EngineStats& s);
 
 // Malformed lines get an error naming the line and field (on stderr and as their JSON line); the
 // other lines still run. Fails only when the file cannot be read.

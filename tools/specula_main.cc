@@ -87,7 +87,12 @@ Batch mode (continuous batching over a paged KV cache):
 Speculative decoding (single prompt and batch; output is exactly what the target alone gives when
 greedy, and follows the target's distribution when sampling):
   --spec-method M       draft (a smaller model) or ngram (prompt lookup)
-  --num-spec-tokens K   draft tokens per step (default 4)
+  --num-spec-tokens K   draft tokens per sequence and step, or auto (default 4). auto chooses k for
+                        every sequence and step, 0 included, for the most expected tokens per second
+                        from each request's acceptance and a cost model of the target and the draft
+                        (measured at startup in at most 1 s each, then refined from the engine's own
+                        step times): speculation where it pays, none where it would slow the batch
+  --max-spec-tokens K   the largest k auto may choose (default 8)
   --draft-model PATH    the draft model for --spec-method draft (llama2.c .bin or HF directory)
   --draft-tokenizer PATH  the draft's tokenizer, checked against the target's (default: shared)
   --draft-quantization Q  none (default) or int8 for the draft's weights (cpu only): a draft a
@@ -125,7 +130,7 @@ std::string DefaultTokenizer(const std::string& model, int32_t vocab) {
 
 // One prompt through the engine with speculation, streaming each step's new text.
 absl::Status RunSpeculativeSingle(LlamaModel& model, const Tokenizer& tok, const std::vector<TokenId>& prompt,
-                                  const GenerateOptions& opt, Proposer* proposer, int32_t num_spec) {
+                                  const GenerateOptions& opt, Proposer* proposer, int32_t num_spec, bool adaptive) {
   SchedulerConfig sc;
   sc.max_num_seqs = 1;
   sc.block_size = opt.block_size;
@@ -133,7 +138,10 @@ absl::Status RunSpeculativeSingle(LlamaModel& model, const Tokenizer& tok, const
   sc.num_blocks = (sc.max_model_len + sc.block_size - 1) / sc.block_size + 1;
   sc.max_num_batched_tokens = std::max(2048, num_spec + 1);
   sc.num_spec_tokens = num_spec;
-  Engine engine(&model, &tok, sc, {proposer});
+  SpecConfig spec;
+  spec.proposer = proposer;
+  spec.adaptive = adaptive;
+  Engine engine(&model, &tok, sc, spec);
   if (auto st = engine.Validate(); !st.ok()) return st;
   Request r;
   r.id = 0;
@@ -161,6 +169,7 @@ absl::Status RunSpeculativeSingle(LlamaModel& model, const Tokenizer& tok, const
                final_out.prompt_tokens, final_out.tokens.size(), final_out.ttft_ms(),
                final_out.tokens.size() > 1 ? (final_out.tokens.size() - 1) / (decode_ms / 1000) : 0.0);
   std::fputs(SpecStatsLine(final_out.spec).c_str(), stderr);
+  std::fputs(SpecLengthLine(engine.stats()).c_str(), stderr);
   return absl::OkStatus();
 }
 
@@ -168,7 +177,7 @@ absl::Status RunGenerate(int argc, char** argv) {
   auto flags = ParseFlags(argc, argv,
                           {"model", "tokenizer", "prompt", "prompt-file", "prompts-file", "max-num-seqs",
                            "max-num-batched-tokens", "num-blocks", "max-wait-ms", "max-tokens",
-                           "spec-method", "num-spec-tokens", "draft-model", "draft-tokenizer", "ngram-min", "ngram-max", "temperature", "top-k",
+                           "spec-method", "num-spec-tokens", "max-spec-tokens", "draft-model", "draft-tokenizer", "ngram-min", "ngram-max", "temperature", "top-k",
                            "top-p", "min-p", "repetition-penalty", "seed", "block-size", "device", "dtype",
                            "gpu-memory-utilization", "quantization", "draft-quantization", "kv-cache-dtype"},
                           {"help", "ignore-eos", "no-bos", "no-prefix-caching", "no-progress"});
@@ -259,16 +268,21 @@ absl::Status RunGenerate(int argc, char** argv) {
   std::unique_ptr<LlamaModel> draft_model;
   std::unique_ptr<Proposer> proposer;
   int32_t num_spec = 0;
+  const bool adaptive = flags->values.count("num-spec-tokens") && flags->values["num-spec-tokens"] == "auto";
+  if (flags->values.count("max-spec-tokens") && !adaptive) {
+    return absl::InvalidArgumentError("--max-spec-tokens applies to --num-spec-tokens auto only");
+  }
   if (flags->values.count("spec-method")) {
     const std::string method = flags->values["spec-method"];
-    num_spec = 4;
+    num_spec = adaptive ? 8 : 4;
     int32_t ngram_min = 1, ngram_max = 3;
-    for (auto st : {GetNumber(*flags, "num-spec-tokens", &num_spec), GetNumber(*flags, "ngram-min", &ngram_min),
-                    GetNumber(*flags, "ngram-max", &ngram_max)}) {
+    for (auto st : {GetNumber(*flags, adaptive ? "max-spec-tokens" : "num-spec-tokens", &num_spec),
+                    GetNumber(*flags, "ngram-min", &ngram_min), GetNumber(*flags, "ngram-max", &ngram_max)}) {
       if (!st.ok()) return st;
     }
     if (num_spec <= 0 || num_spec > 64) {
-      return absl::InvalidArgumentError(absl::StrCat("--num-spec-tokens must be in [1, 64], got ", num_spec));
+      return absl::InvalidArgumentError(absl::StrCat(adaptive ? "--max-spec-tokens" : "--num-spec-tokens",
+                                                     " must be in [1, 64], got ", num_spec));
     }
     if (method == "ngram") {
       if (ngram_min < 1 || ngram_max < ngram_min) return absl::InvalidArgumentError("--ngram-min/--ngram-max: need 1 <= min <= max");
@@ -352,6 +366,7 @@ absl::Status RunGenerate(int argc, char** argv) {
     }
     sc.num_spec_tokens = num_spec;
     b.proposer = proposer.get();
+    b.adaptive_spec = adaptive;
     if (auto st = ValidateSchedulerConfig(sc); !st.ok()) return st;
     return RunBatchGenerate(model, tok, b, stdout);
   }
@@ -363,7 +378,7 @@ absl::Status RunGenerate(int argc, char** argv) {
     // llama2.c models mark the end of a story with BOS.
     if (model.config().rope_interleaved && tok.bos_id() >= 0) opt.stop_ids.push_back(tok.bos_id());
   }
-  if (proposer != nullptr) return RunSpeculativeSingle(model, tok, prompt, opt, proposer.get(), num_spec);
+  if (proposer != nullptr) return RunSpeculativeSingle(model, tok, prompt, opt, proposer.get(), num_spec, adaptive);
   TokenId prev = prompt.empty() ? -1 : prompt.back();
   auto result = Generate(model, prompt, opt, [&](TokenId t) {
     const std::string piece = tok.DecodeToken(prev, t);

@@ -59,6 +59,7 @@ void AttendPortable(const float* q, const T* k, const T* v, const int32_t* table
     for (int32_t p = 0; p < ctx; ++p) {
       const T* kp = k + head_off + (static_cast<int64_t>(table[p / bs]) * bs + p % bs) * row;
       float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
       for (int32_t i = 0; i < hd; ++i) dot += qh[i] * ToF32(kp[i]);
       s[p] = dot * scale;
     }
@@ -74,19 +75,19 @@ void AttendPortable(const float* q, const T* k, const T* v, const int32_t* table
 #ifdef SPECULA_SIMD
 // sc[j] = scale * q . k_j for the n <= kLanes keys k_j = k + j * row: kLanes dot products reduced
 // together by one lane-sum tree instead of a horizontal sum each.
-template <int NV, typename T>
-inline __attribute__((always_inline)) void ScoreLanes(const Vec (&q)[NV], const T* k, int64_t row, int32_t n,
+template <typename S, int NV, typename T>
+inline __attribute__((always_inline)) void ScoreLanes(const typename S::V (&q)[NV], const T* k, int64_t row, int32_t n,
                                                       float scale, float* sc) {
-  Vec acc[kLanes];  // in registers only when this loop is unrolled
+  typename S::V acc[S::kLanes];  // in registers only when this loop is unrolled
 #pragma GCC unroll 16
-  for (int32_t j = 0; j < kLanes; ++j) {
-    acc[j] = VZero();
+  for (int32_t j = 0; j < S::kLanes; ++j) {
+    acc[j] = S::Zero();
     if (j < n) {
       const T* kj = k + j * row;
-      for (int i = 0; i < NV; ++i) acc[j] = VFma(q[i], VLoad(kj + kLanes * i), acc[j]);
+      for (int i = 0; i < NV; ++i) acc[j] = S::Fma(q[i], S::Load(kj + S::kLanes * i), acc[j]);
     }
   }
-  VStoreFirst(sc, VMul(VSumLanes(acc), VSet1(scale)), n);
+  S::StoreFirst(sc, S::Mul(S::SumLanes(acc), S::Set1(scale)), n);
 }
 
 // Asks for the KV heads [0, kv_heads) of the first n slots of `block` (of K or V: `pool`) while the
@@ -102,23 +103,24 @@ inline void PrefetchBlock(const T* pool, int32_t block, int32_t bs, int32_t n, i
   }
 }
 
-// hd = kLanes * NV. Block by block, every head's keys (then values) of a block before the next
+// hd = S::kLanes * NV. Block by block, every head's keys (then values) of a block before the next
 // block, so that a token reads its K and V as sequential streams (one head at a time strides through
 // the pool and ran at half the bandwidth in 32-sequence decode steps).
-template <int NV, typename T>
+template <typename S, int NV, typename T>
 void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, int32_t bs, int64_t row, int32_t ctx,
                 int32_t heads, int32_t group, int32_t /*hd*/, float scale, float* sc, float* out) {
-  constexpr int32_t hd = kLanes * NV;
+  using V = typename S::V;
+  constexpr int32_t L = S::kLanes, hd = L * NV;
   for (int32_t p0 = 0; p0 < ctx; p0 += bs) {
     const T* kb = k + static_cast<int64_t>(table[p0 / bs]) * bs * row;
     const int32_t n = std::min(bs, ctx - p0);
     if (p0 + bs < ctx) PrefetchBlock(k, table[p0 / bs + 1], bs, std::min(bs, ctx - p0 - bs), row, heads / group, hd);
     for (int32_t h = 0; h < heads; ++h) {
-      Vec qh[NV];
-      for (int i = 0; i < NV; ++i) qh[i] = VLoad(q + h * hd + kLanes * i);
+      V qh[NV];
+      for (int i = 0; i < NV; ++i) qh[i] = S::Load(q + h * hd + L * i);
       const T* kh = kb + (h / group) * hd;
       float* s = sc + static_cast<int64_t>(h) * ctx + p0;
-      for (int32_t j = 0; j < n; j += kLanes) ScoreLanes<NV>(qh, kh + j * row, row, std::min(kLanes, n - j), scale, s + j);
+      for (int32_t j = 0; j < n; j += L) ScoreLanes<S, NV>(qh, kh + j * row, row, std::min(L, n - j), scale, s + j);
     }
   }
   for (int32_t h = 0; h < heads; ++h) Softmax(sc + static_cast<int64_t>(h) * ctx, ctx);
@@ -128,32 +130,48 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
     const int32_t n = std::min(bs, ctx - p0);
     if (p0 + bs < ctx) PrefetchBlock(v, table[p0 / bs + 1], bs, std::min(bs, ctx - p0 - bs), row, heads / group, hd);
     for (int32_t h = 0; h < heads; ++h) {
-      Vec acc[NV];
-      for (int i = 0; i < NV; ++i) acc[i] = VLoad(out + h * hd + kLanes * i);
+      V acc[NV];
+      for (int i = 0; i < NV; ++i) acc[i] = S::Load(out + h * hd + L * i);
       const T* vh = vb + (h / group) * hd;
       const float* w = sc + static_cast<int64_t>(h) * ctx + p0;
       for (int32_t j = 0; j < n; ++j) {
-        const Vec wj = VSet1(w[j]);
-        for (int i = 0; i < NV; ++i) acc[i] = VFma(VLoad(vh + j * row + kLanes * i), wj, acc[i]);
+        const V wj = S::Set1(w[j]);
+        for (int i = 0; i < NV; ++i) acc[i] = S::Fma(S::Load(vh + j * row + L * i), wj, acc[i]);
       }
-      for (int i = 0; i < NV; ++i) VStore(out + h * hd + kLanes * i, acc[i]);
+      for (int i = 0; i < NV; ++i) S::Store(out + h * hd + L * i, acc[i]);
     }
   }
 }
 #endif
 
-// The SIMD kernel for the common head sizes, the portable one otherwise.
+// The SIMD kernel at the widest vector the head fills, the portable one for other head sizes.
 template <typename T>
 AttendFn<T> PickAttend(int32_t hd) {
-#ifdef SPECULA_SIMD
+#if defined(__AVX512F__)
   switch (hd) {
-    case 16: return AttendSimd<16 / kLanes, T>;
-    case 32: return AttendSimd<32 / kLanes, T>;
-    case 48: return AttendSimd<48 / kLanes, T>;
-    case 64: return AttendSimd<64 / kLanes, T>;
-    case 80: return AttendSimd<80 / kLanes, T>;
-    case 96: return AttendSimd<96 / kLanes, T>;
-    case 128: return AttendSimd<128 / kLanes, T>;
+    case 16: return AttendSimd<Simd16, 1, T>;
+    case 32: return AttendSimd<Simd16, 2, T>;
+    case 48: return AttendSimd<Simd16, 3, T>;
+    case 64: return AttendSimd<Simd16, 4, T>;
+    case 80: return AttendSimd<Simd16, 5, T>;
+    case 96: return AttendSimd<Simd16, 6, T>;
+    case 128: return AttendSimd<Simd16, 8, T>;
+    default: break;
+  }
+#endif
+#ifdef SPECULA_AVX2
+  switch (hd) {
+    case 8: return AttendSimd<Simd8, 1, T>;
+    case 16: return AttendSimd<Simd8, 2, T>;
+    case 24: return AttendSimd<Simd8, 3, T>;
+    case 32: return AttendSimd<Simd8, 4, T>;
+    case 40: return AttendSimd<Simd8, 5, T>;
+    case 48: return AttendSimd<Simd8, 6, T>;
+    case 56: return AttendSimd<Simd8, 7, T>;
+    case 64: return AttendSimd<Simd8, 8, T>;
+    case 80: return AttendSimd<Simd8, 10, T>;
+    case 96: return AttendSimd<Simd8, 12, T>;
+    case 128: return AttendSimd<Simd8, 16, T>;
     default: break;
   }
 #endif

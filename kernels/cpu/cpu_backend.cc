@@ -25,29 +25,15 @@
 namespace specula {
 namespace {
 
-using cpu::Dot;
 using cpu::ExpApprox;
-using cpu::kStreamMaxRows;
 using cpu::LinearQ8;
 using cpu::Q8Matrix;
 using cpu::Quantize;
-using cpu::StreamGemm;
-
-// Matrices of fewer rows multiply up to kStreamMaxRows tokens row-major (see Linear).
-constexpr int32_t kPackedMinRows = 1024;
-
-// y[n] = w[n, k] x[k]. Single-token decode is memory-bound; rows are split across threads.
-// (OpenBLAS sgemv measured 2.4x slower than this single-threaded on the CI machine.)
-void Gemv(const float* x, const float* w, int32_t n, int32_t k, float* y) {
-  const bool parallel = static_cast<int64_t>(n) * k >= (1 << 11);
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int32_t i = 0; i < n; ++i) y[i] = Dot(w + static_cast<int64_t>(i) * k, x, k);
-}
 
 class CpuBackend final : public Backend {
  public:
-  // One threading runtime: OpenBLAS runs single-threaded inside OpenMP threads (its own pthreads
-  // fought libgomp's for the cores and halved batched throughput).
+  // One threading runtime: OpenBLAS (int8 prefill only) runs single-threaded inside OpenMP threads
+  // (its own pthreads fought libgomp's for the cores and halved batched throughput).
   explicit CpuBackend(const CpuOptions& options) : options_(options) { openblas_set_num_threads(1); }
 
   const char* name() const override { return "cpu"; }
@@ -84,72 +70,40 @@ class CpuBackend final : public Backend {
     return static_cast<int64_t>(utilization * static_cast<double>(avail));
   }
 
-  void Linear(const void* xv, const void* wv, const void* bv, int32_t m, int32_t n, int32_t k,
-              void* yv) override {
-    const float *x = F(xv), *w = F(wv), *bias = F(bv);
-    float* y = F(yv);
-    if (const Q8Matrix* q = FindQ8(wv)) return LinearQ8(x, *q, bias, m, n, k, y);
-    if (const cpu::PackedMatrix* p = Find(packed_, wv)) {
-      // A few tokens through a matrix of few 64-row groups would split unevenly between the
-      // cores: those take the row-major paths below.
-      if (m > kStreamMaxRows || n >= kPackedMinRows) return cpu::PackedGemm(x, m, *p, bias, y);
-      w = p->row_major();
-    }
-    if (m == 1) {
-      Gemv(x, w, n, k, y);
-    } else if (m <= kStreamMaxRows) {
-      StreamGemm(x, m, k, w, static_cast<const float*>(nullptr), n, y, n, bias);
-      return;
-    } else {
-      // Each thread takes a slice of the output columns.
-#pragma omp parallel
-      {
-        const int32_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-        const int32_t per = (n / threads + 15) / 16 * 16;
-        const int32_t n0 = std::min(n, t * per), n1 = t == threads - 1 ? n : std::min(n, n0 + per);
-        if (n1 > n0) {
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n1 - n0, k, 1.0f, x, k,
-                      w + static_cast<int64_t>(n0) * k, k, 0.0f, y + n0, n);
-        }
-      }
-    }
-    if (bias != nullptr) {
-      for (int32_t i = 0; i < m; ++i) {
-        float* row = y + static_cast<int64_t>(i) * n;
-        for (int32_t j = 0; j < n; ++j) row[j] += bias[j];
-      }
-    }
+  // Every product of a matrix takes one path whatever the number of tokens (packed on AVX-512,
+  // row-major tiles elsewhere), so a token's output does not depend on its batch; see
+  // packed_gemm.h. Int8 matrices (opt-in) are the exception: they change the output anyway.
+  void Linear(const void* x, const void* w, const void* bias, int32_t m, int32_t n, int32_t k, void* y) override {
+    const LinearOut out{w, bias, n, y};
+    MultiLinear(x, m, k, &out, 1);
   }
 
   void LinearF32(const void* x, const void* w, int32_t m, int32_t n, int32_t k, float* y) override {
     Linear(x, w, nullptr, m, n, k, y);
   }
 
+  // All outputs in one parallel pass: one fork/join for Q/K/V, one for gate/up.
   void MultiLinear(const void* xv, int32_t m, int32_t k, const LinearOut* outs, int32_t num_outs) override {
-    // Decode through row-major matrices (small packed ones keep their row-major original): one
-    // parallel pass over the rows of all outputs, one fork/join instead of several.
     constexpr int32_t kMaxOuts = 4;
-    const float* rows[kMaxOuts];
-    bool fused = m == 1 && num_outs <= kMaxOuts && q8_.empty();
-    for (int32_t i = 0; fused && i < num_outs; ++i) {
-      const cpu::PackedMatrix* p = Find(packed_, outs[i].w);
-      fused = p == nullptr || outs[i].n < kPackedMinRows;
-      rows[i] = p != nullptr ? p->row_major() : F(outs[i].w);
-    }
-    if (!fused) {
-      for (int32_t i = 0; i < num_outs; ++i) Linear(xv, outs[i].w, outs[i].bias, m, outs[i].n, k, outs[i].y);
+    const float* x = F(xv);
+    if (num_outs > kMaxOuts || FindQ8(outs[0].w) != nullptr) {
+      for (int32_t i = 0; i < num_outs; ++i) OneLinear(x, outs[i], m, k);
       return;
     }
-    const float* x = F(xv);
-    int32_t total = 0;
-    for (int32_t i = 0; i < num_outs; ++i) total += outs[i].n;
-#pragma omp parallel for schedule(static) if (static_cast<int64_t>(total) * k >= (1 << 11))
-    for (int32_t r = 0; r < total; ++r) {
-      int32_t i = 0, row = r;
-      while (row >= outs[i].n) row -= outs[i++].n;
-      const float b = outs[i].bias != nullptr ? F(outs[i].bias)[row] : 0.0f;
-      F(outs[i].y)[row] = Dot(rows[i] + static_cast<int64_t>(row) * k, x, k) + b;
+    if (Find(packed_, outs[0].w) != nullptr) {
+      cpu::PackedOut packed[kMaxOuts];
+      for (int32_t i = 0; i < num_outs; ++i) {
+        packed[i] = {Find(packed_, outs[i].w), F(outs[i].bias), F(outs[i].y)};
+        if (packed[i].w == nullptr) {  // matrices of different kinds: one at a time
+          for (int32_t j = 0; j < num_outs; ++j) OneLinear(x, outs[j], m, k);
+          return;
+        }
+      }
+      return cpu::PackedGemm(x, m, packed, num_outs);
     }
+    cpu::StreamOut<float> rows[kMaxOuts];
+    for (int32_t i = 0; i < num_outs; ++i) rows[i] = {F(outs[i].w), nullptr, F(outs[i].bias), outs[i].n, F(outs[i].y)};
+    cpu::StreamGemm(x, m, k, rows, num_outs);
   }
 
   void RmsNorm(const void* xv, const void* wv, int32_t m, int32_t d, float eps, void* yv) override {
@@ -257,6 +211,12 @@ class CpuBackend final : public Backend {
   // Host float views of the typed interface (the CPU backend's dtype is always f32).
   static float* F(void* p) { return static_cast<float*>(p); }
   static const float* F(const void* p) { return static_cast<const float*>(p); }
+
+  // One product through the matrix's own path (int8, or a call with many outputs).
+  void OneLinear(const float* x, const LinearOut& out, int32_t m, int32_t k) {
+    if (const Q8Matrix* q = FindQ8(out.w)) return LinearQ8(x, *q, F(out.bias), m, out.n, k, F(out.y));
+    MultiLinear(x, m, k, &out, 1);
+  }
 
   static void NormRow(const float* xr, const float* w, int32_t d, float eps, float* yr) {
     float ss = 0.0f;

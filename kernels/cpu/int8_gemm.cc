@@ -124,7 +124,7 @@ void LinearQ8(const float* x, const Q8Matrix& w, const float* bias, int32_t m, i
   if (m <= kStreamMaxRows) return GemmQ8Vnni(x, w, bias, m, n, k, y);
 #endif
   if (m == 1) return GemvQ8(x, w, bias, n, k, y);
-  if (m <= kStreamMaxRows) return StreamGemm(x, m, k, w.q.data(), w.scale.data(), n, y, n, bias);
+  if (m <= kStreamMaxRows) return StreamGemm(x, m, k, w.q.data(), w.scale.data(), n, y, bias);
   constexpr int32_t kSlice = 64;
   const int32_t slices = (n + kSlice - 1) / kSlice;
 #pragma omp parallel for schedule(dynamic, 1)

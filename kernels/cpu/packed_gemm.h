@@ -1,12 +1,18 @@
-// The CPU backend's float32 GEMM on weights packed once at upload: w[n, k] is stored as
+// The CPU backend's float32 GEMM on weights packed once at upload (AVX-512): w[n, k] is stored as
 // [ceil(n / 64)][k][64], so each thread reads its weights as one sequential stream (what the
 // prefetcher follows best) and a register tile of up to 6 tokens x 64 rows broadcasts the
-// activations instead of reducing dot products horizontally. (Groups of 16 rows, tried for a
-// finer split of small matrices, read a 1B model's weights 40% slower at one token.) It replaces OpenBLAS's sgemm, which re-packed the whole
-// weight matrix on every call (a sixth of a batched decode step), and the row-interleaved tiles
-// that ran verification passes at half the memory bandwidth.
+// activations instead of reducing dot products horizontally. (Groups of 16 rows read a 1B
+// model's weights 40% slower at one token; 16-row slices of a group are only the unit in which
+// work is split between threads, so that a small matrix at one token still splits evenly.)
+//
+// Every product of a packed matrix goes through PackedGemm, whatever the number of tokens, and
+// every output element is one chain of FMAs over k in order: a token's result is the same bits
+// whatever batch it runs in (one token, a verification run, 32 sequences). Greedy speculative
+// decoding relies on that, and so does a bf16 KV cache, where a rounding difference of 1e-7 in a
+// key can land on the other side of a bf16 step.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
@@ -18,13 +24,12 @@ bool PackedGemmAvailable();
 class PackedMatrix {
  public:
   static constexpr int32_t kGroup = 64;  // rows per packed group
+  static constexpr int32_t kSlice = 16;  // rows per vector: the unit of work splitting
 
   PackedMatrix(const float* w, int64_t rows, int64_t cols);  // w[rows, cols], row-major
   const float* data() const { return data_.get(); }
   int64_t rows() const { return rows_; }
   int64_t cols() const { return cols_; }
-  // The row-major original, kept for single-token products of small matrices (see PackedGemm).
-  const float* row_major() const { return row_major_; }
   // w[r, j] for j in [0, cols) into out[cols].
   void Row(int64_t r, float* out) const;
 
@@ -33,11 +38,18 @@ class PackedMatrix {
     void operator()(float* p) const;
   };
   std::unique_ptr<float, Free> data_;  // [groups, cols, kGroup], rows past `rows` are zero
-  const float* row_major_;  // not owned: the weights outlive the backend's use of them
   int64_t rows_, cols_;
 };
 
-// y[m, n] = x[m, k] w[n, k]^T + bias[n] (bias may be null), n and k those of w.
-void PackedGemm(const float* x, int32_t m, const PackedMatrix& w, const float* bias, float* y);
+// One product of a PackedGemm call: y[m, w->rows()] = x[m, k] w^T + bias (bias may be null).
+struct PackedOut {
+  const PackedMatrix* w;
+  const float* bias;
+  float* y;
+};
+
+// Every output of the same x[m, k] (k the matrices' cols) in one parallel pass (Q/K/V, gate/up),
+// the work (16-row slices x blocks of tokens) split evenly between the threads.
+void PackedGemm(const float* x, int32_t m, const PackedOut* outs, int32_t num_outs);
 
 }  // namespace specula::cpu

@@ -97,80 +97,101 @@ inline float Dot(const float* a, const float* b, int32_t k) {
 #endif
 
 // --- The vector layer ----------------------------------------------------------------------------
+// Simd8 (AVX2: 8 floats) and, with AVX-512, Simd16: the same operations at two widths, so that a
+// kernel written once can take the widest vector a shape fills (a head of 8 floats takes Simd8 on
+// AVX-512 machines too).
+#ifdef SPECULA_AVX2
+struct Simd8 {
+  using V = __m256;
+  static constexpr int32_t kLanes = 8;
+  static V Load(const float* p) { return _mm256_loadu_ps(p); }
+  // bf16 -> f32 in registers: widen to 32 bits and shift into the high half (exact).
+  static V Load(const Bf16* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V Zero() { return _mm256_setzero_ps(); }
+  static V Set1(float x) { return _mm256_set1_ps(x); }
+  static void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static void StoreFirst(float* p, V v, int32_t n) {  // the first n lanes only
+    alignas(32) float t[8];
+    _mm256_store_ps(t, v);
+    std::copy(t, t + n, p);
+  }
+  static float Sum(V v) { return HorizontalSum(v); }
+  // Lane i of the result is the sum of a[i]: three rounds of horizontal adds, then the two 128-bit
+  // halves (7 instructions for 8 sums instead of 8 horizontal sums of 4 each).
+  static __attribute__((always_inline)) V SumLanes(const V a[8]) {
+    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+  }
+};
+#endif
+
 #if defined(__AVX512F__)
-using Vec = __m512;
-constexpr int32_t kLanes = 16;
-inline Vec VLoad(const float* p) { return _mm512_loadu_ps(p); }
-// bf16 -> f32 in registers: widen to 32 bits and shift into the high half (exact).
-inline Vec VLoad(const Bf16* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  // The maskz forms: GCC 12's plain ones trip -Wmaybe-uninitialized (bug 105593).
-  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
-}
-inline Vec VFma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline Vec VMul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
-inline Vec VZero() { return _mm512_setzero_ps(); }
-inline Vec VSet1(float x) { return _mm512_set1_ps(x); }
-inline void VStore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
-// The first n lanes only.
-inline void VStoreFirst(float* p, Vec v, int32_t n) {
-  _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), v);
-}
-inline float VSum(Vec v) {  // once per output: a store is as fast as shuffles here
-  alignas(64) float t[16];
-  _mm512_store_ps(t, v);
-  return HorizontalSum(_mm256_add_ps(_mm256_load_ps(t), _mm256_load_ps(t + 8)));
-}
-// Lane i of the result is the sum of a[i]: a transpose-and-add tree of 30 shuffles and 15 adds
-// instead of 16 separate horizontal sums. Written with __builtin_shufflevector because GCC 12's
-// unpack intrinsics trip -Wmaybe-uninitialized (bug 105593).
-inline __attribute__((always_inline)) Vec VSumLanes(const Vec a[16]) {
-  __m512 b[8], c[4];
-  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3] of x = a[2i], y = a[2i+1]
-    const __m512 x = a[2 * i], y = a[2 * i + 1];
-    b[i] = __builtin_shufflevector(x, y, 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29) +
-           __builtin_shufflevector(x, y, 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31);
+struct Simd16 {
+  using V = __m512;
+  static constexpr int32_t kLanes = 16;
+  static V Load(const float* p) { return _mm512_loadu_ps(p); }
+  static V Load(const Bf16* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    // The maskz forms: GCC 12's plain ones trip -Wmaybe-uninitialized (bug 105593).
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
   }
-  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: that lane's sums of a[4i .. 4i+3]
-    const __m512 x = b[2 * i], y = b[2 * i + 1];
-    c[i] = __builtin_shufflevector(x, y, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
-           __builtin_shufflevector(x, y, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+  static V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V Zero() { return _mm512_setzero_ps(); }
+  static V Set1(float x) { return _mm512_set1_ps(x); }
+  static void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static void StoreFirst(float* p, V v, int32_t n) {
+    _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), v);
   }
-  // Across the four 128-bit lanes: even lanes plus odd lanes, twice.
-  const __m512 e0 = __builtin_shufflevector(c[0], c[1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-                    __builtin_shufflevector(c[0], c[1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  const __m512 e1 = __builtin_shufflevector(c[2], c[3], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-                    __builtin_shufflevector(c[2], c[3], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  return __builtin_shufflevector(e0, e1, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-         __builtin_shufflevector(e0, e1, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-}
+  static float Sum(V v) {  // once per output: a store is as fast as shuffles here
+    alignas(64) float t[16];
+    _mm512_store_ps(t, v);
+    return HorizontalSum(_mm256_add_ps(_mm256_load_ps(t), _mm256_load_ps(t + 8)));
+  }
+  // Lane i of the result is the sum of a[i]: a transpose-and-add tree of 30 shuffles and 15 adds
+  // instead of 16 separate horizontal sums. Written with __builtin_shufflevector because GCC 12's
+  // unpack intrinsics trip -Wmaybe-uninitialized (bug 105593).
+  static __attribute__((always_inline)) V SumLanes(const V a[16]) {
+    __m512 b[8], c[4];
+    for (int i = 0; i < 8; ++i) {  // per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3] of x = a[2i], y = a[2i+1]
+      const __m512 x = a[2 * i], y = a[2 * i + 1];
+      b[i] = __builtin_shufflevector(x, y, 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29) +
+             __builtin_shufflevector(x, y, 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31);
+    }
+    for (int i = 0; i < 4; ++i) {  // per 128-bit lane: that lane's sums of a[4i .. 4i+3]
+      const __m512 x = b[2 * i], y = b[2 * i + 1];
+      c[i] = __builtin_shufflevector(x, y, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
+             __builtin_shufflevector(x, y, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    }
+    // Across the four 128-bit lanes: even lanes plus odd lanes, twice.
+    const __m512 e0 = __builtin_shufflevector(c[0], c[1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+                      __builtin_shufflevector(c[0], c[1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    const __m512 e1 = __builtin_shufflevector(c[2], c[3], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+                      __builtin_shufflevector(c[2], c[3], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    return __builtin_shufflevector(e0, e1, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           __builtin_shufflevector(e0, e1, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  }
+};
+using SimdWide = Simd16;
 #elif defined(SPECULA_AVX2)
-using Vec = __m256;
-constexpr int32_t kLanes = 8;
-inline Vec VLoad(const float* p) { return _mm256_loadu_ps(p); }
-inline Vec VLoad(const Bf16* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-inline Vec VFma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline Vec VMul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
-inline Vec VZero() { return _mm256_setzero_ps(); }
-inline Vec VSet1(float x) { return _mm256_set1_ps(x); }
-inline void VStore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
-inline void VStoreFirst(float* p, Vec v, int32_t n) {
-  alignas(32) float t[8];
-  _mm256_store_ps(t, v);
-  std::copy(t, t + n, p);
-}
-inline float VSum(Vec v) { return HorizontalSum(v); }
-// Lane i of the result is the sum of a[i]: three rounds of horizontal adds, then the two 128-bit
-// halves (7 instructions for 8 sums instead of 8 horizontal sums of 4 each).
-inline __attribute__((always_inline)) Vec VSumLanes(const Vec a[8]) {
-  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
+using SimdWide = Simd8;
+#endif
+
+#ifdef SPECULA_SIMD
+// The widest vector, under short names (the GEMM tiles).
+using Vec = SimdWide::V;
+constexpr int32_t kLanes = SimdWide::kLanes;
+inline Vec VLoad(const float* p) { return SimdWide::Load(p); }
+inline Vec VFma(Vec a, Vec b, Vec c) { return SimdWide::Fma(a, b, c); }
+inline Vec VZero() { return SimdWide::Zero(); }
+inline float VSum(Vec v) { return SimdWide::Sum(v); }
 #endif
 
 }  // namespace specula::cpu

@@ -1,18 +1,19 @@
-// Small-m float GEMM over row-major weights (float32 or int8 rows), the CPU backend's path for
-// up to kStreamMaxRows tokens through matrices too small to split evenly in packed groups.
+// Float GEMM over row-major weights (float32 or int8 rows): the CPU backend's path for every
+// product where the packed kernel is not compiled in (AVX2 machines), and for int8 weights.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cpu/simd.h"
 
 namespace specula::cpu {
 
-// y[m, n] = x[m, k] w[n, k]^T for a handful of rows (speculative verification, small decode
-// batches). Still memory-bound: each weight row is read once and stays in L1 while the m dot
-// products use it. OpenBLAS sgemm re-packs the whole weight matrix per call, which made a 5-row
-// verification pass cost several single-token steps.
+// Tokens per block: each weight row is read once per block and stays in L1 while the block's dot
+// products use it. (OpenBLAS sgemm re-packs the whole weight matrix per call, which made a 5-row
+// verification pass cost several single-token steps, and on CPUs that OpenBLAS 0.3.21 does not
+// know it runs an SSE3 kernel.)
 constexpr int32_t kStreamMaxRows = 8;
 
 // A vector of weights: float as is, int8 widened (the per-row scale is applied to the dot product).
@@ -78,42 +79,81 @@ constexpr int TileRows() {
 #endif
 }
 
-// y[m, n] (row stride ldy) = x[m, k] w[n, k]^T * scale[n] + bias[n], for m <= 8; scale and bias
-// may be null.
-template <int M, typename W>
-void StreamGemmM(const float* x, int32_t k, const W* w, const float* scale, int32_t n, float* y, int64_t ldy,
-                 const float* bias) {
-  constexpr int R = TileRows<M>();
-  const int32_t tiles = (n + R - 1) / R;
-#pragma omp parallel for schedule(static) if (static_cast<int64_t>(n) * k >= (1 << 11))
-  for (int32_t t = 0; t < tiles; ++t) {
-    const int32_t r0 = t * R;
-    float out[R][M] = {};  // (zeroed: GCC 12 cannot see that a partial tile reads only what it wrote)
-    if (r0 + R <= n) {
-      DotTile<M, R>(w + static_cast<int64_t>(r0) * k, x, k, out);
-    } else {
-      for (int32_t r = r0; r < n; ++r) DotTile<M, 1>(w + static_cast<int64_t>(r) * k, x, k, reinterpret_cast<float(*)[M]>(out[r - r0]));
-    }
-    for (int32_t r = r0; r < std::min(n, r0 + R); ++r) {
-      const float a = scale != nullptr ? scale[r] : 1.0f, b = bias != nullptr ? bias[r] : 0.0f;
-      for (int i = 0; i < M; ++i) y[static_cast<int64_t>(i) * ldy + r] = out[r - r0][i] * a + b;
+// One product of a StreamGemm call: y[m, n] = x[m, k] w[n, k]^T * scale[n] + bias[n] (scale and
+// bias may be null).
+template <typename W>
+struct StreamOut {
+  const W* w;
+  const float* scale;
+  const float* bias;
+  int32_t n;
+  float* y;
+};
+
+// Every output of the same x[m, k], any m: each thread takes tiles of R weight rows (which stay in
+// L1) and runs every block of up to MB = min(m, 8) tokens through them. Each output element is
+// DotTile's sum for one (row, token), whatever the tile and block shapes around it, so a token's
+// result does not depend on the batch it runs in (see packed_gemm.h).
+template <int MB, typename W>
+void StreamGemmBlocks(const float* x, int32_t m, int32_t k, const StreamOut<W>* outs, int32_t num_outs) {
+  constexpr int R = TileRows<MB>();
+  std::vector<int32_t> first_tile(num_outs + 1, 0);  // tiles of the outputs, concatenated
+  int64_t work = 0;
+  for (int32_t o = 0; o < num_outs; ++o) {
+    first_tile[o + 1] = first_tile[o] + (outs[o].n + R - 1) / R;
+    work += static_cast<int64_t>(outs[o].n) * k * m;
+  }
+#pragma omp parallel for schedule(static) if (work >= (1 << 11))
+  for (int32_t t = 0; t < first_tile[num_outs]; ++t) {
+    int32_t o = 0;
+    while (t >= first_tile[o + 1]) ++o;
+    const StreamOut<W>& out = outs[o];
+    const int32_t r0 = (t - first_tile[o]) * R, rows = std::min(R, out.n - r0);
+    const W* w = out.w + static_cast<int64_t>(r0) * k;
+    for (int32_t i0 = 0; i0 < m; i0 += MB) {
+      const int32_t mb = std::min(MB, m - i0);
+      const float* xb = x + static_cast<int64_t>(i0) * k;
+      float tile[R][MB] = {};  // (zeroed: GCC 12 cannot see that a partial tile reads only what it wrote)
+      if (mb == MB && rows == R) {
+        DotTile<MB, R>(w, xb, k, tile);
+      } else {  // the edges: one (row, token) at a time, the same sums
+        for (int32_t r = 0; r < rows; ++r) {
+          for (int32_t i = 0; i < mb; ++i) {
+            float one[1][1];
+            DotTile<1, 1>(w + static_cast<int64_t>(r) * k, xb + static_cast<int64_t>(i) * k, k, one);
+            tile[r][i] = one[0][0];
+          }
+        }
+      }
+      for (int32_t r = 0; r < rows; ++r) {
+        const float a = out.scale != nullptr ? out.scale[r0 + r] : 1.0f, b = out.bias != nullptr ? out.bias[r0 + r] : 0.0f;
+        for (int32_t i = 0; i < mb; ++i) out.y[static_cast<int64_t>(i0 + i) * out.n + r0 + r] = tile[r][i] * a + b;
+      }
     }
   }
 }
 
 template <typename W>
-void StreamGemm(const float* x, int32_t m, int32_t k, const W* w, const float* scale, int32_t n, float* y,
-                int64_t ldy, const float* bias) {
-  switch (m) {
-    case 1: return StreamGemmM<1>(x, k, w, scale, n, y, ldy, bias);
-    case 2: return StreamGemmM<2>(x, k, w, scale, n, y, ldy, bias);
-    case 3: return StreamGemmM<3>(x, k, w, scale, n, y, ldy, bias);
-    case 4: return StreamGemmM<4>(x, k, w, scale, n, y, ldy, bias);
-    case 5: return StreamGemmM<5>(x, k, w, scale, n, y, ldy, bias);
-    case 6: return StreamGemmM<6>(x, k, w, scale, n, y, ldy, bias);
-    case 7: return StreamGemmM<7>(x, k, w, scale, n, y, ldy, bias);
-    default: return StreamGemmM<8>(x, k, w, scale, n, y, ldy, bias);
+void StreamGemm(const float* x, int32_t m, int32_t k, const StreamOut<W>* outs, int32_t num_outs) {
+  switch (std::min(m, kStreamMaxRows)) {
+    case 1: return StreamGemmBlocks<1>(x, m, k, outs, num_outs);
+    case 2: return StreamGemmBlocks<2>(x, m, k, outs, num_outs);
+    case 3: return StreamGemmBlocks<3>(x, m, k, outs, num_outs);
+    case 4: return StreamGemmBlocks<4>(x, m, k, outs, num_outs);
+    case 5: return StreamGemmBlocks<5>(x, m, k, outs, num_outs);
+    case 6: return StreamGemmBlocks<6>(x, m, k, outs, num_outs);
+    case 7: return StreamGemmBlocks<7>(x, m, k, outs, num_outs);
+    case 8: return StreamGemmBlocks<8>(x, m, k, outs, num_outs);
+    default: return;
   }
+}
+
+// One output: y[m, n] = x[m, k] w[n, k]^T * scale[n] + bias[n].
+template <typename W>
+void StreamGemm(const float* x, int32_t m, int32_t k, const W* w, const float* scale, int32_t n, float* y,
+                const float* bias) {
+  const StreamOut<W> out{w, scale, bias, n, y};
+  StreamGemm(x, m, k, &out, 1);
 }
 
 }  // namespace specula::cpu

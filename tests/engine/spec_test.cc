@@ -1,7 +1,8 @@
 // Speculative decoding end to end: greedy output equals plain greedy output token for token on
 // the real pair (stories260K target, llama2xs draft) and with n-gram drafts, one sequence at a
 // time, batched, and with preemption; sampled output follows the target's distribution
-// (chi-square over 100k samples), and a broken verifier is caught; no KV block leaks.
+// (chi-square over 100k samples), and a broken verifier is caught; no KV block leaks. The same
+// with --num-spec-tokens auto, where k changes per sequence and step.
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -45,6 +46,37 @@ SchedulerConfig Config(const LlamaModel& m, int32_t max_seqs, int32_t num_blocks
   return c;
 }
 
+// --num-spec-tokens auto with fixed costs (no timing involved, so the run is reproducible): a
+// memory-bound target (a step of 1 ms, 1 us per token, at any batch size here) and a draft forward
+// of `draft_forward` seconds (0.4 ms: drafts pay when their acceptance is above ~0.4). The real
+// pair's acceptances, drawn per step (Thompson sampling), then give k from 0 to the cap, changing
+// per sequence and step.
+SpecConfig AutoSpec(Proposer* proposer, double draft_forward = 4e-4) {
+  auto samples = [](double fixed, double per_token) {
+    std::vector<CostSample> s;
+    for (CostFeatures x : {CostFeatures{1, 1, 1, 0}, CostFeatures{1, 9, 9, 0}, CostFeatures{1, 64, 1, 0},
+                           CostFeatures{1, 8, 8, 1}}) {
+      s.push_back({x, fixed + per_token * (x[1] + x[2]) / 2});
+    }
+    return s;
+  };
+  SpecConfig spec;
+  spec.proposer = proposer;
+  spec.adaptive = true;
+  spec.target_cost = samples(1e-3, 1e-6);
+  spec.draft_cost = samples(draft_forward, 1e-7);
+  spec.refine_cost = false;
+  return spec;
+}
+
+// Both drafting and not drafting happened.
+void ExpectVariedK(const EngineStats& s, const char* name) {
+  int64_t drafted = 0;
+  for (size_t k = 1; k < s.spec_k_histogram.size(); ++k) drafted += s.spec_k_histogram[k];
+  EXPECT_GT(s.spec_k_histogram[0], 0) << name;
+  EXPECT_GT(drafted, 0) << name;
+}
+
 std::map<RequestId, RequestOutput> RunToEnd(Engine& e, const std::vector<Request>& reqs) {
   EXPECT_TRUE(e.Validate().ok());
   for (const Request& r : reqs) EXPECT_TRUE(e.AddRequest(r).ok());
@@ -82,9 +114,11 @@ class SpecGreedyTest : public ::testing::Test {
     }
   }
 
+  // k < 0: --num-spec-tokens auto with at most -k drafts (AutoSpec).
   void ExpectEqualsPlain(Proposer& proposer, int32_t k, int32_t max_seqs, int32_t num_blocks, bool want_preemption,
                          const char* name) {
-    Engine e(target_, nullptr, Config(*target_, max_seqs, num_blocks, k), {&proposer});
+    SpecConfig spec = k < 0 ? AutoSpec(&proposer) : SpecConfig{&proposer};
+    Engine e(target_, nullptr, Config(*target_, max_seqs, num_blocks, std::abs(k)), spec);
     auto out = RunToEnd(e, requests_);
     ASSERT_EQ(out.size(), requests_.size());
     int mismatches = 0;
@@ -97,6 +131,7 @@ class SpecGreedyTest : public ::testing::Test {
     if (want_preemption) {
       EXPECT_GT(e.scheduler().num_preemptions(), 0) << name;
     }
+    if (k < 0) ExpectVariedK(e.stats(), name);
     EXPECT_EQ(proposer.blocks_in_use(), 0) << name;
     std::printf("[spec] %-22s k=%d: acceptance %.3f, mean acceptance length %.2f, %lld preemptions\n", name, k,
                 e.stats().spec.acceptance_rate(), e.stats().spec.mean_acceptance_length(),
@@ -120,6 +155,17 @@ TEST_F(SpecGreedyTest, DraftModelEqualsPlainGreedy) {
     ExpectEqualsPlain(batched, k, 32, 512, false, "draft, batch 32");
     ExpectEqualsPlain(tight, k, 32, 24, true, "draft, preemption");
   }
+}
+
+// --num-spec-tokens auto: k per sequence and step, 0 included, and the draft catching up on the
+// tokens it skipped; still the plain greedy tokens.
+TEST_F(SpecGreedyTest, AutoEqualsPlainGreedy) {
+  DraftModelProposer single(draft_, 16, 64), batched(draft_, 16, 512), tight(draft_, 16, 512);
+  ExpectEqualsPlain(single, -8, 1, 64, false, "auto draft, one at a time");
+  ExpectEqualsPlain(batched, -8, 32, 512, false, "auto draft, batch 32");
+  ExpectEqualsPlain(tight, -8, 32, 24, true, "auto draft, preemption");
+  NgramProposer ngram(1, 3);
+  ExpectEqualsPlain(ngram, -8, 32, 512, false, "auto ngram, batch 32");
 }
 
 // A draft with int8 weights (--draft-quantization int8) changes what is proposed, never what is
@@ -188,6 +234,8 @@ struct Lossless {
 
 // Samples the first `depth` generated tokens `n` times with speculation (k drafts) and compares
 // their joint distribution with the target's exact one.
+// k < 0: --num-spec-tokens auto with at most -k drafts (AutoSpec with a draft forward of 0.1 ms:
+// 256 sequences at once share one, and at temperature 1 the real pair accepts about half).
 Lossless SampleAndTest(LlamaModel& target, LlamaModel& draft, const std::vector<TokenId>& prompt, int depth, int k,
                        const SamplingParams& sp, int64_t n, double synthetic_alpha = -1) {
   const int32_t vocab = target.config().vocab_size;
@@ -219,15 +267,18 @@ Lossless SampleAndTest(LlamaModel& target, LlamaModel& draft, const std::vector<
   }
   // Speculative samples, a different seed per request.
   DraftModelProposer proposer(&draft, 16, 4096);
-  SchedulerConfig c = Config(target, 256, 4096, k);
-  Engine e(&target, nullptr, c, {&proposer, synthetic_alpha, true});
+  SchedulerConfig c = Config(target, 256, 4096, std::abs(k));
+  SpecConfig spec = k < 0 ? AutoSpec(&proposer, 1e-4) : SpecConfig{&proposer};
+  spec.synthetic_alpha = synthetic_alpha;
+  spec.allow_synthetic = true;
+  Engine e(&target, nullptr, c, spec);
   std::map<std::vector<TokenId>, int64_t> counts;
   for (int64_t i = 0; i < n;) {
     for (int j = 0; j < 256 && i < n; ++j, ++i) {
       Request r;
       r.id = i;
       r.prompt = prompt;
-      r.max_tokens = depth + k;  // room to speculate; only the first `depth` tokens are counted
+      r.max_tokens = depth + std::abs(k);  // room to speculate; only the first `depth` tokens are counted
       r.sampling = sp;
       r.sampling.seed = 1000003 * i + 17;
       r.ignore_eos = true;
@@ -239,6 +290,7 @@ Lossless SampleAndTest(LlamaModel& target, LlamaModel& draft, const std::vector<
   }
   EXPECT_GT(e.stats().spec.accepted_tokens, 0);
   EXPECT_EQ(proposer.blocks_in_use(), 0);
+  if (k < 0) ExpectVariedK(e.stats(), "auto");
   auto [stat, dof] = ChiSquare(probs, counts, n);
   return {ChiSquarePValue(stat, dof), dof};
 }
@@ -258,6 +310,10 @@ TEST(SpecLosslessTest, TinyRandomModelsFollowTargetDistribution) {
   const Lossless ok = SampleAndTest(*target, *draft, prompt, 3, 2, sp, Samples());
   std::printf("[lossless] tiny, T=1, 3 tokens, k=2: p = %.4f (dof %d)\n", ok.p_value, ok.dof);
   EXPECT_GT(ok.p_value, 0.001);
+  // --num-spec-tokens auto: k from 0 to 4, changing per sequence and step.
+  const Lossless adaptive = SampleAndTest(*target, *draft, prompt, 3, -4, sp, Samples());
+  std::printf("[lossless] tiny, T=1, 3 tokens, auto (k <= 4): p = %.4f (dof %d)\n", adaptive.p_value, adaptive.dof);
+  EXPECT_GT(adaptive.p_value, 0.001);
   sp.top_p = 0.8f;
   sp.top_k = 6;
   const Lossless filtered = SampleAndTest(*target, *draft, prompt, 3, 2, sp, Samples());
@@ -282,6 +338,9 @@ TEST(SpecLosslessTest, RealPairFollowsTargetDistribution) {
   const Lossless ok = SampleAndTest(*target, *draft, prompt, 2, 3, sp, Samples());
   std::printf("[lossless] real pair, T=1, 2 tokens, k=3: p = %.4f (dof %d)\n", ok.p_value, ok.dof);
   EXPECT_GT(ok.p_value, 0.001);
+  const Lossless adaptive = SampleAndTest(*target, *draft, prompt, 2, -8, sp, Samples());
+  std::printf("[lossless] real pair, T=1, 2 tokens, auto (k <= 8): p = %.4f (dof %d)\n", adaptive.p_value, adaptive.dof);
+  EXPECT_GT(adaptive.p_value, 0.001);
   const Lossless broken = SampleAndTest(*target, *draft, prompt, 2, 3, sp, Samples(), 1.0);
   std::printf("[lossless] real pair, always-accept verifier: p = %.3g (dof %d)\n", broken.p_value, broken.dof);
   EXPECT_LT(broken.p_value, 0.001);

@@ -85,7 +85,7 @@ TEST(CpuPackedMatrixTest, MultiLinearAndGatherMatchTheRowMajorWeights) {
     const std::vector<double> want0 = Reference(x, w0, nullptr, m, n0, k), want1 = Reference(x, w1, b1.data(), m, n1, k);
     for (size_t i = 0; i < y0.size(); ++i) ASSERT_NEAR(y0[i], want0[i], 1e-4) << "m " << m << " at " << i;
     for (size_t i = 0; i < y1.size(); ++i) ASSERT_NEAR(y1[i], want1[i], 1e-4) << "m " << m << " at " << i;
-    // Small matrices only: the single-token fused pass over their row-major originals.
+    // Small matrices only.
     std::fill(y1.begin(), y1.end(), NAN);
     const Backend::LinearOut small[] = {{p1, b1.data(), n1, y1.data()}, {p1, nullptr, n1, y0.data()}};
     be->MultiLinear(x.data(), m, k, small, 2);
@@ -102,6 +102,37 @@ TEST(CpuPackedMatrixTest, MultiLinearAndGatherMatchTheRowMajorWeights) {
   for (int i = 0; i < 5; ++i) {
     EXPECT_EQ(0, std::memcmp(rows.data() + i * k, w0.data() + static_cast<size_t>(ids[i]) * k, k * sizeof(float)))
         << "row " << ids[i];
+  }
+}
+
+// Batch invariance: a token's output is the same bits whatever else is in its batch (one token,
+// a verification run, a decode batch, a prefill chunk) and whether its matrix is multiplied alone or
+// together with others. Greedy speculative decoding and a bf16 KV cache depend on it.
+TEST(CpuMatrixTest, TokensGetTheSameBitsInEveryBatch) {
+  auto be = MakeCpuBackend();
+  std::mt19937 rng(7);
+  for (const Shape& s : {Shape{0, 288, 288}, Shape{0, 70, 50}, Shape{0, 1100, 300}, Shape{0, 33, 768}}) {
+    const std::vector<float> w = Random(static_cast<size_t>(s.n) * s.k, &rng), b = Random(s.n, &rng),
+                             w2 = Random(static_cast<size_t>(s.n) * s.k, &rng);
+    const void* p = *be->UploadMatrix(w.data(), s.n, s.k);
+    const void* p2 = *be->UploadMatrix(w2.data(), s.n, s.k);
+    const int32_t big = 200;
+    const std::vector<float> x = Random(static_cast<size_t>(big) * s.k, &rng);
+    std::vector<float> all(static_cast<size_t>(big) * s.n), other(all.size());
+    be->Linear(x.data(), p, b.data(), big, s.n, s.k, all.data());
+    for (int32_t m : {1, 2, 5, 8, 9, 13, 32, 97}) {
+      for (int32_t start : {0, 3, big - m}) {
+        std::vector<float> y(static_cast<size_t>(m) * s.n, NAN), y2(y.size(), NAN);
+        be->Linear(x.data() + static_cast<size_t>(start) * s.k, p, b.data(), m, s.n, s.k, y.data());
+        ASSERT_EQ(0, std::memcmp(y.data(), all.data() + static_cast<size_t>(start) * s.n, y.size() * sizeof(float)))
+            << "n " << s.n << " k " << s.k << ": " << m << " tokens from " << start << " differ from the same tokens among " << big;
+        std::fill(y.begin(), y.end(), NAN);
+        const Backend::LinearOut outs[] = {{p2, nullptr, s.n, y2.data()}, {p, b.data(), s.n, y.data()}};
+        be->MultiLinear(x.data() + static_cast<size_t>(start) * s.k, m, s.k, outs, 2);
+        ASSERT_EQ(0, std::memcmp(y.data(), all.data() + static_cast<size_t>(start) * s.n, y.size() * sizeof(float)))
+            << "n " << s.n << " k " << s.k << ": MultiLinear of " << m << " tokens differs from Linear";
+      }
+    }
   }
 }
 

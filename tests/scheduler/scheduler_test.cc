@@ -210,5 +210,36 @@ TEST(SchedulerTest, RejectsRequestsThatCanNeverRun) {
   EXPECT_NE(ValidateSchedulerConfig(bad).message().find("max_num_batched_tokens"), std::string::npos);
 }
 
+// Adaptive speculation lowers a sequence's draft slots after Schedule (StepPlan::SetNumSpec): the
+// step then brings fewer tokens, and the lookahead blocks reserved for the rest come back in Update.
+TEST(SchedulerTest, DraftSlotsLoweredAfterScheduleAreGivenBack) {
+  SchedulerConfig c = Config(64, 4, 4, 16);
+  c.num_spec_tokens = 8;
+  Scheduler s(c);
+  ASSERT_TRUE(s.Add({1, Prompt(3), 20, {}, 0, 0}).ok());
+  StepPlan prefill = s.Schedule(0);
+  ASSERT_EQ(Render(prefill), "1:0+3*");
+  s.Update(prefill, {{{1, {7}, 0}}});
+  StepPlan p = s.Schedule(0);
+  ASSERT_EQ(p.seqs.size(), 1u);
+  EXPECT_EQ(p.seqs[0].num_spec, 8);
+  EXPECT_EQ(p.num_batched_tokens, 9);
+  EXPECT_EQ(s.Get(1)->blocks.size(), 3u);  // positions 0..11: the known token and 8 lookahead slots
+  for (int32_t k : {8, 3, 0}) {
+    StepPlan q = p;
+    q.SetNumSpec(0, k);
+    EXPECT_EQ(q.seqs[0].num_tokens, 1 + k);
+    EXPECT_EQ(q.num_batched_tokens, 1 + k);
+  }
+  p.SetNumSpec(0, 0);
+  s.Update(p, {{{1, {8}, 0}}});  // a plain decode step
+  EXPECT_EQ(s.Get(1)->num_computed, 4);
+  EXPECT_EQ(s.Get(1)->blocks.size(), 2u);  // 5 tokens: the third block is back
+  EXPECT_TRUE(s.CheckInvariants().ok());
+  EXPECT_EQ(s.blocks().num_available(), 14);
+  s.Finish(1, FinishReason::kAborted);
+  ExpectAllBlocksReturned(s, "lowered draft slots");
+}
+
 }  // namespace
 }  // namespace specula
