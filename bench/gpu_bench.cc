@@ -17,7 +17,6 @@
 #include <cstdlib>
 
 #include "engine/engine.h"
-#include "kernels/cuda/cuda_backend.h"
 #include "kernels/make_backend.h"
 
 namespace specula {
@@ -54,7 +53,7 @@ Loaded* Get(benchmark::State& state) {
     // Every weight is read once per step (the embedding only for B rows: not counted).
     const int64_t params = c.NumParams() - (c.tie_embeddings ? 0 : int64_t{c.vocab_size} * c.dim);
     l->weight_bytes = params * 2;
-    auto bw = MeasureCopyBandwidthGBs(0, size_t{1} << 30);
+    auto bw = CudaCopyBandwidthGBs(0, size_t{1} << 30);
     l->copy_gbs = bw.ok() ? *bw : 0;
     return l;
   }();

@@ -43,6 +43,16 @@ absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path) {
   return f;
 }
 
+bool MappedFile::Release(const void* p, size_t bytes) const {
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  if (data_ == nullptr || b < data_ || b + bytes > data_ + size_) return false;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(b) + page - 1) / page * page;  // whole pages only:
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(b) + bytes) / page * page;       // neighbours stay
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  return true;
+}
+
 MappedFile::MappedFile(MappedFile&& other) noexcept { *this = std::move(other); }
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {

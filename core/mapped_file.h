@@ -23,6 +23,10 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Gives the pages inside [p, p + bytes) back to the kernel, when the range is in this file: they
+  // leave the process's resident memory (a later read would fault them in again from the page
+  // cache). For weights a backend has copied into a format of its own. False if not in the file.
+  bool Release(const void* p, size_t bytes) const;
 
  private:
   const uint8_t* data_ = nullptr;

@@ -104,48 +104,57 @@ std::vector<int32_t> SpecController::Choose(const CostFeatures& base, double fix
 std::vector<int32_t> SpecController::Select(const CostFeatures& base, double fixed_tokens,
                                             absl::Span<const SpecCandidate> c, const std::vector<double>& alpha) const {
   const size_t n = c.size();
-  std::vector<int32_t> k(n, 0), best(n, 0);
   // Every candidate draft (sequence i, its j-th draft) with the tokens it adds: alpha_i^j.
   struct Draft {
     double gain;
     size_t seq;
+    int32_t j;
   };
   std::vector<Draft> drafts;
+  int32_t max_k = 0;
   for (size_t i = 0; i < n; ++i) {
     double gain = 1.0;
     for (int32_t j = 1; j <= c[i].max_k; ++j) {
       gain *= alpha[i];
       if (gain < 1e-3) break;
-      drafts.push_back({gain, i});
+      drafts.push_back({gain, i, j});
+      max_k = std::max(max_k, j);
     }
   }
   std::stable_sort(drafts.begin(), drafts.end(), [](const Draft& a, const Draft& b) { return a.gain > b.gain; });
 
-  // Walk the order, tracking the features incrementally, and keep the prefix of largest goodput.
-  CostFeatures tx = base, dx{};
-  double tokens = fixed_tokens + static_cast<double>(n);
-  double best_goodput = tokens / std::max(target_.Predict(tx), 1e-9);
-  for (const Draft& d : drafts) {
-    const SpecCandidate& s = c[d.seq];
-    const int32_t j = ++k[d.seq];  // this sequence's new draft count
-    tx[1] += 1;
-    tx[2] += 1;
-    tx[3] += (s.len + j) / 1024.0;
-    if (j == 1) {
-      dx[1] += s.catch_up;
-      dx[3] += Positions(s.len - s.catch_up, s.catch_up) / 1024.0;
-    } else {
-      dx[1] += 1;
-      dx[3] += (s.len + j - 1) / 1024.0;
-    }
-    dx[0] = std::max<double>(dx[0], j);
-    dx[2] += 1;
-    tokens += d.gain;
-    const double seconds = target_.Predict(tx) + (draft_ != nullptr ? draft_->Predict(dx) : 0.0);
-    const double goodput = tokens / std::max(seconds, 1e-9);
-    if (goodput > best_goodput) {
-      best_goodput = goodput;
-      best = k;
+  std::vector<int32_t> best(n, 0), k(n);
+  double best_goodput = (fixed_tokens + static_cast<double>(n)) / std::max(target_.Predict(base), 1e-9);
+  // The draft runs as many forwards as the longest proposal, so drafts cost less once that many are
+  // paid for: one walk per cap on the forwards, each adding drafts in order of gain, keeping the
+  // prefix of largest goodput (the best set is a prefix for its cap).
+  for (int32_t cap = 1; cap <= max_k; ++cap) {
+    std::fill(k.begin(), k.end(), 0);
+    CostFeatures tx = base, dx{};
+    double tokens = fixed_tokens + static_cast<double>(n);
+    for (const Draft& d : drafts) {
+      if (d.j > cap) continue;
+      const SpecCandidate& s = c[d.seq];
+      const int32_t j = ++k[d.seq];  // == d.j: a sequence's drafts come in order of j
+      tx[1] += 1;
+      tx[2] += 1;
+      tx[3] += (s.len + j) / 1024.0;
+      if (j == 1) {
+        dx[1] += s.catch_up;
+        dx[3] += Positions(s.len - s.catch_up, s.catch_up) / 1024.0;
+      } else {
+        dx[1] += 1;
+        dx[3] += (s.len + j - 1) / 1024.0;
+      }
+      dx[0] = std::max<double>(dx[0], j);
+      dx[2] += 1;
+      tokens += d.gain;
+      const double seconds = target_.Predict(tx) + (draft_ != nullptr ? draft_->Predict(dx) : 0.0);
+      const double goodput = tokens / std::max(seconds, 1e-9);
+      if (goodput > best_goodput) {
+        best_goodput = goodput;
+        best = k;
+      }
     }
   }
   return best;

@@ -10,10 +10,11 @@
 // estimate is poor still tries drafts now and then instead of never learning otherwise. The step
 // times come from StepCost models of the target's step and of the draft's forwards.
 //
-// The j-th draft of sequence i adds alpha_i^j expected tokens, so the best allocation for a given
-// cost adds drafts in decreasing order of alpha_i^j: the controller walks that order and keeps the
-// prefix of largest G (every prefix is evaluated exactly, so the draft's cost of one more forward
-// for the longest proposal, and of catching up on tokens it skipped, is counted where it falls).
+// The j-th draft of sequence i adds alpha_i^j expected tokens, so for a given number of draft
+// forwards (the longest proposal) the best allocation adds drafts in decreasing order of alpha_i^j:
+// for each such cap the controller walks that order and keeps the prefix of largest G, every
+// prefix evaluated exactly (so the draft's cost of catching up on tokens it skipped is counted
+// where it falls).
 #pragma once
 
 #include <cstdint>

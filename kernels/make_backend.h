@@ -1,6 +1,7 @@
 // Backend selection by name (--device cpu|cuda), for the tools, benchmarks and tests.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -24,9 +25,13 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendSpec& spec);
 // InvalidArgument, naming `flag`, unless `quantization` is empty, none, or int8 on the cpu.
 absl::Status CheckQuantization(const std::string& flag, const std::string& quantization, const std::string& device);
 
-// True when this build has the CUDA backend.
+// True when this build has the CUDA backend (a module, libspecula_cuda.so, loaded on first use:
+// CPU runs never map the CUDA libraries).
 bool CudaBuilt();
 // Usable CUDA devices (0 without a GPU, a driver, or the CUDA build).
 int CudaDevices();
+// Device-to-device copy bandwidth in GB/s (the memory floor of a decode step); FailedPrecondition
+// without the CUDA backend.
+absl::StatusOr<double> CudaCopyBandwidthGBs(int device, size_t bytes);
 
 }  // namespace specula

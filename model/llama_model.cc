@@ -38,18 +38,29 @@ absl::Status LlamaModel::Upload() {
   const ModelConfig& c = weights_->config;
   Backend& be = *backend_;
   absl::Status st;
-  // One upload per tensor; a null view (absent bias) stays null; the first error is kept.
-  auto keep = [&](const float* host, auto upload) -> const void* {
+  // One upload per tensor; a null view (absent bias) stays null; the first error is kept. A tensor
+  // the backend copied (packed, quantized, or on a device) is released from host memory, so that
+  // the process holds one copy of the weights: at once on the host (so that the peak holds one
+  // tensor twice, not the model), after the final Sync on a device.
+  std::vector<std::pair<const float*, int64_t>> copied;
+  auto keep = [&](const float* host, int64_t n, auto upload) -> const void* {
     if (host == nullptr || !st.ok()) return nullptr;
     absl::StatusOr<const void*> r = upload();
     if (!r.ok()) st = r.status();
+    if (r.ok() && *r != host) {
+      if (be.on_device()) {
+        copied.push_back({host, n});
+      } else {
+        weights_->Release(host, n);
+      }
+    }
     return r.ok() ? *r : nullptr;
   };
-  auto up = [&](const float* host, int64_t n) { return keep(host, [&] { return be.UploadWeight(host, n); }); };
+  auto up = [&](const float* host, int64_t n) { return keep(host, n, [&] { return be.UploadWeight(host, n); }); };
   // Matrices (read only by the Linear ops and the embedding lookup) may be stored in a format of
   // the backend's own.
   auto mat = [&](const float* host, int64_t rows, int64_t cols) {
-    return keep(host, [&] { return be.UploadMatrix(host, rows, cols); });
+    return keep(host, rows * cols, [&] { return be.UploadMatrix(host, rows, cols); });
   };
   const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim;
   embed_ = mat(weights_->embed, c.vocab_size, dim);
@@ -75,7 +86,9 @@ absl::Status LlamaModel::Upload() {
   }
   RETURN_IF_ERROR(cos_sin_.Grow(&be, cos_sin.size() * sizeof(float)));
   be.CopyIn(cos_sin_.get(), cos_sin.data(), cos_sin.size() * sizeof(float));
-  return be.Sync();
+  RETURN_IF_ERROR(be.Sync());
+  for (const auto& [host, n] : copied) weights_->Release(host, n);
+  return absl::OkStatus();
 }
 
 absl::Status LlamaModel::set_kv_dtype(DType d) {

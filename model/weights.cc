@@ -60,6 +60,16 @@ absl::Status BindHfTensors(ModelWeights& w, Get get) {
 
 }  // namespace
 
+void ModelWeights::Release(const float* p, int64_t n) {
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  for (const MappedFile& f : files) {
+    if (f.Release(p, bytes)) return;
+  }
+  for (std::vector<float>& v : owned) {
+    if (v.data() == p) return std::vector<float>().swap(v);
+  }
+}
+
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlama2c(const std::string& path) {
   ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
   auto bad = [&](const std::string& why) {

@@ -37,6 +37,10 @@ struct ModelWeights {
   // Backing storage the views point into.
   std::vector<MappedFile> files;
   std::vector<std::vector<float>> owned;
+
+  // The tensor at `p` (`n` floats) is no longer read from here (a backend copied it): its mapped
+  // pages leave resident memory, or its converted buffer is freed.
+  void Release(const float* p, int64_t n);
 };
 
 // llama2.c `.bin` (see ../shared/models/README.md): mapped, never copied.

@@ -1,6 +1,5 @@
 #include "kernels/cpu/cpu_backend.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -32,9 +31,7 @@ using cpu::Quantize;
 
 class CpuBackend final : public Backend {
  public:
-  // One threading runtime: OpenBLAS (int8 prefill only) runs single-threaded inside OpenMP threads
-  // (its own pthreads fought libgomp's for the cores and halved batched throughput).
-  explicit CpuBackend(const CpuOptions& options) : options_(options) { openblas_set_num_threads(1); }
+  explicit CpuBackend(const CpuOptions& options) : options_(options) {}
 
   const char* name() const override { return "cpu"; }
   DType dtype() const override { return DType::kF32; }
@@ -57,7 +54,7 @@ class CpuBackend final : public Backend {
       return key;
     }
     if (!cpu::PackedGemmAvailable()) return host;
-    auto p = std::make_unique<cpu::PackedMatrix>(host, rows, cols);
+    auto p = std::make_unique<cpu::PackedMatrix>(host, rows, cols, &arena_);
     const void* key = p->data();
     packed_[key] = std::move(p);
     return key;
@@ -239,6 +236,7 @@ class CpuBackend final : public Backend {
   const CpuOptions options_;
   // Matrices by the pointer UploadMatrix returned.
   absl::flat_hash_map<const void*, std::unique_ptr<Q8Matrix>> q8_;
+  cpu::PackedArena arena_;  // the packed matrices' memory (declared first: destroyed after them)
   absl::flat_hash_map<const void*, std::unique_ptr<cpu::PackedMatrix>> packed_;
   cpu::PagedAttention attention_;
 };

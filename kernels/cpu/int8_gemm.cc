@@ -1,6 +1,5 @@
 #include "kernels/cpu/int8_gemm.h"
 
-#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
@@ -116,36 +115,15 @@ void GemvQ8(const float* x, const Q8Matrix& w, const float* bias, int32_t n, int
 
 }  // namespace
 
-// y[m, n] = x[m, k] dequant(w)[n, k]^T + bias[n]. Up to 8 tokens stream the int8 rows once; more
-// tokens dequantize 64-row slices into a per-thread buffer and multiply them with OpenBLAS, so a
-// long prompt does not re-read the weights once per 8 tokens.
+// y[m, n] = x[m, k] dequant(w)[n, k]^T + bias[n]. With VNNI, up to 8 tokens quantize their
+// activations too (one instruction does 64 multiply-adds); otherwise, and for more tokens, the
+// int8 rows are widened in registers by the row-major tiles, 8 tokens per pass over them.
 void LinearQ8(const float* x, const Q8Matrix& w, const float* bias, int32_t m, int32_t n, int32_t k, float* y) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   if (m <= kStreamMaxRows) return GemmQ8Vnni(x, w, bias, m, n, k, y);
 #endif
   if (m == 1) return GemvQ8(x, w, bias, n, k, y);
-  if (m <= kStreamMaxRows) return StreamGemm(x, m, k, w.q.data(), w.scale.data(), n, y, bias);
-  constexpr int32_t kSlice = 64;
-  const int32_t slices = (n + kSlice - 1) / kSlice;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int32_t sl = 0; sl < slices; ++sl) {
-    const int32_t r0 = sl * kSlice, rows = std::min(kSlice, n - r0);
-    thread_local std::vector<float> deq;  // [kSlice, k]
-    deq.resize(static_cast<size_t>(kSlice) * k);
-    for (int32_t r = 0; r < rows; ++r) {
-      const int8_t* q = w.q.data() + static_cast<int64_t>(r0 + r) * k;
-      const float a = w.scale[r0 + r];
-      float* d = deq.data() + static_cast<int64_t>(r) * k;
-#pragma omp simd
-      for (int32_t j = 0; j < k; ++j) d[j] = q[j] * a;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, rows, k, 1.0f, x, k, deq.data(), k, 0.0f, y + r0, n);
-    if (bias != nullptr) {
-      for (int32_t i = 0; i < m; ++i) {
-        for (int32_t r = 0; r < rows; ++r) y[static_cast<int64_t>(i) * n + r0 + r] += bias[r0 + r];
-      }
-    }
-  }
+  StreamGemm(x, m, k, w.q.data(), w.scale.data(), n, y, bias);
 }
 
 }  // namespace specula::cpu

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <sys/mman.h>
+
 #include <omp.h>
 
 #if defined(__AVX512F__)
@@ -13,26 +15,49 @@
 
 namespace specula::cpu {
 
-void PackedMatrix::Free::operator()(float* p) const { std::free(p); }
+PackedArena::~PackedArena() {
+  for (auto& [base, bytes] : chunks_) std::free(base);
+}
 
-PackedMatrix::PackedMatrix(const float* w, int64_t rows, int64_t cols) : rows_(rows), cols_(cols) {
+float* PackedArena::Alloc(size_t floats) {
+  constexpr size_t kHuge = size_t{2} << 20, kChunk = size_t{32} << 20;
+  const size_t bytes = (floats * sizeof(float) + 63) / 64 * 64;
+  if (chunks_.empty() || used_ + bytes > chunks_.back().second) {
+    // Untouched parts of a chunk cost no memory: pages are only faulted in when packing writes them.
+    const size_t size = (std::max(bytes, kChunk) + kHuge - 1) / kHuge * kHuge;
+    char* base = static_cast<char*>(std::aligned_alloc(kHuge, size));
+    if (base == nullptr) std::abort();
+    ::madvise(base, size, MADV_HUGEPAGE);
+    chunks_.push_back({base, size});
+    used_ = 0;
+  }
+  float* p = reinterpret_cast<float*>(chunks_.back().first + used_);
+  used_ += bytes;
+  return p;
+}
+
+PackedMatrix::PackedMatrix(const float* w, int64_t rows, int64_t cols, PackedArena* arena) : rows_(rows), cols_(cols) {
   const int64_t groups = (rows + kGroup - 1) / kGroup;
-  const size_t bytes = static_cast<size_t>(groups * cols * kGroup) * sizeof(float);
-  data_.reset(static_cast<float*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
-  float* d = data_.get();
+  float* d = arena->Alloc(static_cast<size_t>(groups * cols * kGroup));
+  data_ = d;
+  // Rows are read in order (the source is a mapped file); each lands in its column of the group.
+#pragma omp parallel for schedule(static) if (groups * cols * kGroup >= (1 << 16))
   for (int64_t g = 0; g < groups; ++g) {
-    for (int64_t j = 0; j < cols; ++j) {
-      float* out = d + (g * cols + j) * kGroup;
-      for (int64_t r = 0; r < kGroup; ++r) {
-        const int64_t row = g * kGroup + r;
-        out[r] = row < rows ? w[row * cols + j] : 0.0f;
+    float* out = d + g * cols * kGroup;
+    for (int64_t r = 0; r < kGroup; ++r) {
+      const int64_t row = g * kGroup + r;
+      if (row >= rows) {
+        for (int64_t j = 0; j < cols; ++j) out[j * kGroup + r] = 0.0f;
+        continue;
       }
+      const float* src = w + row * cols;
+      for (int64_t j = 0; j < cols; ++j) out[j * kGroup + r] = src[j];
     }
   }
 }
 
 void PackedMatrix::Row(int64_t r, float* out) const {
-  const float* g = data_.get() + (r / kGroup) * cols_ * kGroup + r % kGroup;
+  const float* g = data_ + (r / kGroup) * cols_ * kGroup + r % kGroup;
   for (int64_t j = 0; j < cols_; ++j) out[j] = g[j * kGroup];
 }
 

@@ -15,29 +15,46 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
+#include <vector>
 
 namespace specula::cpu {
 
 // True where the packed kernel is compiled in (AVX-512); elsewhere weights stay row-major.
 bool PackedGemmAvailable();
 
+// Memory for packed matrices: chunks of 2 MB pages (where the kernel allows them), handed out in
+// order and freed together. Packing a 60 MB model into 4 KB pages took most of its startup in page
+// faults: each layer's matrices are smaller than a huge page on their own.
+class PackedArena {
+ public:
+  PackedArena() = default;
+  PackedArena(const PackedArena&) = delete;
+  PackedArena& operator=(const PackedArena&) = delete;
+  ~PackedArena();
+  // 64-byte aligned; never null (aborts when out of memory, as operator new would).
+  float* Alloc(size_t floats);
+
+ private:
+  std::vector<std::pair<char*, size_t>> chunks_;  // (base, bytes)
+  size_t used_ = 0;                               // bytes of the last chunk handed out
+};
+
 class PackedMatrix {
  public:
   static constexpr int32_t kGroup = 64;  // rows per packed group
   static constexpr int32_t kSlice = 16;  // rows per vector: the unit of work splitting
 
-  PackedMatrix(const float* w, int64_t rows, int64_t cols);  // w[rows, cols], row-major
-  const float* data() const { return data_.get(); }
+  // w[rows, cols], row-major, packed into memory from `arena` (which must outlive the matrix).
+  PackedMatrix(const float* w, int64_t rows, int64_t cols, PackedArena* arena);
+  const float* data() const { return data_; }
   int64_t rows() const { return rows_; }
   int64_t cols() const { return cols_; }
   // w[r, j] for j in [0, cols) into out[cols].
   void Row(int64_t r, float* out) const;
 
  private:
-  struct Free {
-    void operator()(float* p) const;
-  };
-  std::unique_ptr<float, Free> data_;  // [groups, cols, kGroup], rows past `rows` are zero
+  const float* data_;  // [groups, cols, kGroup], rows past `rows` are zero
   int64_t rows_, cols_;
 };
 

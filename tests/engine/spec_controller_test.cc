@@ -120,6 +120,21 @@ TEST(SpecControllerTest, SpeculatesOnlyWhereItPays) {
   EXPECT_EQ(cheap.Choose(base, 0, c)[0], 1);
 }
 
+// With a costly draft forward (0.4 ms on a 1 ms step), one draft for every sequence pays; no
+// prefix of the order of gains is that set (the well-accepted sequences' second drafts come before
+// the others' first), so the choice must weigh each number of forwards on its own.
+TEST(SpecControllerTest, OneDraftEachWhenAForwardIsCostly) {
+  SpecController c = Controller(1e-6, 4e-4);
+  std::mt19937 rng(5);
+  std::vector<SpecCandidate> cands;
+  for (int i = 0; i < 20; ++i) {
+    Simulate(c, i, i < 10 ? 0.8 : 0.3, 2000, &rng);
+    cands.push_back({i, 8, 50, 1});
+  }
+  const std::vector<int32_t> k = c.Choose({1, 20, 20, 0.2}, 0, cands);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(k[i], 1) << "sequence " << i;
+}
+
 TEST(SpecControllerTest, RetriesARequestWhoseFirstDraftsWereRejected) {
   // One sequence; a draft forward of 0.6 ms on a 1 ms step: a draft pays when alpha > 0.6.
   SpecController c = Controller(1e-5, 6e-4);
