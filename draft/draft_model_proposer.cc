@@ -65,7 +65,7 @@ absl::Status DraftModelProposer::Propose(absl::Span<const ProposeInput> inputs, 
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<CostSample>> DraftModelProposer::MeasureCost(const CostGrid& grid) {
+absl::StatusOr<std::vector<CostPoint>> DraftModelProposer::MeasureCost(const CostGrid& grid) {
   return MeasureForwardCost(*draft_, grid);
 }
 

@@ -23,8 +23,8 @@ class DraftModelProposer : public Proposer {
   void Rollback(RequestId id, int32_t num_valid) override;
   void Release(RequestId id) override;
   int32_t blocks_in_use() const override { return kv_.num_blocks() - allocator_.num_free(); }
-  absl::StatusOr<std::vector<CostSample>> MeasureCost(const CostGrid& grid) override;
-  bool has_model() const override { return true; }
+  const ModelConfig* model_config() const override { return &draft_->config(); }
+  absl::StatusOr<std::vector<CostPoint>> MeasureCost(const CostGrid& grid) override;
   int32_t CatchUpTokens(RequestId id, int32_t len) const override;
 
  private:

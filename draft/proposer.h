@@ -38,12 +38,13 @@ class Proposer {
   // Blocks the proposer holds (leak tests).
   virtual int32_t blocks_in_use() const { return 0; }
 
-  // For adaptive speculation. A proposer with a model of its own (the draft model) measures its
-  // forwards (model/forward_cost.h); one without (n-gram) returns nothing and costs nothing.
-  virtual absl::StatusOr<std::vector<CostSample>> MeasureCost(const CostGrid& grid) {
-    return std::vector<CostSample>{};
+  // For adaptive speculation. A proposer with a model of its own (the draft model) gives its shape
+  // and measures its forwards (model/forward_cost.h); one without (n-gram) has neither and costs
+  // nothing.
+  virtual const ModelConfig* model_config() const { return nullptr; }
+  virtual absl::StatusOr<std::vector<CostPoint>> MeasureCost(const CostGrid& grid) {
+    return std::vector<CostPoint>{};
   }
-  virtual bool has_model() const { return false; }
   // Tokens of a sequence of `len` tokens that the proposer's model must run before its first draft:
   // its state lags the target's by the tokens accepted since, or decoded without drafts.
   virtual int32_t CatchUpTokens(RequestId id, int32_t len) const { return 0; }

@@ -18,17 +18,18 @@ Engine::Engine(LlamaModel* model, const Tokenizer* tokenizer, const SchedulerCon
 }
 
 absl::Status Engine::Calibrate() {
-  const CostGrid grid{scheduler_.config().num_spec_tokens, std::min(scheduler_.config().max_num_seqs, 8),
-                      scheduler_.config().block_size, spec_.calibration_seconds};
+  const CostGrid grid{std::min(scheduler_.config().max_num_seqs, 8), scheduler_.config().block_size,
+                      spec_.calibration_seconds};
   auto target = spec_.target_cost.has_value() ? *spec_.target_cost : MeasureForwardCost(*model_, grid);
   if (!target.ok()) return target.status();
+  const ModelConfig* draft_config = spec_.proposer->model_config();
   std::unique_ptr<StepCost> draft;
-  if (spec_.proposer->has_model()) {
-    auto samples = spec_.draft_cost.has_value() ? *spec_.draft_cost : spec_.proposer->MeasureCost(grid);
-    if (!samples.ok()) return samples.status();
-    draft = std::make_unique<StepCost>(*samples);
+  if (draft_config != nullptr) {
+    auto points = spec_.draft_cost.has_value() ? *spec_.draft_cost : spec_.proposer->MeasureCost(grid);
+    if (!points.ok()) return points.status();
+    draft = std::make_unique<StepCost>(*points);
   }
-  controller_ = std::make_unique<SpecController>(StepCost(*target), std::move(draft));
+  controller_ = std::make_unique<SpecController>(&model_->config(), StepCost(*target), draft_config, std::move(draft));
   return absl::OkStatus();
 }
 
@@ -150,12 +151,12 @@ VerifyResult Engine::VerifyDrafts(Active& a, const SequenceState& st, const Prop
 }
 
 void Engine::ChooseSpeculation(StepPlan* plan, std::vector<SpecCandidate>* candidates, std::vector<size_t>* index) {
-  std::vector<int32_t> start, tokens;
-  double fixed_tokens = 0;  // tokens the step yields besides the candidates'
+  double tokens = 0, positions = 0;  // the step's work without drafts
+  double fixed_tokens = 0;           // tokens the step yields besides the candidates'
   for (size_t i = 0; i < plan->seqs.size(); ++i) {
     const ScheduledSeq& s = plan->seqs[i];
-    start.push_back(s.start_pos);
-    tokens.push_back(s.num_tokens - s.num_spec);
+    tokens += s.num_tokens - s.num_spec;
+    positions += AttendedPositions(s.start_pos, s.num_tokens - s.num_spec);
     if (s.num_spec == 0) {
       fixed_tokens += s.samples ? 1 : 0;
       continue;
@@ -166,7 +167,7 @@ void Engine::ChooseSpeculation(StepPlan* plan, std::vector<SpecCandidate>* candi
   }
   if (candidates->empty()) return;
   if (controller_ != nullptr) {
-    const CostFeatures base = ForwardFeatures(start, tokens, static_cast<int32_t>(plan->seqs.size()));
+    const double base = ForwardFlops(model_->config(), tokens, static_cast<double>(plan->seqs.size()), positions);
     const std::vector<int32_t> k = controller_->Choose(base, fixed_tokens, *candidates);
     for (size_t c = 0; c < index->size(); ++c) plan->SetNumSpec((*index)[c], k[c]);
   }
@@ -310,16 +311,18 @@ std::vector<RequestOutput> Engine::Step() {
   }
   if (controller_ != nullptr && spec_.refine_cost) {
     // The step as it ran: the target's forward (and everything around it) and the draft's.
-    std::vector<int32_t> start, fed, k;
+    double tokens = 0, positions = 0;
     for (const SequenceInput& in : batch.seqs) {
-      start.push_back(in.start_pos);
-      fed.push_back(static_cast<int32_t>(in.tokens.size()));
+      tokens += in.tokens.size();
+      positions += AttendedPositions(in.start_pos, static_cast<int32_t>(in.tokens.size()));
     }
+    std::vector<int32_t> k;
     for (size_t i : candidate_index) k.push_back(plan.seqs[i].num_spec);
     const double seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
-    const bool draft_model = spec_.proposer->has_model();
-    controller_->ObserveStep(ForwardFeatures(start, fed, rows), draft_model ? seconds - propose_seconds : seconds,
-                             SpecController::DraftFeatures(candidates, k), propose_seconds);
+    const bool draft_model = spec_.proposer->model_config() != nullptr;
+    controller_->ObserveStep(ForwardFlops(model_->config(), tokens, rows, positions),
+                             draft_model ? seconds - propose_seconds : seconds,
+                             controller_->DraftFlops(candidates, k), propose_seconds);
   }
   return done;
 }

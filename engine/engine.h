@@ -68,7 +68,7 @@ struct SpecConfig {
   // Startup measurements to use instead of measuring (the draft's ignored for proposers without a
   // model), and whether step timings refine them: fixed costs make the choices reproducible, for
   // tests and cost studies.
-  std::optional<std::vector<CostSample>> target_cost = std::nullopt, draft_cost = std::nullopt;
+  std::optional<std::vector<CostPoint>> target_cost = std::nullopt, draft_cost = std::nullopt;
   bool refine_cost = true;
 };
 

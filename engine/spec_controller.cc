@@ -19,13 +19,13 @@ double SampleBeta(double a, double b, std::mt19937_64* rng) {
   return x + y > 0 ? x / (x + y) : 0.5;
 }
 
-// Sum of (p + 1) for positions p in [first, first + n).
-double Positions(int64_t first, int64_t n) { return n <= 0 ? 0.0 : n * (first + 1) + 0.5 * n * (n - 1.0); }
-
 }  // namespace
 
-SpecController::SpecController(StepCost target_cost, std::unique_ptr<StepCost> draft_cost)
-    : target_(std::move(target_cost)), draft_(std::move(draft_cost)) {}
+SpecController::SpecController(const ModelConfig* target, StepCost target_cost, const ModelConfig* draft,
+                               std::unique_ptr<StepCost> draft_cost)
+    : target_(target), target_cost_(std::move(target_cost)), draft_(draft), draft_cost_(std::move(draft_cost)) {
+  if (draft_ == nullptr) draft_cost_.reset();
+}
 
 double SpecController::EngineAlpha() const {
   return (engine_.accepted + 1.0) / (engine_.accepted + engine_.rejected + 2.0);
@@ -58,37 +58,47 @@ void SpecController::ObserveAcceptance(RequestId id, int32_t drafts, int32_t acc
   engine_.rejected = kEngineForget * engine_.rejected + rejected;
 }
 
-void SpecController::ObserveStep(const CostFeatures& target_x, double target_seconds, const CostFeatures& draft_x,
+double SpecController::DraftSeconds(absl::Span<const double> flops) const {
+  double t = 0;
+  if (draft_cost_ == nullptr) return t;
+  for (double f : flops) t += f > 0 ? draft_cost_->Predict(f) : 0.0;
+  return t;
+}
+
+void SpecController::ObserveStep(double target_flops, double target_seconds, absl::Span<const double> draft_flops,
                                  double draft_seconds) {
-  target_.Observe(target_x, target_seconds);
-  if (draft_ != nullptr && draft_x[0] > 0) draft_->Observe(draft_x, draft_seconds);
-}
-
-CostFeatures SpecController::TargetFeatures(CostFeatures x, absl::Span<const SpecCandidate> c,
-                                            absl::Span<const int32_t> k) {
-  for (size_t i = 0; i < c.size(); ++i) {
-    x[1] += k[i];
-    x[2] += k[i];
-    x[3] += Positions(c[i].len, k[i]) / 1024.0;  // drafts at positions len .. len + k - 1
+  target_cost_.Observe(target_flops, target_seconds);
+  if (draft_cost_ != nullptr && !draft_flops.empty()) {
+    // The draft's forwards together: the factor learns from their sum.
+    const double predicted = DraftSeconds(draft_flops) / draft_cost_->factor();
+    if (predicted > 0) draft_cost_->ObserveRatio(draft_seconds / predicted);
   }
-  return x;
 }
 
-CostFeatures SpecController::DraftFeatures(absl::Span<const SpecCandidate> c, absl::Span<const int32_t> k) {
-  CostFeatures x{};
+double SpecController::TargetFlops(double base_flops, absl::Span<const SpecCandidate> c,
+                                   absl::Span<const int32_t> k) const {
   for (size_t i = 0; i < c.size(); ++i) {
-    if (k[i] <= 0) continue;
-    // k forwards: the first runs the tokens the draft lags by, each later one the previous draft.
-    const int32_t fed = c[i].catch_up + k[i] - 1;
-    x[0] = std::max<double>(x[0], k[i]);
-    x[1] += fed;
-    x[2] += k[i];
-    x[3] += Positions(c[i].len - c[i].catch_up, fed) / 1024.0;
+    // Drafts at positions len .. len + k - 1, each with its logits row.
+    base_flops += ForwardFlops(*target_, k[i], k[i], AttendedPositions(c[i].len, k[i]));
   }
-  return x;
+  return base_flops;
 }
 
-std::vector<int32_t> SpecController::Choose(const CostFeatures& base, double fixed_tokens,
+std::vector<double> SpecController::DraftFlops(absl::Span<const SpecCandidate> c, absl::Span<const int32_t> k) const {
+  std::vector<double> flops;
+  if (draft_ == nullptr) return flops;
+  for (size_t i = 0; i < c.size(); ++i) {
+    if (k[i] > static_cast<int32_t>(flops.size())) flops.resize(k[i], 0.0);
+    // Forward 0 runs the tokens the draft lags by; forward j runs draft j - 1 (position len + j - 1).
+    for (int32_t j = 0; j < k[i]; ++j) {
+      flops[j] += j == 0 ? ForwardFlops(*draft_, c[i].catch_up, 1, AttendedPositions(c[i].len - c[i].catch_up, c[i].catch_up))
+                         : ForwardFlops(*draft_, 1, 1, c[i].len + j);
+    }
+  }
+  return flops;
+}
+
+std::vector<int32_t> SpecController::Choose(double base_flops, double fixed_tokens,
                                             absl::Span<const SpecCandidate> c) {
   // Thompson sampling: the best choice for one draw from each request's posterior. A request known
   // well gets its mean; one with little evidence (a new request, or one whose first drafts were
@@ -98,17 +108,19 @@ std::vector<int32_t> SpecController::Choose(const CostFeatures& base, double fix
     const auto [a, b] = Posterior(c[i].id);
     alpha[i] = std::min(SampleBeta(a, b, &rng_), 0.99);
   }
-  return Select(base, fixed_tokens, c, alpha);
+  return Select(base_flops, fixed_tokens, c, alpha);
 }
 
-std::vector<int32_t> SpecController::Select(const CostFeatures& base, double fixed_tokens,
-                                            absl::Span<const SpecCandidate> c, const std::vector<double>& alpha) const {
+std::vector<int32_t> SpecController::Select(double base_flops, double fixed_tokens, absl::Span<const SpecCandidate> c,
+                                            const std::vector<double>& alpha) const {
   const size_t n = c.size();
-  // Every candidate draft (sequence i, its j-th draft) with the tokens it adds: alpha_i^j.
+  // Every candidate draft (sequence i, its j-th draft) with the tokens it adds, alpha_i^j, and the
+  // work it adds to the target's step and to the draft's j-th forward.
   struct Draft {
     double gain;
     size_t seq;
     int32_t j;
+    double target_flops, draft_flops;
   };
   std::vector<Draft> drafts;
   int32_t max_k = 0;
@@ -117,39 +129,32 @@ std::vector<int32_t> SpecController::Select(const CostFeatures& base, double fix
     for (int32_t j = 1; j <= c[i].max_k; ++j) {
       gain *= alpha[i];
       if (gain < 1e-3) break;
-      drafts.push_back({gain, i, j});
+      const double d = draft_ == nullptr ? 0.0
+                       : j == 1 ? ForwardFlops(*draft_, c[i].catch_up, 1, AttendedPositions(c[i].len - c[i].catch_up, c[i].catch_up))
+                                : ForwardFlops(*draft_, 1, 1, c[i].len + j - 1);
+      drafts.push_back({gain, i, j, ForwardFlops(*target_, 1, 1, c[i].len + j), d});
       max_k = std::max(max_k, j);
     }
   }
   std::stable_sort(drafts.begin(), drafts.end(), [](const Draft& a, const Draft& b) { return a.gain > b.gain; });
 
   std::vector<int32_t> best(n, 0), k(n);
-  double best_goodput = (fixed_tokens + static_cast<double>(n)) / std::max(target_.Predict(base), 1e-9);
+  std::vector<double> forwards;  // [cap] the draft's forwards' work
+  double best_goodput = (fixed_tokens + static_cast<double>(n)) / std::max(target_cost_.Predict(base_flops), 1e-9);
   // The draft runs as many forwards as the longest proposal, so drafts cost less once that many are
   // paid for: one walk per cap on the forwards, each adding drafts in order of gain, keeping the
   // prefix of largest goodput (the best set is a prefix for its cap).
   for (int32_t cap = 1; cap <= max_k; ++cap) {
     std::fill(k.begin(), k.end(), 0);
-    CostFeatures tx = base, dx{};
-    double tokens = fixed_tokens + static_cast<double>(n);
+    forwards.assign(cap, 0.0);
+    double target = base_flops, tokens = fixed_tokens + static_cast<double>(n);
     for (const Draft& d : drafts) {
       if (d.j > cap) continue;
-      const SpecCandidate& s = c[d.seq];
-      const int32_t j = ++k[d.seq];  // == d.j: a sequence's drafts come in order of j
-      tx[1] += 1;
-      tx[2] += 1;
-      tx[3] += (s.len + j) / 1024.0;
-      if (j == 1) {
-        dx[1] += s.catch_up;
-        dx[3] += Positions(s.len - s.catch_up, s.catch_up) / 1024.0;
-      } else {
-        dx[1] += 1;
-        dx[3] += (s.len + j - 1) / 1024.0;
-      }
-      dx[0] = std::max<double>(dx[0], j);
-      dx[2] += 1;
+      ++k[d.seq];  // == d.j: a sequence's drafts come in order of j
+      target += d.target_flops;
+      forwards[d.j - 1] += d.draft_flops;
       tokens += d.gain;
-      const double seconds = target_.Predict(tx) + (draft_ != nullptr ? draft_->Predict(dx) : 0.0);
+      const double seconds = target_cost_.Predict(target) + DraftSeconds(forwards);
       const double goodput = tokens / std::max(seconds, 1e-9);
       if (goodput > best_goodput) {
         best_goodput = goodput;

@@ -7,26 +7,27 @@
 // the expected tokens a verification of k drafts yields when each draft is accepted with
 // probability alpha_i. alpha_i has a Beta posterior per request (its prior the engine-wide
 // estimate), and each step uses one draw from it (Thompson sampling), so that a request whose
-// estimate is poor still tries drafts now and then instead of never learning otherwise. The step
-// times come from StepCost models of the target's step and of the draft's forwards.
+// estimate is poor still tries drafts now and then instead of never learning otherwise. T_target
+// is the target's step and T_draft the sum of the draft's forwards (as many as the longest
+// proposal), each from a StepCost table of time by work.
 //
 // The j-th draft of sequence i adds alpha_i^j expected tokens, so for a given number of draft
-// forwards (the longest proposal) the best allocation adds drafts in decreasing order of alpha_i^j:
-// for each such cap the controller walks that order and keeps the prefix of largest G, every
-// prefix evaluated exactly (so the draft's cost of catching up on tokens it skipped is counted
-// where it falls).
+// forwards the best allocation adds drafts in decreasing order of alpha_i^j: for each such cap the
+// controller walks that order and keeps the prefix of largest G, every prefix evaluated exactly
+// (so the draft's cost of catching up on tokens it skipped is counted where it falls).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <random>
-#include <utility>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/types/span.h"
 #include "core/step.h"
 #include "engine/step_cost.h"
+#include "model/model_config.h"
 
 namespace specula {
 
@@ -40,34 +41,39 @@ struct SpecCandidate {
 
 class SpecController {
  public:
-  // `draft_cost` is null for proposers without a model (n-gram: no draft time).
-  SpecController(StepCost target_cost, std::unique_ptr<StepCost> draft_cost);
+  // `draft` and `draft_cost` are null for proposers without a model (n-gram: no draft time). The
+  // configs must outlive the controller.
+  SpecController(const ModelConfig* target, StepCost target_cost, const ModelConfig* draft,
+                 std::unique_ptr<StepCost> draft_cost);
 
-  // `base`: the step's target features without any draft; `fixed_tokens`: tokens the step yields
+  // `base_flops`: the step's target work without any draft; `fixed_tokens`: tokens the step yields
   // besides the candidates' (prefills that end this step). Returns k per candidate.
-  std::vector<int32_t> Choose(const CostFeatures& base, double fixed_tokens, absl::Span<const SpecCandidate> c);
+  std::vector<int32_t> Choose(double base_flops, double fixed_tokens, absl::Span<const SpecCandidate> c);
 
-  // Target features of `k[i]` drafts on top of `base`, and the draft's features for them.
-  static CostFeatures TargetFeatures(CostFeatures base, absl::Span<const SpecCandidate> c, absl::Span<const int32_t> k);
-  static CostFeatures DraftFeatures(absl::Span<const SpecCandidate> c, absl::Span<const int32_t> k);
+  // The target's work for `k[i]` drafts on top of `base_flops`, and the draft's forwards' work
+  // ([longest proposal]; empty without a draft model).
+  double TargetFlops(double base_flops, absl::Span<const SpecCandidate> c, absl::Span<const int32_t> k) const;
+  std::vector<double> DraftFlops(absl::Span<const SpecCandidate> c, absl::Span<const int32_t> k) const;
 
   // A verification of `drafts` draft tokens of which the first `accepted` were accepted.
   void ObserveAcceptance(RequestId id, int32_t drafts, int32_t accepted);
   void Forget(RequestId id) { seqs_.erase(id); }
-  // A step's measured times: the target part (everything but drafting) and the draft part.
-  void ObserveStep(const CostFeatures& target_x, double target_seconds, const CostFeatures& draft_x,
+  // A step's measured times: the target part (everything but drafting) and the draft's forwards.
+  void ObserveStep(double target_flops, double target_seconds, absl::Span<const double> draft_flops,
                    double draft_seconds);
 
   // The acceptance estimate (posterior mean) of a request, and the engine-wide one.
   double Alpha(RequestId id) const;
   double EngineAlpha() const;
-  const StepCost& target_cost() const { return target_; }
-  const StepCost* draft_cost() const { return draft_.get(); }
+  const StepCost& target_cost() const { return target_cost_; }
+  const StepCost* draft_cost() const { return draft_cost_.get(); }
 
  private:
   // The best k per candidate for acceptances `alpha` (per candidate).
-  std::vector<int32_t> Select(const CostFeatures& base, double fixed_tokens, absl::Span<const SpecCandidate> c,
+  std::vector<int32_t> Select(double base_flops, double fixed_tokens, absl::Span<const SpecCandidate> c,
                               const std::vector<double>& alpha) const;
+  // The draft's time for forwards of work `flops`.
+  double DraftSeconds(absl::Span<const double> flops) const;
 
   struct Acceptance {
     double accepted = 0, rejected = 0;  // drafts accepted; verifications that rejected one
@@ -75,8 +81,10 @@ class SpecController {
   // Beta(a, b) of a request's acceptance.
   std::pair<double, double> Posterior(RequestId id) const;
 
-  StepCost target_;
-  std::unique_ptr<StepCost> draft_;
+  const ModelConfig* target_;
+  StepCost target_cost_;
+  const ModelConfig* draft_;
+  std::unique_ptr<StepCost> draft_cost_;
   std::unordered_map<RequestId, Acceptance> seqs_;
   Acceptance engine_;  // decayed sums over every request
   std::mt19937_64 rng_{0x5eed};

@@ -1,16 +1,16 @@
-// The predicted time of a step, for adaptive speculation: a linear model over CostFeatures
-// (model/forward_cost.h) whose coefficients start from forward passes measured at startup and
-// follow the engine's own step timings from then on.
+// The predicted time of a forward (the target's step, or one of the draft's forwards), for adaptive
+// speculation: a table of times by work (FLOPs, model/forward_cost.h) measured at startup,
+// interpolated linearly between its points and extended past the last one by the last segment's
+// slope, times a factor that follows the engine's own measured steps.
 //
-// The update is Bayesian least squares: the startup fit is a prior (each coefficient may move by
-// about half of itself, or of the mean measured step), and observations are weighted by their
-// relative error and forgotten at a fixed rate (a half-life of ~70 steps), so that the model tracks
-// a machine whose load changes. A direction the steps never vary (plain decode steps all have
-// tokens == rows) keeps its prior value instead of drifting, which plain recursive least squares
-// with forgetting would let it do.
+// The table carries the shape. A decode step is bound by reading the weights at one token and by
+// arithmetic at many, and where between it turns depends on the machine: a line fitted to the
+// steps the engine happens to run cannot tell a fixed cost from a per-token one when those steps
+// all have the same size (it overestimated plain decode steps by 60% once every step verified one
+// draft). The factor (an average of measured over predicted, ~30 steps) carries what the table
+// does not: the machine's load of the moment and the host work around a forward.
 #pragma once
 
-#include <array>
 #include <vector>
 
 #include "model/forward_cost.h"
@@ -19,34 +19,25 @@ namespace specula {
 
 class StepCost {
  public:
-  static constexpr int kFeatures = 4;
-
-  // A model that predicts zero until it has a prior or observations.
+  // A model that predicts zero (a proposer without a model costs nothing).
   StepCost() = default;
-  // Prior from measured samples (least squares, coefficients kept non-negative). With fewer
-  // samples than features the unidentified coefficients are zero.
-  explicit StepCost(const std::vector<CostSample>& samples);
+  // Points in any order; equal works are merged (the faster kept).
+  explicit StepCost(std::vector<CostPoint> points);
 
-  double Predict(const CostFeatures& x) const;
-  // One measured step.
-  void Observe(const CostFeatures& x, double seconds);
+  double Predict(double flops) const { return factor_ * Table(flops); }
+  // A measured forward (or step) of `flops` work.
+  void Observe(double flops, double seconds) { ObserveRatio(seconds / Table(flops)); }
+  // Measured over predicted-by-the-table time, for several forwards measured together.
+  void ObserveRatio(double ratio);
 
-  const std::array<double, kFeatures>& coefficients() const { return theta_; }
+  double factor() const { return factor_; }
+  bool empty() const { return points_.empty(); }
 
  private:
-  void Solve();
+  double Table(double flops) const;
 
-  std::array<double, kFeatures> prior_{};       // coefficients from the startup samples
-  std::array<double, kFeatures> precision_{};   // diagonal prior precision
-  std::array<double, kFeatures> theta_{};       // current coefficients
-  std::array<std::array<double, kFeatures>, kFeatures> xtx_{};  // decayed, weighted sum of x x^T
-  std::array<double, kFeatures> xty_{};                         // decayed, weighted sum of x y
-  double scale_ = 1e-3;  // a typical step, in seconds (sets the prior width of zero coefficients)
+  std::vector<CostPoint> points_;  // by increasing work
+  double factor_ = 1.0;
 };
-
-// Solves the least squares problem min |A theta - y|^2 + ridge |theta|^2 over theta >= 0 for a few
-// unknowns by active-set refits (exposed for tests).
-std::array<double, StepCost::kFeatures> NonNegativeLeastSquares(const std::vector<CostSample>& samples,
-                                                                double ridge);
 
 }  // namespace specula

@@ -1,42 +1,43 @@
-// How long one forward pass of a model takes, by shape: the measurements behind the engine's step
-// cost model (adaptive speculation, engine/step_cost.h). A forward's cost is described by a few
-// features that the engine can also compute for a step it has not run yet.
+// How long one forward pass of a model takes, by the work it does: the measurements behind the
+// engine's step cost model (adaptive speculation, engine/step_cost.h). The work of a forward is
+// counted in floating-point operations from the model's shape, so that a prefill chunk, a
+// verification run and a batch of decodes are points on one axis.
 #pragma once
 
-#include <array>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "model/kv_cache.h"
 #include "model/llama_model.h"
+#include "model/model_config.h"
 
 namespace specula {
 
-// Features of one or more forward passes, summed: [forwards, tokens, logits rows, attention], the
-// last being the positions every new token attends to, summed, in units of 1024.
-using CostFeatures = std::array<double, 4>;
+// FLOPs of one forward over `tokens` new tokens with `rows` logits rows, the tokens attending to
+// `positions` positions in all (summed over the tokens): the matrix products of every layer per
+// token, the classifier per row, and the attention's two products per position.
+double ForwardFlops(const ModelConfig& c, double tokens, double rows, double positions);
 
-struct CostSample {
-  CostFeatures x{};
+// Positions attended by n new tokens at positions first .. first + n - 1, summed: each attends to
+// its own position and those before it.
+inline double AttendedPositions(double first, double n) { return n <= 0 ? 0.0 : n * (first + 1) + 0.5 * n * (n - 1); }
+
+// One measured forward.
+struct CostPoint {
+  double flops = 0;
   double seconds = 0;
 };
 
-// Features of one forward over sequences bringing `tokens[i]` new tokens at positions
-// [start[i], start[i] + tokens[i]), with `rows` logits rows in all.
-CostFeatures ForwardFeatures(const std::vector<int32_t>& start, const std::vector<int32_t>& tokens, int32_t rows);
-
 struct CostGrid {
-  int32_t max_spec_tokens = 8;  // the verification shape measured: 1 + this many tokens
-  int32_t batch = 8;            // sequences of the batched shapes
+  int32_t batch = 8;            // the measured forwards spread their tokens over this many sequences
   int32_t block_size = 16;
   double budget_seconds = 1.0;  // stop measuring past this
 };
 
-// Runs a few forwards of `model` and returns their timings: one token, a verification run, a
-// prefill chunk, and a decode batch at a short and a long context (256), the best of a few runs
-// each, in that order of importance until the budget is spent. The forwards write into a KV pool
-// of their own, sized for the grid (an engine's pool pre-touched this way made its later steps
-// measurably slower). Errors: the pool cannot be allocated, a forward fails.
-absl::StatusOr<std::vector<CostSample>> MeasureForwardCost(LlamaModel& model, const CostGrid& grid);
+// Times forwards of 1, 2, 4, ... 512 new tokens, each with its logits row (decodes and verification
+// runs), spread over up to `batch` sequences at short contexts, the best of a few runs each, until
+// the budget is spent; returns the points in order of work. The forwards write into a KV pool of
+// their own (an engine's pool pre-touched this way made its later steps measurably slower).
+// Errors: the pool cannot be allocated, a forward fails.
+absl::StatusOr<std::vector<CostPoint>> MeasureForwardCost(LlamaModel& model, const CostGrid& grid);
 
 }  // namespace specula

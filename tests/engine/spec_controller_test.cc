@@ -1,7 +1,7 @@
-// Adaptive speculation's parts on their own: the step cost model (fit, non-negativity, tracking a
-// machine that slows down, keeping its prior where steps never vary) and the controller (acceptance
-// estimates, the choice of k in regimes where speculation pays and where it cannot, retrying a
-// request after early rejections, the feature arithmetic).
+// Adaptive speculation's parts on their own: the step cost table (interpolation, extrapolation,
+// a factor that follows the machine) and the controller (acceptance estimates, the choice of k
+// where speculation pays and where it cannot, a costly draft forward, retrying a request after
+// early rejections, the work of a choice).
 #include "engine/spec_controller.h"
 
 #include <random>
@@ -12,60 +12,65 @@
 namespace specula {
 namespace {
 
-constexpr std::array<double, 4> kTheta = {1e-3, 2e-5, 5e-5, 1e-4};  // seconds per forward, token, row, 1024 positions
-
-CostSample Sample(const CostFeatures& x, const std::array<double, 4>& theta, double scale = 1.0) {
-  double y = 0;
-  for (int j = 0; j < 4; ++j) y += theta[j] * x[j];
-  return {x, y * scale};
+TEST(StepCostTest, InterpolatesAndExtendsTheMeasuredTable) {
+  const StepCost cost({{4e6, 2e-3}, {1e6, 1e-3}, {8e6, 3e-3}, {4e6, 2.5e-3}});  // any order; the faster of equals
+  EXPECT_DOUBLE_EQ(cost.Predict(1e6), 1e-3);
+  EXPECT_DOUBLE_EQ(cost.Predict(2.5e6), 1.5e-3);
+  EXPECT_DOUBLE_EQ(cost.Predict(4e6), 2e-3);
+  EXPECT_DOUBLE_EQ(cost.Predict(6e6), 2.5e-3);
+  EXPECT_DOUBLE_EQ(cost.Predict(16e6), 5e-3);  // past the table: the last segment's slope
+  EXPECT_DOUBLE_EQ(cost.Predict(1e3), 1e-3);   // below it: the smallest forward's time
+  EXPECT_EQ(StepCost().Predict(1e9), 0.0);
+  // A noisy point below its predecessor is lifted: time never falls with work.
+  EXPECT_DOUBLE_EQ(StepCost({{1e6, 2e-3}, {2e6, 1e-3}}).Predict(2e6), 2e-3);
 }
 
-std::vector<CostSample> Grid(const std::array<double, 4>& theta) {
-  return {Sample({1, 1, 1, 0.001}, theta), Sample({1, 9, 9, 0.04}, theta), Sample({1, 64, 1, 2.0}, theta),
-          Sample({1, 8, 8, 0.01}, theta), Sample({1, 8, 8, 2.0}, theta)};
-}
-
-TEST(StepCostTest, FitsTheMeasuredSamples) {
-  const StepCost cost(Grid(kTheta));
-  for (int j = 0; j < 4; ++j) EXPECT_NEAR(cost.coefficients()[j], kTheta[j], 1e-6 * kTheta[j]) << j;
-  EXPECT_NEAR(cost.Predict({1, 32, 32, 5}), Sample({1, 32, 32, 5}, kTheta).seconds, 1e-9);
-}
-
-TEST(StepCostTest, CoefficientsStayNonNegative) {
-  // Timings that a fit would explain with a negative per-row cost.
-  std::vector<CostSample> s = {{{1, 1, 1, 0}, 1e-3}, {{1, 10, 10, 0}, 1.1e-3}, {{1, 10, 1, 0}, 1.5e-3}};
-  const auto theta = NonNegativeLeastSquares(s, 1e-9);
-  for (double t : theta) EXPECT_GE(t, 0.0);
-  EXPECT_GT(theta[0] + theta[1], 0.0);
-}
-
-TEST(StepCostTest, FollowsAMachineThatSlowsDownAndKeepsUnvariedDirections) {
-  StepCost cost(Grid(kTheta));
+TEST(StepCostTest, FollowsAMachineThatSlowsDown) {
+  StepCost cost({{1e6, 1e-3}, {2e6, 2e-3}});
   std::mt19937 rng(1);
-  // 400 decode steps of a batch between 1 and 32 at growing contexts, on a machine twice as slow:
-  // tokens == rows in all of them, so their split is never observed.
-  for (int i = 0; i < 400; ++i) {
-    const double b = 1 + rng() % 32;
-    const CostFeatures x = {1, b, b, b * (100 + i) / 1024.0};
-    cost.Observe(x, Sample(x, kTheta, 2.0).seconds);
+  std::uniform_real_distribution<double> work(1e6, 2e6), noise(0.9, 1.1);
+  for (int i = 0; i < 200; ++i) {  // twice as slow, 10% noise
+    const double w = work(rng);
+    cost.Observe(w, 2 * w * 1e-9 * noise(rng));
   }
-  const CostFeatures decode = {1, 16, 16, 4};
-  EXPECT_NEAR(cost.Predict(decode), Sample(decode, kTheta, 2.0).seconds, 0.05 * Sample(decode, kTheta, 2.0).seconds);
-  // A prefill chunk (many tokens, one row) was never seen: the prediction stays between the old
-  // machine's and twice it, instead of running off.
-  const CostFeatures prefill = {1, 512, 1, 100};
-  EXPECT_GT(cost.Predict(prefill), 0.8 * Sample(prefill, kTheta).seconds);
-  EXPECT_LT(cost.Predict(prefill), 2.5 * Sample(prefill, kTheta).seconds);
+  EXPECT_NEAR(cost.factor(), 2.0, 0.1);
+  EXPECT_NEAR(cost.Predict(1.5e6), 3e-3, 0.15e-3);
+  for (int i = 0; i < 10; ++i) cost.Observe(1.5e6, 1.0);  // a few 600x outliers move it by a factor, not 600
+  EXPECT_LT(cost.factor(), 2.0 * 2.5);
+}
+
+// A stories15m-shape target and a small draft of the same vocabulary.
+ModelConfig Shape(int32_t dim, int32_t hidden, int32_t layers) {
+  ModelConfig c;
+  c.dim = dim;
+  c.hidden_dim = hidden;
+  c.num_layers = layers;
+  c.num_heads = c.num_kv_heads = 6;
+  c.head_dim = dim / 6;
+  c.vocab_size = 32000;
+  c.max_seq_len = 1024;
+  return c;
+}
+const ModelConfig kTarget = Shape(288, 768, 6), kDraft = Shape(66, 172, 2);
+
+// A table of `fixed` seconds plus `per_token` per decode token (its logits row included) of `c`.
+std::vector<CostPoint> Table(const ModelConfig& c, double fixed, double per_token) {
+  std::vector<CostPoint> t;
+  for (int n = 1; n <= 512; n *= 2) t.push_back({ForwardFlops(c, n, n, n * 50.0), fixed + per_token * n});
+  return t;
 }
 
 // A controller whose target step costs `fixed` seconds plus `per_token` per new token, and whose draft
-// costs `per_forward` per forward (0: no draft model).
+// forwards cost `per_forward` each (0: no draft model).
 SpecController Controller(double per_token, double per_forward, double fixed = 1e-3) {
-  const std::array<double, 4> target = {fixed, per_token / 2, per_token / 2, 0};
   std::unique_ptr<StepCost> draft;
-  if (per_forward > 0) draft = std::make_unique<StepCost>(Grid({per_forward, 1e-7, 1e-7, 0}));
-  return SpecController(StepCost(Grid(target)), std::move(draft));
+  if (per_forward > 0) draft = std::make_unique<StepCost>(Table(kDraft, per_forward, 1e-7));
+  return SpecController(&kTarget, StepCost(Table(kTarget, fixed, per_token)), per_forward > 0 ? &kDraft : nullptr,
+                        std::move(draft));
 }
+
+// The target's work for `n` decoding sequences at context 50.
+double Base(int n) { return ForwardFlops(kTarget, n, n, n * 50.0); }
 
 // `verifications` of k = 4 drafts, each accepted with probability alpha until the first rejection.
 void Simulate(SpecController& c, RequestId id, double alpha, int verifications, std::mt19937* rng) {
@@ -93,31 +98,48 @@ TEST(SpecControllerTest, EstimatesAcceptanceFromTruncatedRuns) {
 
 TEST(SpecControllerTest, SpeculatesOnlyWhereItPays) {
   std::mt19937 rng(3);
-  const CostFeatures base = {1, 8, 8, 0.5};  // 8 decoding sequences
   std::vector<SpecCandidate> c;
-  for (int i = 0; i < 8; ++i) c.push_back({i, 8, 100, 1});
+  for (int i = 0; i < 8; ++i) c.push_back({i, 8, 50, 1});
   // Memory-bound target (a token costs 1% of a step) and a draft forward of 5%: drafts pay.
   SpecController cheap = Controller(1e-5, 5e-5);
   for (int i = 0; i < 8; ++i) Simulate(cheap, i, 0.8, 2000, &rng);
-  for (int32_t k : cheap.Choose(base, 0, c)) {
+  for (int32_t k : cheap.Choose(Base(8), 0, c)) {
     EXPECT_GE(k, 2);
     EXPECT_LE(k, 8);
   }
   // Compute-bound target (the tokens are nearly all of a step): no drafts.
   SpecController busy = Controller(1e-3, 5e-5, 1e-4);
   for (int i = 0; i < 8; ++i) Simulate(busy, i, 0.8, 2000, &rng);
-  for (int32_t k : busy.Choose(base, 0, c)) EXPECT_EQ(k, 0);
+  for (int32_t k : busy.Choose(Base(8), 0, c)) EXPECT_EQ(k, 0);
   // A draft forward as costly as a target step: no drafts.
   SpecController slow_draft = Controller(1e-5, 1e-3);
   for (int i = 0; i < 8; ++i) Simulate(slow_draft, i, 0.9, 2000, &rng);
-  for (int32_t k : slow_draft.Choose(base, 0, c)) EXPECT_EQ(k, 0);
+  for (int32_t k : slow_draft.Choose(Base(8), 0, c)) EXPECT_EQ(k, 0);
   // No draft model (n-gram): drafts cost only their verification.
   SpecController ngram = Controller(1e-5, 0);
   for (int i = 0; i < 8; ++i) Simulate(ngram, i, 0.8, 2000, &rng);
-  for (int32_t k : ngram.Choose(base, 0, c)) EXPECT_GE(k, 4);
+  for (int32_t k : ngram.Choose(Base(8), 0, c)) EXPECT_GE(k, 4);
   // The scheduler's room bounds k.
   c[0].max_k = 1;
-  EXPECT_EQ(cheap.Choose(base, 0, c)[0], 1);
+  EXPECT_EQ(cheap.Choose(Base(8), 0, c)[0], 1);
+}
+
+// The turn from reading weights to arithmetic: one token costs as much as 8 (2 ms), past 8 each
+// costs 0.25 ms. With 8 sequences, verifying one draft each doubles the step; with 2 it is nearly
+// free. A line through the 16-token steps alone would call 8 tokens 60% dearer than they are.
+TEST(SpecControllerTest, FollowsTheTurnFromMemoryToCompute) {
+  std::vector<CostPoint> table;
+  for (int n = 1; n <= 512; n *= 2) table.push_back({ForwardFlops(kTarget, n, n, n * 50.0), 2e-3 + 2.5e-4 * std::max(0, n - 8)});
+  SpecController c(&kTarget, StepCost(table), &kDraft, std::make_unique<StepCost>(Table(kDraft, 3e-4, 1e-7)));
+  std::mt19937 rng(6);
+  std::vector<SpecCandidate> eight, two;
+  for (int i = 0; i < 8; ++i) {
+    Simulate(c, i, 0.8, 2000, &rng);
+    eight.push_back({i, 8, 50, 1});
+    if (i < 2) two.push_back({i, 8, 50, 1});
+  }
+  for (int32_t k : c.Choose(Base(8), 0, eight)) EXPECT_EQ(k, 0);
+  for (int32_t k : c.Choose(Base(2), 0, two)) EXPECT_GE(k, 2);
 }
 
 // With a costly draft forward (0.4 ms on a 1 ms step), one draft for every sequence pays; no
@@ -131,7 +153,7 @@ TEST(SpecControllerTest, OneDraftEachWhenAForwardIsCostly) {
     Simulate(c, i, i < 10 ? 0.8 : 0.3, 2000, &rng);
     cands.push_back({i, 8, 50, 1});
   }
-  const std::vector<int32_t> k = c.Choose({1, 20, 20, 0.2}, 0, cands);
+  const std::vector<int32_t> k = c.Choose(Base(20), 0, cands);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(k[i], 1) << "sequence " << i;
 }
 
@@ -146,27 +168,28 @@ TEST(SpecControllerTest, RetriesARequestWhoseFirstDraftsWereRejected) {
   EXPECT_LT(c.Alpha(2), 0.6);
   int speculated = 0;
   for (int step = 0; step < 200; ++step) {
-    speculated += c.Choose({1, 1, 1, 0.1}, 0, std::vector<SpecCandidate>{{2, 8, 100, 1}})[0] > 0;
+    speculated += c.Choose(Base(1), 0, std::vector<SpecCandidate>{{2, 8, 50, 1}})[0] > 0;
   }
   EXPECT_GT(speculated, 20);  // not written off after two rejections
   EXPECT_LT(speculated, 180);
   // Request 1, well known at 0.8, always speculates.
-  for (int step = 0; step < 50; ++step) EXPECT_GT(c.Choose({1, 1, 1, 0.1}, 0, std::vector<SpecCandidate>{{1, 8, 100, 1}})[0], 0);
+  for (int step = 0; step < 50; ++step) EXPECT_GT(c.Choose(Base(1), 0, std::vector<SpecCandidate>{{1, 8, 50, 1}})[0], 0);
 }
 
-TEST(SpecControllerTest, FeaturesOfADraftChoice) {
-  const std::vector<SpecCandidate> c = {{1, 8, 100, 3}, {2, 8, 50, 1}, {3, 8, 10, 1}};
+TEST(SpecControllerTest, WorkOfADraftChoice) {
+  SpecController c = Controller(1e-5, 1e-4);
+  const std::vector<SpecCandidate> cands = {{1, 8, 100, 3}, {2, 8, 50, 1}, {3, 8, 10, 1}};
   const std::vector<int32_t> k = {2, 4, 0};
-  const CostFeatures d = SpecController::DraftFeatures(c, k);
-  EXPECT_EQ(d[0], 4);              // forwards: the longest proposal
-  EXPECT_EQ(d[1], (3 + 1) + 4);    // tokens: lag + k - 1 each
-  EXPECT_EQ(d[2], 2 + 4);          // rows: one per draft
-  // Positions: sequence 1 runs positions 97..100, sequence 2 runs 49..52 (each + 1, / 1024).
-  EXPECT_NEAR(d[3] * 1024, (98 + 99 + 100 + 101) + (50 + 51 + 52 + 53), 1e-9);
-  const CostFeatures t = SpecController::TargetFeatures({1, 3, 3, 0}, c, k);
-  EXPECT_EQ(t[1], 3 + 6);
-  EXPECT_EQ(t[2], 3 + 6);
-  EXPECT_NEAR(t[3] * 1024, (101 + 102) + (51 + 52 + 53 + 54), 1e-9);  // drafts at positions len, len + 1, ...
+  // The draft's forwards: the first runs each sequence's lag (3 tokens at 97..99, 1 at 49), each
+  // later one a draft per sequence still proposing.
+  const std::vector<double> d = c.DraftFlops(cands, k);
+  ASSERT_EQ(d.size(), 4u);
+  EXPECT_DOUBLE_EQ(d[0], ForwardFlops(kDraft, 3, 1, 98 + 99 + 100) + ForwardFlops(kDraft, 1, 1, 50));
+  EXPECT_DOUBLE_EQ(d[1], ForwardFlops(kDraft, 1, 1, 101) + ForwardFlops(kDraft, 1, 1, 51));
+  EXPECT_DOUBLE_EQ(d[3], ForwardFlops(kDraft, 1, 1, 53));
+  // The target's step: each draft one more token, with its row, at positions len, len + 1, ...
+  EXPECT_DOUBLE_EQ(c.TargetFlops(1e6, cands, k),
+                   1e6 + ForwardFlops(kTarget, 2, 2, 101 + 102) + ForwardFlops(kTarget, 4, 4, 51 + 52 + 53 + 54));
 }
 
 }  // namespace

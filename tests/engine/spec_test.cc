@@ -51,20 +51,17 @@ SchedulerConfig Config(const LlamaModel& m, int32_t max_seqs, int32_t num_blocks
 // of `draft_forward` seconds (0.4 ms: drafts pay when their acceptance is above ~0.4). The real
 // pair's acceptances, drawn per step (Thompson sampling), then give k from 0 to the cap, changing
 // per sequence and step.
-SpecConfig AutoSpec(Proposer* proposer, double draft_forward = 4e-4) {
-  auto samples = [](double fixed, double per_token) {
-    std::vector<CostSample> s;
-    for (CostFeatures x : {CostFeatures{1, 1, 1, 0}, CostFeatures{1, 9, 9, 0}, CostFeatures{1, 64, 1, 0},
-                           CostFeatures{1, 8, 8, 1}}) {
-      s.push_back({x, fixed + per_token * (x[1] + x[2]) / 2});
-    }
-    return s;
+SpecConfig AutoSpec(Proposer* proposer, const LlamaModel& target, const LlamaModel& draft, double draft_forward = 4e-4) {
+  auto table = [](const ModelConfig& c, double fixed, double per_token) {
+    std::vector<CostPoint> t;
+    for (int n = 1; n <= 512; n *= 2) t.push_back({ForwardFlops(c, n, n, n * 20.0), fixed + per_token * n});
+    return t;
   };
   SpecConfig spec;
   spec.proposer = proposer;
   spec.adaptive = true;
-  spec.target_cost = samples(1e-3, 1e-6);
-  spec.draft_cost = samples(draft_forward, 1e-7);
+  spec.target_cost = table(target.config(), 1e-3, 1e-6);
+  spec.draft_cost = table(draft.config(), draft_forward, 1e-7);
   spec.refine_cost = false;
   return spec;
 }
@@ -117,7 +114,7 @@ class SpecGreedyTest : public ::testing::Test {
   // k < 0: --num-spec-tokens auto with at most -k drafts (AutoSpec).
   void ExpectEqualsPlain(Proposer& proposer, int32_t k, int32_t max_seqs, int32_t num_blocks, bool want_preemption,
                          const char* name) {
-    SpecConfig spec = k < 0 ? AutoSpec(&proposer) : SpecConfig{&proposer};
+    SpecConfig spec = k < 0 ? AutoSpec(&proposer, *target_, *draft_) : SpecConfig{&proposer};
     Engine e(target_, nullptr, Config(*target_, max_seqs, num_blocks, std::abs(k)), spec);
     auto out = RunToEnd(e, requests_);
     ASSERT_EQ(out.size(), requests_.size());
@@ -268,7 +265,7 @@ Lossless SampleAndTest(LlamaModel& target, LlamaModel& draft, const std::vector<
   // Speculative samples, a different seed per request.
   DraftModelProposer proposer(&draft, 16, 4096);
   SchedulerConfig c = Config(target, 256, 4096, std::abs(k));
-  SpecConfig spec = k < 0 ? AutoSpec(&proposer, 1e-4) : SpecConfig{&proposer};
+  SpecConfig spec = k < 0 ? AutoSpec(&proposer, target, draft, 1e-4) : SpecConfig{&proposer};
   spec.synthetic_alpha = synthetic_alpha;
   spec.allow_synthetic = true;
   Engine e(&target, nullptr, c, spec);
