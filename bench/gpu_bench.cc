@@ -1,21 +1,33 @@
 // GPU decode benchmarks (built with the CUDA backend; needs a GPU).
 //
-//  BM_GpuDecodeStep/batch:B  one decode step (B sequences, one token each, replayed from a CUDA
-//                            graph) of the model in $SPECULA_GPU_BENCH_MODEL (an HF directory,
-//                            e.g. `specula make-model --shape llama-3-8b --dtype bf16 --out DIR`),
-//                            in bf16, at a context of 512 tokens. Counters: step_ms; floor_ms =
-//                            weight bytes / device copy bandwidth measured here; ratio_to_floor.
-//  BM_GpuGenerate/batch:B    end to end through the engine: B requests of 32 prompt tokens and
+// The model: the HF directory in $SPECULA_GPU_BENCH_MODEL (e.g. `specula make-model --shape
+// llama-3-8b --dtype bf16 --out DIR`), by default a llama-3.2-1b-shape random model in bf16 written
+// once to $TMPDIR/specula_bench. Run in bf16.
+//
+//  BM_GpuDecodeStep/batch:B/graphs:G
+//                            one decode step (B sequences, one token each) at a context of 512
+//                            tokens, replayed from a captured CUDA graph (G = 1) or launched op by
+//                            op (G = 0). Counters: step_ms; floor_ms = weight bytes / device copy
+//                            bandwidth measured here; ratio_to_floor.
+//  BM_GpuGenerate/batch:B/graphs:G
+//                            end to end through the engine: B requests of 32 prompt tokens and
 //                            128 greedy output tokens; generated tokens/s (prefill included, as
 //                            HF `generate` counts it; compare with bench/hf_generate_bench.py).
+//  BM_GpuSpec/k:K/batch:B    speculation on the GPU: the synthetic proposer (each draft accepted
+//                            with probability alpha = 0.8, NOT lossless) with a 2-layer draft of the
+//                            target's width and vocabulary on the GPU; K = 0 plain decoding, -1
+//                            --num-spec-tokens auto. 2 x B requests of 128 tokens, B at a time.
 //
-//   SPECULA_GPU_BENCH_MODEL=/tmp/llama-3-8b build/release/bench/gpu_bench
+//   build/release/bench/gpu_bench
+//   SPECULA_GPU_BENCH_MODEL=/tmp/llama-3-8b build/release/bench/gpu_bench --benchmark_filter=DecodeStep
 #include <benchmark/benchmark.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 
+#include "bench/bench_models.h"
+#include "draft/draft_model_proposer.h"
 #include "engine/engine.h"
 #include "kernels/make_backend.h"
 
@@ -31,8 +43,10 @@ struct Loaded {
 Loaded* Get(benchmark::State& state) {
   static Loaded* loaded = [] {
     auto* l = new Loaded;
-    const char* dir = std::getenv("SPECULA_GPU_BENCH_MODEL");
-    if (dir == nullptr || CudaDevices() == 0) return l;
+    if (CudaDevices() == 0) return l;
+    const char* env = std::getenv("SPECULA_GPU_BENCH_MODEL");
+    const std::string dir =
+        env != nullptr ? env : bench::RandomModel("llama-3.2-1b-bf16", *NamedShape("llama-3.2-1b"), DType::kBF16, 1);
     auto w = LoadModel(dir);
     if (!w.ok()) {
       std::fprintf(stderr, "%s\n", std::string(w.status().message()).c_str());
@@ -57,7 +71,7 @@ Loaded* Get(benchmark::State& state) {
     l->copy_gbs = bw.ok() ? *bw : 0;
     return l;
   }();
-  if (loaded->model == nullptr) state.SkipWithError("needs a GPU and SPECULA_GPU_BENCH_MODEL=<HF model directory>");
+  if (loaded->model == nullptr) state.SkipWithError("needs a GPU and a model (see the log above)");
   return loaded;
 }
 
@@ -66,6 +80,7 @@ void BM_GpuDecodeStep(benchmark::State& state) {
   if (l->model == nullptr) return;
   LlamaModel& m = *l->model;
   const int32_t B = static_cast<int32_t>(state.range(0)), ctx = 512, bs = 16;
+  m.set_max_graph_batch(state.range(1) != 0 ? 64 : 0);
   KvCache kv(m.config(), {bs, B * (ctx / bs + 1)}, &m.backend());
   if (!kv.status().ok()) return state.SkipWithError(std::string(kv.status().message()).c_str());
   std::vector<std::vector<BlockId>> tables(B);
@@ -96,13 +111,18 @@ void BM_GpuDecodeStep(benchmark::State& state) {
   state.counters["copy_GBs"] = l->copy_gbs;
   state.counters["tok/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * B, benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_GpuDecodeStep)->ArgName("batch")->Arg(1)->Arg(32)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GpuDecodeStep)
+    ->ArgNames({"batch", "graphs"})
+    ->ArgsProduct({{1, 8, 32, 64}, {1, 0}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 void BM_GpuGenerate(benchmark::State& state) {
   Loaded* l = Get(state);
   if (l->model == nullptr) return;
   LlamaModel& m = *l->model;
   const int32_t B = static_cast<int32_t>(state.range(0));
+  m.set_max_graph_batch(state.range(1) != 0 ? 64 : 0);
   int64_t generated = 0;
   for (auto _ : state) {
     SchedulerConfig c;
@@ -128,7 +148,77 @@ void BM_GpuGenerate(benchmark::State& state) {
   }
   state.counters["tok/s"] = benchmark::Counter(static_cast<double>(generated), benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_GpuGenerate)->ArgName("batch")->Arg(1)->Arg(32)->UseRealTime()->Unit(benchmark::kSecond)->Iterations(2);
+BENCHMARK(BM_GpuGenerate)
+    ->ArgNames({"batch", "graphs"})
+    ->ArgsProduct({{1, 8, 32, 64}, {1, 0}})
+    ->UseRealTime()
+    ->Unit(benchmark::kSecond)
+    ->Iterations(2);
+
+void BM_GpuSpec(benchmark::State& state) {
+  Loaded* l = Get(state);
+  if (l->model == nullptr) return;
+  LlamaModel& m = *l->model;
+  m.set_max_graph_batch(64);
+  static std::unique_ptr<LlamaModel> draft = [&]() -> std::unique_ptr<LlamaModel> {
+    ModelConfig c = m.config();
+    c.num_layers = 2;
+    auto w = LoadModel(bench::RandomModel("llama-3.2-1b-2layer-bf16", c, DType::kBF16, 2));
+    auto be = MakeBackend({"cuda", "bf16"});
+    if (!w.ok() || !be.ok()) return nullptr;
+    auto d = LlamaModel::Create(std::move(w).value(), std::move(be).value());
+    return d.ok() ? std::move(d).value() : nullptr;
+  }();
+  if (draft == nullptr) return state.SkipWithError("cannot load the draft model");
+  const int32_t k = static_cast<int32_t>(state.range(0)), B = static_cast<int32_t>(state.range(1));
+  int64_t generated = 0;
+  double drafts = 0, seq_steps = 0;
+  for (auto _ : state) {
+    state.PauseTiming();  // the engine's startup (auto's cost measurement) is not the step loop
+    const int32_t blocks = B * 12 + 16;  // 32 prompt + 128 generated + 8 lookahead, blocks of 16
+    DraftModelProposer proposer(draft.get(), 16, blocks);
+    SchedulerConfig c;
+    c.max_num_seqs = B;
+    c.max_num_batched_tokens = 4096;
+    c.num_blocks = blocks;
+    c.max_model_len = m.config().max_seq_len;
+    c.num_spec_tokens = k < 0 ? 8 : k;
+    SpecConfig spec;
+    spec.proposer = k != 0 ? &proposer : nullptr;
+    spec.synthetic_alpha = k != 0 ? 0.8 : -1.0;
+    spec.allow_synthetic = true;
+    spec.adaptive = k < 0;
+    Engine e(&m, nullptr, c, spec);
+    if (auto st = e.Validate(); !st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
+    for (int32_t i = 0; i < 2 * B; ++i) {
+      Request r;
+      r.id = i;
+      for (int t = 0; t < 32; ++t) r.prompt.push_back(1 + (i * 131 + t * 17) % 1000);
+      r.max_tokens = 128;
+      r.ignore_eos = true;
+      if (auto st = e.AddRequest(r); !st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
+    }
+    state.ResumeTiming();
+    while (e.HasUnfinished()) {
+      for (auto& o : e.Step()) {
+        if (!o.error.empty()) return state.SkipWithError(o.error.c_str());
+      }
+    }
+    generated += e.stats().generated_tokens;
+    for (size_t j = 0; j < e.stats().spec_k_histogram.size(); ++j) {
+      seq_steps += e.stats().spec_k_histogram[j];
+      drafts += j * static_cast<double>(e.stats().spec_k_histogram[j]);
+    }
+  }
+  state.counters["tok/s"] = benchmark::Counter(static_cast<double>(generated), benchmark::Counter::kIsRate);
+  state.counters["mean_k"] = drafts / std::max(seq_steps, 1.0);
+}
+BENCHMARK(BM_GpuSpec)
+    ->ArgNames({"k", "batch"})
+    ->ArgsProduct({{0, 4, -1}, {1, 32}})
+    ->UseRealTime()
+    ->Unit(benchmark::kSecond)
+    ->Iterations(2);
 
 }  // namespace
 }  // namespace specula

@@ -1,11 +1,18 @@
 #include "model/kv_cache.h"
 
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
 
 namespace specula {
 
+namespace {
+std::atomic<uint64_t> next_pool_id{1};
+}  // namespace
+
 KvCache::KvCache(const ModelConfig& model, const KvCacheConfig& config, Backend* backend)
-    : block_size_(config.block_size),
+    : id_(next_pool_id.fetch_add(1, std::memory_order_relaxed)),
+      block_size_(config.block_size),
       num_blocks_(config.num_blocks > 0
                       ? config.num_blocks
                       : (model.max_seq_len + config.block_size - 1) / config.block_size),

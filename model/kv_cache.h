@@ -35,11 +35,15 @@ class KvCache {
   int32_t num_blocks() const { return num_blocks_; }
   const Backend* backend() const { return backend_; }
   DType dtype() const { return dtype_; }
+  // Unique to this pool for the process's lifetime (never reused, unlike its address): what
+  // captured CUDA graphs, which bake in the pool's device pointers, are keyed on.
+  uint64_t id() const { return id_; }
 
   // Bytes one block takes across all layers (K and V) in `dtype`.
   static int64_t BlockBytes(const ModelConfig& model, int32_t block_size, DType dtype);
 
  private:
+  uint64_t id_;
   int32_t block_size_;
   int32_t num_blocks_;
   int32_t num_kv_heads_;

@@ -283,9 +283,9 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& kv, LogitsM
   logits->resize(static_cast<size_t>(rows) * c.vocab_size);
   float* logits_out = be.on_device() ? logits_dev_.as<float>() : logits->data();
   if (graph_batch > 0) {
-    if (graph_kv_ != &kv) {
+    if (graph_kv_ != kv.id()) {  // not the address: a new pool can take a freed one's
       be.ClearGraphs();
-      graph_kv_ = &kv;
+      graph_kv_ = kv.id();
     }
     if (!be.Replay(graph_batch)) {
       be.BeginCapture();

@@ -97,7 +97,7 @@ class LlamaModel {
   BackendBuffer logits_dev_;  // [rows, vocab] f32 (device backends)
 
   int32_t max_graph_batch_ = 64;
-  const KvCache* graph_kv_ = nullptr;  // the pool the captured graphs write into
+  uint64_t graph_kv_ = 0;  // KvCache::id() of the pool the captured graphs write into
 };
 
 }  // namespace specula

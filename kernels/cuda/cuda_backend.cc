@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <map>
 #include <vector>
 
@@ -33,7 +35,14 @@ absl::Status CudaError(const char* op, cudaError_t e) {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(DType dtype) : dtype_(dtype) {}
+  explicit CudaBackend(DType dtype) : dtype_(dtype) {
+    // SPECULA_CUDA_GEMV=0 sends m <= 4 products to cuBLAS too (for side-by-side measurements).
+    const char* env = std::getenv("SPECULA_CUDA_GEMV");
+    use_gemv_ = env == nullptr || std::string(env) != "0";
+    // SPECULA_CUDA_FUSE=0 runs MultiLinear's outputs as separate products.
+    const char* fuse = std::getenv("SPECULA_CUDA_FUSE");
+    fuse_ = fuse == nullptr || std::string(fuse) != "0";
+  }
 
   absl::Status Init(int device) {
     if (auto e = cudaSetDevice(device); e != cudaSuccess) return CudaError("cudaSetDevice", e);
@@ -46,6 +55,12 @@ class CudaBackend final : public Backend {
     if (cublasSetWorkspace(cublas_, workspace_, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS) {
       return absl::InternalError("cuda: cublasSetWorkspace failed");
     }
+    // Split-K attention scratch, fixed (never grown inside a graph capture): splits are only used
+    // while (token, head) pairs are fewer than 8 per multiprocessor, so 16 per one always suffice.
+    partial_rows_ = 16 * cuda::MultiprocessorCount();
+    auto p = Alloc(cuda::PagedAttentionPartialFloats(partial_rows_) * sizeof(float));
+    if (!p.ok()) return p.status();
+    partials_ = static_cast<float*>(*p);
     return absl::OkStatus();
   }
 
@@ -54,6 +69,7 @@ class CudaBackend final : public Backend {
     ClearGraphs();
     for (void* p : weights_) cudaFree(p);
     if (staging_ != nullptr) cudaFree(staging_);
+    if (partials_ != nullptr) cudaFree(partials_);
     probs_.Reset();
     if (workspace_ != nullptr) cudaFree(workspace_);
     if (cublas_ != nullptr) cublasDestroy(cublas_);
@@ -183,6 +199,22 @@ class CudaBackend final : public Backend {
     Gemm(x, w, m, n, k, y, CUDA_R_32F, "LinearF32");
   }
   void MultiLinear(const void* x, int32_t m, int32_t k, const LinearOut* outs, int32_t num_outs) override {
+    if (!status_.ok()) return;
+    bool fused = use_gemv_ && fuse_ && num_outs <= cuda::kMaxGemvOuts;
+    for (int32_t i = 0; i < num_outs; ++i) fused = fused && cuda::GemvApplies(dtype_, x, outs[i].w, m, k);
+    if (fused) {  // one launch for q, k, v (or gate, up)
+      cuda::GemvOut g[cuda::kMaxGemvOuts];
+      for (int32_t i = 0; i < num_outs; ++i) g[i] = {outs[i].w, outs[i].y, outs[i].n};
+      cuda::InvokeGemv(dtype_, x, m, k, g, num_outs, false, stream_);
+      Check("MultiLinear");
+      for (int32_t i = 0; i < num_outs; ++i) {
+        if (outs[i].bias != nullptr) {
+          cuda::InvokeAddBias(dtype_, outs[i].y, outs[i].bias, m, outs[i].n, stream_);
+          Check("MultiLinear bias");
+        }
+      }
+      return;
+    }
     for (int32_t i = 0; i < num_outs; ++i) Linear(x, outs[i].w, outs[i].bias, m, outs[i].n, k, outs[i].y);
   }
   void RmsNorm(const void* x, const void* w, int32_t m, int32_t d, float eps, void* y) override {
@@ -229,7 +261,7 @@ class CudaBackend final : public Backend {
                                                    kv.num_kv_heads, " KV heads")));
       return;
     }
-    cuda::InvokePagedAttention(dtype_, q, kv, meta, num_heads, scale, out, stream_);
+    cuda::InvokePagedAttention(dtype_, q, kv, meta, num_heads, scale, out, partials_, partial_rows_, stream_);
     Check("PagedAttention");
   }
   void CopyKvBlocks(const PagedKvLayer& kv, const int32_t* src, const int32_t* dst, int32_t n) override {
@@ -266,6 +298,12 @@ class CudaBackend final : public Backend {
   void Gemm(const void* x, const void* w, int32_t m, int32_t n, int32_t k, void* y, cudaDataType_t out_type,
             const char* op) {
     if (m == 0) return;
+    if (use_gemv_ && cuda::GemvApplies(dtype_, x, w, m, k)) {
+      const cuda::GemvOut out{w, y, n};
+      cuda::InvokeGemv(dtype_, x, m, k, &out, 1, out_type == CUDA_R_32F, stream_);
+      Check(op);
+      return;
+    }
     const float alpha = 1.0f, beta = 0.0f;
     const cudaDataType_t t = CudaType(dtype_);
     const cublasStatus_t st = cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, t, k, x, t, k,
@@ -277,11 +315,15 @@ class CudaBackend final : public Backend {
   }
 
   DType dtype_;
+  bool use_gemv_ = true;
+  bool fuse_ = true;
   absl::Status status_;  // the first failure, naming the op; sticky
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   void* workspace_ = nullptr;            // [kCublasWorkspace] bytes
   float* staging_ = nullptr;             // [kStagingFloats] weight upload chunk
+  float* partials_ = nullptr;            // [partial_rows_, head_dim + 2] split-K attention scratch
+  int32_t partial_rows_ = 0;
   BackendBuffer probs_;                  // [m, vocab] f32 Sample scratch
   std::vector<void*> weights_;           // uploaded weights, freed with the backend
   std::map<int64_t, cudaGraphExec_t> graphs_;

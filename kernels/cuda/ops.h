@@ -29,8 +29,26 @@ void InvokeKvWrite(DType dtype, const PagedKvLayer& kv, const void* k, const voi
                    const AttentionMetadata& meta, cudaStream_t s);
 void InvokeCopyKvBlocks(DType dtype, const PagedKvLayer& kv, const int32_t* src, const int32_t* dst,
                         int32_t n, cudaStream_t s);
+// partials: scratch for split-K over the context, [partial_rows, PagedAttentionPartialFloats(1)]
+// floats; null runs one split per (token, head).
 void InvokePagedAttention(DType dtype, const void* q, const PagedKvLayer& kv, const AttentionMetadata& meta,
-                          int32_t num_heads, float scale, void* out, cudaStream_t s);
+                          int32_t num_heads, float scale, void* out, float* partials, int32_t partial_rows,
+                          cudaStream_t s);
+int64_t PagedAttentionPartialFloats(int32_t partial_rows);
+// y[m, n] = x[m, k] w[n, k]^T for m <= kMaxGemvRows (decode), in dtype, y in dtype or float32.
+// Only where GemvApplies (k a whole number of 16-byte vectors, x and w 16-byte aligned).
+// Several products of the same x (1 <= num_outs <= kMaxGemvOuts) run in one launch.
+constexpr int32_t kMaxGemvRows = 4;
+constexpr int32_t kMaxGemvOuts = 3;
+struct GemvOut {
+  const void* w;  // [n, k]
+  void* y;        // [m, n]
+  int32_t n;
+};
+bool GemvApplies(DType dtype, const void* x, const void* w, int32_t m, int32_t k);
+void InvokeGemv(DType dtype, const void* x, int32_t m, int32_t k, const GemvOut* outs, int32_t num_outs, bool out_f32,
+                cudaStream_t s);
+int MultiprocessorCount();
 // probs: [m, vocab] f32 scratch, required (the caller's buffer or the backend's).
 void InvokeSample(const float* logits, int32_t m, int32_t vocab, const SampleArgs& args, float* probs,
                   int32_t* tokens, cudaStream_t s);

@@ -39,7 +39,7 @@ class CudaOpsTest : public ::testing::TestWithParam<DType> {
 };
 
 TEST_P(CudaOpsTest, LinearWithAndWithoutBias) {
-  for (auto [m, n, k] : std::vector<std::array<int32_t, 3>>{{1, 7, 5}, {3, 33, 64}, {17, 100, 96}, {64, 256, 128}, {5, 1000, 288}}) {
+  for (auto [m, n, k] : std::vector<std::array<int32_t, 3>>{{1, 7, 5}, {3, 33, 64}, {17, 100, 96}, {64, 256, 128}, {5, 1000, 288}, {1, 2048, 2048}, {2, 515, 1024}, {4, 37, 8200}, {4, 64, 24}}) {
     const auto x = In(int64_t{m} * k), w = In(int64_t{n} * k, 0.2f), b = In(n);
     for (bool bias : {false, true}) {
       auto run = [&](Backend& be) {
@@ -61,19 +61,28 @@ TEST_P(CudaOpsTest, LinearWithAndWithoutBias) {
   }
 }
 
+// m <= 4 runs the outputs in one fused matrix-vector launch on the GPU; m = 9 through cuBLAS.
 TEST_P(CudaOpsTest, MultiLinear) {
-  const int32_t m = 9, k = 48;
-  const auto x = In(m * k), w0 = In(40 * k, 0.2f), w1 = In(24 * k, 0.2f), b1 = In(24);
-  auto run = [&](Backend& be) {
-    auto xd = ToBackend(be, x), w0d = ToBackend(be, w0), w1d = ToBackend(be, w1), b1d = ToBackend(be, b1);
-    testing::DevTensor y0(be, m * 40, DTypeBytes(be.dtype())), y1(be, m * 24, DTypeBytes(be.dtype()));
-    const Backend::LinearOut outs[] = {{w0d->get(), nullptr, 40, y0.get()}, {w1d->get(), b1d->get(), 24, y1.get()}};
-    be.MultiLinear(xd->get(), m, k, outs, 2);
-    auto a = FromBackend(be, y0.get(), m * 40), b = FromBackend(be, y1.get(), m * 24);
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-  };
-  ExpectClose(run(*cpu_), run(*gpu_), Tolerance(dt()), "MultiLinear");
+  for (int32_t m : {9, 1, 3}) {
+    const int32_t k = 48;
+    const auto x = In(m * k), w0 = In(40 * k, 0.2f), w1 = In(24 * k, 0.2f), w2 = In(17 * k, 0.2f), b1 = In(24);
+    auto run = [&](Backend& be) {
+      auto xd = ToBackend(be, x), w0d = ToBackend(be, w0), w1d = ToBackend(be, w1), w2d = ToBackend(be, w2),
+           b1d = ToBackend(be, b1);
+      testing::DevTensor y0(be, m * 40, DTypeBytes(be.dtype())), y1(be, m * 24, DTypeBytes(be.dtype())),
+          y2(be, m * 17, DTypeBytes(be.dtype()));
+      const Backend::LinearOut outs[] = {{w0d->get(), nullptr, 40, y0.get()},
+                                         {w1d->get(), b1d->get(), 24, y1.get()},
+                                         {w2d->get(), nullptr, 17, y2.get()}};
+      be.MultiLinear(xd->get(), m, k, outs, 3);
+      auto a = FromBackend(be, y0.get(), m * 40), b = FromBackend(be, y1.get(), m * 24),
+           c = FromBackend(be, y2.get(), m * 17);
+      a.insert(a.end(), b.begin(), b.end());
+      a.insert(a.end(), c.begin(), c.end());
+      return a;
+    };
+    ExpectClose(run(*cpu_), run(*gpu_), Tolerance(dt()), absl::StrCat("MultiLinear m=", m));
+  }
 }
 
 TEST_P(CudaOpsTest, RmsNormAndFusedResidual) {
@@ -162,6 +171,10 @@ TEST_P(CudaOpsTest, KvWriteAndPagedAttention) {
       {7, 4, 4, 32, {{5, 5}, {40, 9}, {23, 3}, {1, 1}}},          // prefill chunks and verification
       {1, 6, 1, 80, {{9, 4}, {3, 1}}},                            // MQA, block size 1, odd head_dim
       {16, 4, 2, 128, {{300, 37}, {64, 1}, {129, 5}}},            // long prefill chunk
+      // Few (token, head) pairs: the context is split (uneven last share; shares past the end).
+      {16, 32, 8, 64, {{1000, 1}}},                               // llama-3.2-1b heads, batch 1
+      {16, 2, 1, 64, {{37, 1}}},                                  // more shares than positions
+      {8, 8, 2, 64, {{513, 2}, {9, 1}}},                          // verification of a long sequence
   };
   for (const AttnCase& c : cases) {
     int32_t blocks = 3, max_blocks = 0, all = 0, fresh_all = 0;

@@ -85,7 +85,11 @@ TEST_P(ParityTest, LogitsMatchNumpyReference) {
     }
     const double rel = max_diff / max_ref;
     g_worst_error = std::max(g_worst_error, rel);
-    EXPECT_LT(rel, 1e-4) << pc.name << " len " << len;
+    // A bf16 KV cache rounds K and V as the reference does, but a float32 difference of one ulp in
+    // the product that feeds a rounding can move that element by a whole bf16 ulp (2^-8): the
+    // AVX2 build's different accumulation order put len 300 at 2.8e-4 (AVX-512: 6e-6). Without
+    // the reference's rounding the error is 2.5e-3 to 6.9e-3, so 1e-3 still tells them apart.
+    EXPECT_LT(rel, pc.kv_dtype == DType::kBF16 ? 1e-3 : 1e-4) << pc.name << " len " << len;
     std::printf("[parity] %-24s len %3d  max|diff|/max|ref| = %.3g\n", pc.name, len, rel);
   }
   std::printf("[parity] worst relative error so far: %.3g\n", g_worst_error);
