@@ -322,7 +322,7 @@ std::vector<RequestOutput> Engine::Step() {
     const bool draft_model = spec_.proposer->model_config() != nullptr;
     controller_->ObserveStep(ForwardFlops(model_->config(), tokens, rows, positions),
                              draft_model ? seconds - propose_seconds : seconds,
-                             controller_->DraftFlops(candidates, k), propose_seconds);
+                             controller_->DraftFlops(candidates, k), propose_seconds, !inputs.empty());
   }
   return done;
 }

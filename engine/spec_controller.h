@@ -59,8 +59,13 @@ class SpecController {
   void ObserveAcceptance(RequestId id, int32_t drafts, int32_t accepted);
   void Forget(RequestId id) { seqs_.erase(id); }
   // A step's measured times: the target part (everything but drafting) and the draft's forwards.
+  // `verified`: some sequence of the step had drafts. Such steps learn a factor of their own on
+  // top of the plain steps' one: their host work per logits row (a distribution over the
+  // vocabulary to verify against, where a plain step takes an argmax) is not in the forward's
+  // table, and a factor learned mostly from plain steps priced them too low (auto speculated on
+  // 30% of the steps of a batch of 8 where every fixed k lost, for 0.86x of no speculation).
   void ObserveStep(double target_flops, double target_seconds, absl::Span<const double> draft_flops,
-                   double draft_seconds);
+                   double draft_seconds, bool verified = false);
 
   // The acceptance estimate (posterior mean) of a request, and the engine-wide one.
   double Alpha(RequestId id) const;
@@ -69,6 +74,15 @@ class SpecController {
   const StepCost* draft_cost() const { return draft_cost_.get(); }
 
  private:
+  // A candidate draft of Select: sequence seq's j-th, the tokens it adds (alpha^j), and the work it
+  // adds to the target's step and to the draft's j-th forward.
+  struct Draft {
+    double gain;
+    size_t seq;
+    int32_t j;
+    double target_flops, draft_flops;
+  };
+  mutable std::vector<Draft> drafts_;  // Select's scratch
   // The best k per candidate for acceptances `alpha` (per candidate).
   std::vector<int32_t> Select(double base_flops, double fixed_tokens, absl::Span<const SpecCandidate> c,
                               const std::vector<double>& alpha) const;
@@ -82,7 +96,8 @@ class SpecController {
   std::pair<double, double> Posterior(RequestId id) const;
 
   const ModelConfig* target_;
-  StepCost target_cost_;
+  StepCost target_cost_;   // plain steps
+  StepCost verify_extra_;  // no table: its factor() is what steps with drafts take beyond target_cost_
   const ModelConfig* draft_;
   std::unique_ptr<StepCost> draft_cost_;
   std::unordered_map<RequestId, Acceptance> seqs_;

@@ -37,7 +37,8 @@ struct CostGrid {
 // runs), spread over up to `batch` sequences at short contexts, the best of a few runs each, until
 // the budget is spent; returns the points in order of work. The forwards write into a KV pool of
 // their own (an engine's pool pre-touched this way made its later steps measurably slower).
-// Errors: the pool cannot be allocated, a forward fails.
+// A model's measurement is kept for the process's lifetime and returned to later calls with the
+// same batch, block size and KV dtype. Errors: the pool cannot be allocated, a forward fails.
 absl::StatusOr<std::vector<CostPoint>> MeasureForwardCost(LlamaModel& model, const CostGrid& grid);
 
 }  // namespace specula

@@ -1,6 +1,7 @@
 #include "model/llama_model.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -9,6 +10,11 @@
 
 namespace specula {
 namespace {
+
+uint64_t NextModelId() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
 
 // Decode batches are padded up to one of these sizes so a few captured graphs cover them all.
 constexpr int32_t kGraphBatches[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256};
@@ -23,7 +29,7 @@ int32_t GraphBatch(int32_t seqs, int32_t max_graph_batch) {
 }  // namespace
 
 LlamaModel::LlamaModel(std::unique_ptr<ModelWeights> weights, std::unique_ptr<Backend> backend)
-    : weights_(std::move(weights)), backend_(std::move(backend)), kv_dtype_(backend_->dtype()) {
+    : weights_(std::move(weights)), backend_(std::move(backend)), kv_dtype_(backend_->dtype()), id_(NextModelId()) {
   status_ = Upload();
 }
 

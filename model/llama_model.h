@@ -28,6 +28,8 @@ class LlamaModel {
                                                             std::unique_ptr<Backend> backend);
 
   const ModelConfig& config() const { return weights_->config; }
+  // Unique to this model for the process's lifetime (never reused, unlike its address).
+  uint64_t id() const { return id_; }
   Backend& backend() { return *backend_; }
   const absl::Status& status() const { return status_; }
 
@@ -97,6 +99,7 @@ class LlamaModel {
   BackendBuffer logits_dev_;  // [rows, vocab] f32 (device backends)
 
   int32_t max_graph_batch_ = 64;
+  uint64_t id_;
   uint64_t graph_kv_ = 0;  // KvCache::id() of the pool the captured graphs write into
 };
 

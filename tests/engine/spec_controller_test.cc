@@ -124,6 +124,30 @@ TEST(SpecControllerTest, SpeculatesOnlyWhereItPays) {
   EXPECT_EQ(cheap.Choose(Base(8), 0, c)[0], 1);
 }
 
+// Steps that verify drafts do host work per logits row that the forward's table does not have.
+// Measured 4x dearer than predicted while plain steps run as predicted, they stop being chosen.
+TEST(SpecControllerTest, PricesStepsWithDraftsOnTheirOwn) {
+  std::mt19937 rng(4);
+  std::vector<SpecCandidate> c;
+  for (int i = 0; i < 8; ++i) c.push_back({i, 8, 50, 1});
+  SpecController ctl = Controller(1e-5, 5e-5);
+  for (int i = 0; i < 8; ++i) Simulate(ctl, i, 0.8, 2000, &rng);
+  auto drafts = [&] {
+    int total = 0;
+    for (int32_t k : ctl.Choose(Base(8), 0, c)) total += k;
+    return total;
+  };
+  ASSERT_GT(drafts(), 0);  // as predicted, drafts pay
+  const double plain = ctl.target_cost().Predict(Base(8));
+  const double verify = ctl.target_cost().Predict(Base(8) + ForwardFlops(kTarget, 16, 16, 16 * 51.0));
+  for (int s = 0; s < 300; ++s) {
+    ctl.ObserveStep(Base(8), plain, {}, 0, /*verified=*/false);
+    ctl.ObserveStep(Base(8) + ForwardFlops(kTarget, 16, 16, 16 * 51.0), 4 * verify, {}, 0, /*verified=*/true);
+  }
+  EXPECT_NEAR(ctl.target_cost().Predict(Base(8)), plain, 0.01 * plain);  // plain steps: unchanged
+  EXPECT_EQ(drafts(), 0);
+}
+
 // The turn from reading weights to arithmetic: one token costs as much as 8 (2 ms), past 8 each
 // costs 0.25 ms. With 8 sequences, verifying one draft each doubles the step; with 2 it is nearly
 // free. A line through the 16-token steps alone would call 8 tokens 60% dearer than they are.
