@@ -27,6 +27,7 @@
 #include <cstdlib>
 
 #include "bench/bench_models.h"
+#include "core/status_macros.h"
 #include "draft/draft_model_proposer.h"
 #include "engine/engine.h"
 #include "kernels/make_backend.h"
@@ -117,6 +118,19 @@ BENCHMARK(BM_GpuDecodeStep)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
+// n requests of 32 prompt tokens and 128 greedy output tokens (the HF comparison's workload).
+absl::Status AddRequests(Engine& e, int32_t n) {
+  for (int32_t i = 0; i < n; ++i) {
+    Request r;
+    r.id = i;
+    for (int t = 0; t < 32; ++t) r.prompt.push_back(1 + (i * 131 + t * 17) % 1000);
+    r.max_tokens = 128;
+    r.ignore_eos = true;
+    RETURN_IF_ERROR(e.AddRequest(r));
+  }
+  return absl::OkStatus();
+}
+
 void BM_GpuGenerate(benchmark::State& state) {
   Loaded* l = Get(state);
   if (l->model == nullptr) return;
@@ -131,14 +145,7 @@ void BM_GpuGenerate(benchmark::State& state) {
     c.num_blocks = B * 16 + 16;
     c.max_model_len = m.config().max_seq_len;
     Engine e(&m, nullptr, c);
-    for (int32_t i = 0; i < B; ++i) {
-      Request r;
-      r.id = i;
-      for (int t = 0; t < 32; ++t) r.prompt.push_back(1 + (i * 131 + t * 17) % 1000);
-      r.max_tokens = 128;
-      r.ignore_eos = true;
-      if (auto st = e.AddRequest(r); !st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
-    }
+    if (auto st = AddRequests(e, B); !st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
     while (e.HasUnfinished()) {
       for (auto& o : e.Step()) {
         if (!o.error.empty()) return state.SkipWithError(o.error.c_str());
@@ -190,14 +197,7 @@ void BM_GpuSpec(benchmark::State& state) {
     spec.adaptive = k < 0;
     Engine e(&m, nullptr, c, spec);
     if (auto st = e.Validate(); !st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
-    for (int32_t i = 0; i < 2 * B; ++i) {
-      Request r;
-      r.id = i;
-      for (int t = 0; t < 32; ++t) r.prompt.push_back(1 + (i * 131 + t * 17) % 1000);
-      r.max_tokens = 128;
-      r.ignore_eos = true;
-      if (auto st = e.AddRequest(r); !st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
-    }
+    if (auto st = AddRequests(e, 2 * B); !st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
     state.ResumeTiming();
     while (e.HasUnfinished()) {
       for (auto& o : e.Step()) {

@@ -6,9 +6,8 @@
 #
 #   scripts/gpu_check.sh probe gpu bench hf ncu suite
 #
-# Stages: probe (device, CPU, libraries), gpu (ctest -L gpu), bench (bench/gpu_bench),
-# bench_cublas (its decode steps with cuBLAS for m <= 4 too, SPECULA_CUDA_GEMV=0), variants
-# (decode steps under the SPECULA_CUDA_* knobs), hf
+# Stages: probe (device, CPU, libraries), gpu (ctest -L gpu), bench (bench/gpu_bench), variants
+# (decode steps under the SPECULA_CUDA_* knobs, cuBLAS-only included), hf
 # (bench/hf_generate_bench.py), some (ctest -R $SPECULA_CTEST_REGEX), ncu (per-kernel times of decode steps at batch 1), suite (ctest
 # without the gpu label). SPECULA_CHECK_DEADLINE (seconds, default 570) stops starting stages
 # that would run past it.
@@ -55,7 +54,6 @@ for s in "$@"; do
     gpu) stage gpu 300 ctest --test-dir "$build" -L gpu -V --timeout 240 ;;
     bench) stage bench 300 "$build/bench/gpu_bench" --benchmark_out="$out/gpu_bench.json" --benchmark_out_format=json \
              ${SPECULA_BENCH_FILTER:+--benchmark_filter=$SPECULA_BENCH_FILTER} ;;
-    bench_cublas) SPECULA_CUDA_GEMV=0 stage bench_cublas 120 "$build/bench/gpu_bench" --benchmark_filter='DecodeStep' ;;
     # Decode steps at batch 1 and 8 under each CUDA knob setting, one process each.
     # Names: g(emv) f(use) a(ttention blocks per SM); the first setting again last, for the drift.
     variants) i=0; IFS=';' read -ra list <<< "${SPECULA_VARIANTS:-1 1 8;1 0 8;1 1 2;1 0 2;0 0 8;1 1 8}"

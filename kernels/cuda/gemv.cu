@@ -13,38 +13,29 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-// Dot product of two 16-byte vectors of T.
+// The two 16-bit elements of a 32-bit word as floats.
 template <typename T>
-__device__ __forceinline__ float Dot16(const uint4& a, const uint4& b);
-
-__device__ __forceinline__ float2 Bf16Pair(uint32_t u) {
+__device__ __forceinline__ float2 Pair(uint32_t u);
+template <>
+__device__ __forceinline__ float2 Pair<__nv_bfloat16>(uint32_t u) {
   return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
 }
 template <>
-__device__ __forceinline__ float Dot16<__nv_bfloat16>(const uint4& a, const uint4& b) {
-  const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
-  float s = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 p = Bf16Pair(wa[i]), q = Bf16Pair(wb[i]);
-    s = fmaf(p.x, q.x, s);
-    s = fmaf(p.y, q.y, s);
-  }
-  return s;
-}
-__device__ __forceinline__ float2 HalfPair(uint32_t u) {
+__device__ __forceinline__ float2 Pair<__half>(uint32_t u) {
   __half2 h;
   static_assert(sizeof(h) == sizeof(u));
   memcpy(&h, &u, sizeof(u));
   return __half22float2(h);
 }
-template <>
-__device__ __forceinline__ float Dot16<__half>(const uint4& a, const uint4& b) {
+
+// Dot product of two 16-byte vectors of T (16-bit types; float below).
+template <typename T>
+__device__ __forceinline__ float Dot16(const uint4& a, const uint4& b) {
   const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
   float s = 0.0f;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float2 p = HalfPair(wa[i]), q = HalfPair(wb[i]);
+    const float2 p = Pair<T>(wa[i]), q = Pair<T>(wb[i]);
     s = fmaf(p.x, q.x, s);
     s = fmaf(p.y, q.y, s);
   }
