@@ -13,24 +13,67 @@ Engine::Engine(LlamaModel* model, const Tokenizer* tokenizer, const SchedulerCon
       kv_(model->config(), {config.block_size, config.num_blocks, model->kv_dtype()}, &model->backend()), spec_(spec) {
   stats_.spec_k_histogram.assign(std::max(config.num_spec_tokens, 0) + 1, 0);
   if (spec_.adaptive && spec_.proposer != nullptr && model_->status().ok() && kv_.status().ok()) {
+    const auto t0 = std::chrono::steady_clock::now();
     calibration_ = Calibrate();
+    stats_.cost_measure_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.cost_measured_tokens = target_meter_.tokens;
   }
 }
 
+namespace {
+
+constexpr int32_t kStartupTokens = 8;       // shapes measured when the engine is built: 1, 2, 4, 8 tokens
+constexpr double kCalibrationShare = 0.005;  // of the steps' time, for the larger shapes
+
+}  // namespace
+
 absl::Status Engine::Calibrate() {
-  const CostGrid grid{std::min(scheduler_.config().max_num_seqs, 8), scheduler_.config().block_size,
-                      spec_.calibration_seconds};
-  auto target = spec_.target_cost.has_value() ? *spec_.target_cost : MeasureForwardCost(*model_, grid);
+  grid_ = CostGrid{std::min(scheduler_.config().max_num_seqs, 8), scheduler_.config().block_size,
+                   spec_.calibration_seconds, kStartupTokens};
+  auto meter = [](const std::vector<CostPoint>& points) {
+    return points.empty() ? Meter{} : Meter{points.back().tokens, points.back().seconds, false};
+  };
+  auto target = spec_.target_cost.has_value() ? *spec_.target_cost : MeasureForwardCost(*model_, grid_);
   if (!target.ok()) return target.status();
+  if (!spec_.target_cost.has_value()) target_meter_ = meter(*target);
   const ModelConfig* draft_config = spec_.proposer->model_config();
   std::unique_ptr<StepCost> draft;
   if (draft_config != nullptr) {
-    auto points = spec_.draft_cost.has_value() ? *spec_.draft_cost : spec_.proposer->MeasureCost(grid);
+    auto points = spec_.draft_cost.has_value() ? *spec_.draft_cost : spec_.proposer->MeasureCost(grid_);
     if (!points.ok()) return points.status();
+    if (!spec_.draft_cost.has_value()) draft_meter_ = meter(*points);
     draft = std::make_unique<StepCost>(*points);
   }
   controller_ = std::make_unique<SpecController>(&model_->config(), StepCost(*target), draft_config, std::move(draft));
   return absl::OkStatus();
+}
+
+void Engine::CalibrateMore(double step_seconds) {
+  step_seconds_ += step_seconds;
+  for (Meter* m : {&target_meter_, &draft_meter_}) {
+    if (m->done) continue;
+    // The next shape takes about twice the last one's time (2.5x measured on tiny models), two runs.
+    if (calibration_seconds_ + 6 * m->seconds > kCalibrationShare * step_seconds_) return;
+    CostGrid grid = grid_;
+    grid.max_tokens = 2 * m->tokens;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto points = m == &target_meter_ ? MeasureForwardCost(*model_, grid) : spec_.proposer->MeasureCost(grid);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    calibration_seconds_ += seconds;
+    stats_.cost_measure_seconds += seconds;
+    if (!points.ok() || points->empty() || points->back().tokens <= m->tokens) {
+      m->done = true;  // the largest shape (or the budget) reached; a failure keeps the table it has
+      continue;
+    }
+    *m = Meter{points->back().tokens, points->back().seconds, false};
+    if (m == &target_meter_) {
+      stats_.cost_measured_tokens = m->tokens;
+      controller_->SetTargetPoints(std::move(points).value());
+    } else {
+      controller_->SetDraftPoints(std::move(points).value());
+    }
+    return;  // one shape per step
+  }
 }
 
 absl::Status Engine::Validate() const {
@@ -309,7 +352,8 @@ std::vector<RequestOutput> Engine::Step() {
       break;
     }
   }
-  if (controller_ != nullptr && spec_.refine_cost) {
+  if (controller_ == nullptr) return done;
+  if (spec_.refine_cost) {
     // The step as it ran: the target's forward (and everything around it) and the draft's.
     double tokens = 0, positions = 0;
     for (const SequenceInput& in : batch.seqs) {
@@ -324,6 +368,7 @@ std::vector<RequestOutput> Engine::Step() {
                              draft_model ? seconds - propose_seconds : seconds,
                              controller_->DraftFlops(candidates, k), propose_seconds, !inputs.empty());
   }
+  CalibrateMore(std::chrono::duration<double>(Clock::now() - step_start).count());
   return done;
 }
 

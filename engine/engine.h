@@ -61,8 +61,12 @@ struct SpecConfig {
   bool allow_synthetic = false;
   // --num-spec-tokens auto: each step, k drafts per decoding sequence, 0 <= k <= the scheduler's
   // num_spec_tokens, chosen for the most expected tokens per second (engine/spec_controller.h).
-  // The engine measures forwards of the target and the draft when it is built (at most
-  // calibration_seconds each) and refines the cost model with every step's timings.
+  // The engine measures forwards of the target and the draft of 1 to 8 tokens when it is built,
+  // and the larger ones (16 to 512 tokens) between steps, one shape at a time, while the time
+  // spent measuring stays under 0.5% of the time spent in steps: a short job pays ~1% for it,
+  // however large the models. Until a size is measured, auto does not choose steps past about
+  // twice the largest measured one. Every step's timings refine the model (a factor). A shape
+  // longer than calibration_seconds is not measured.
   bool adaptive = false;
   double calibration_seconds = 1.0;
   // Startup measurements to use instead of measuring (the draft's ignored for proposers without a
@@ -84,6 +88,10 @@ struct EngineStats {
   std::vector<int64_t> spec_k_histogram;
   int64_t decode_steps = 0;
   int64_t spec_off_steps = 0;
+  // Adaptive speculation's cost measurement: seconds spent measuring forwards (at startup and
+  // between steps), and the largest target forward measured so far, in tokens.
+  double cost_measure_seconds = 0;
+  int32_t cost_measured_tokens = 0;
 };
 
 class Engine {
@@ -119,8 +127,11 @@ class Engine {
   // Verifies one sequence's drafts against its logit rows [1 + drafts, vocab]: accepted tokens then
   // a recovered or bonus token.
   VerifyResult VerifyDrafts(Active& a, const SequenceState& st, const Proposal& draft, const float* rows);
-  // Measures the target's and the draft's forwards for adaptive speculation.
+  // Measures the target's and the draft's small forwards for adaptive speculation.
   absl::Status Calibrate();
+  // After a step of `step_seconds`: measures the next larger shape of the target or the draft if
+  // the measuring time so far stays within its share of the steps' time.
+  void CalibrateMore(double step_seconds);
   // The drafts each speculating sequence of the plan gets (lowering num_spec under adaptive
   // speculation), recorded in the stats. `candidates` receives those sequences, `index` their plan
   // indices.
@@ -137,6 +148,15 @@ class Engine {
   SpecConfig spec_;
   std::unique_ptr<SpecController> controller_;  // adaptive speculation
   absl::Status calibration_;
+  // Lazy measurement of one model's forwards: the largest shape measured so far and its time.
+  struct Meter {
+    int32_t tokens = 0;
+    double seconds = 0;
+    bool done = true;  // nothing more to measure (or the costs were given)
+  };
+  Meter target_meter_, draft_meter_;
+  CostGrid grid_;
+  double step_seconds_ = 0, calibration_seconds_ = 0;  // time in steps, and measuring between steps
   std::vector<float> target_probs_, draft_probs_;  // [k + 1, vocab], [k, vocab]
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };

@@ -67,12 +67,19 @@ double SpecController::DraftSeconds(absl::Span<const double> flops) const {
 
 void SpecController::ObserveStep(double target_flops, double target_seconds, absl::Span<const double> draft_flops,
                                  double draft_seconds, bool verified) {
-  if (!verified) {
+  // Steps past the tables' reach teach nothing: the factor would learn the extension's error, and
+  // carry it into the steps the table does cover.
+  if (target_flops > kReach * target_cost_.max_flops()) {
+  } else if (!verified) {
     target_cost_.Observe(target_flops, target_seconds);
   } else if (const double predicted = target_cost_.Predict(target_flops); predicted > 0) {
     verify_extra_.ObserveRatio(target_seconds / predicted);
   }
-  if (draft_cost_ != nullptr && !draft_flops.empty()) {
+  const bool draft_in_reach =
+      draft_cost_ != nullptr && std::all_of(draft_flops.begin(), draft_flops.end(), [&](double f) {
+        return f <= kReach * draft_cost_->max_flops();
+      });
+  if (draft_in_reach && !draft_flops.empty()) {
     // The draft's forwards together: the factor learns from their sum.
     const double predicted = DraftSeconds(draft_flops) / draft_cost_->factor();
     if (predicted > 0) draft_cost_->ObserveRatio(draft_seconds / predicted);
@@ -95,54 +102,97 @@ std::vector<double> SpecController::DraftFlops(absl::Span<const SpecCandidate> c
     if (k[i] > static_cast<int32_t>(flops.size())) flops.resize(k[i], 0.0);
     // Forward 0 runs the tokens the draft lags by; forward j runs draft j - 1 (position len + j - 1).
     for (int32_t j = 0; j < k[i]; ++j) {
-      flops[j] += j == 0 ? ForwardFlops(*draft_, c[i].catch_up, 1, AttendedPositions(c[i].len - c[i].catch_up, c[i].catch_up))
-                         : ForwardFlops(*draft_, 1, 1, c[i].len + j);
+      flops[j] += j == 0 ? FirstDraftFlops(c[i]) : ForwardFlops(*draft_, 1, 1, c[i].len + j);
     }
   }
   return flops;
 }
 
+double SpecController::FirstDraftFlops(const SpecCandidate& c) const {
+  // The draft's first forward runs the tokens it lags by, the last of them with its logits row.
+  return draft_ == nullptr ? 0.0 : ForwardFlops(*draft_, c.catch_up, 1, AttendedPositions(c.len - c.catch_up, c.catch_up));
+}
+
 std::vector<int32_t> SpecController::Choose(double base_flops, double fixed_tokens,
                                             absl::Span<const SpecCandidate> c) {
+  // Sequences whose first draft is out of the tables' reach (a target step or a catch-up forward
+  // larger than measured) get none, and no draw: 32 sequences' draws and walks over drafts that
+  // could never be chosen were 5% of a real-pair step at batch 32.
+  const double target_room = kReach * target_cost_.max_flops() - base_flops;
+  const double draft_reach = draft_cost_ != nullptr ? kReach * draft_cost_->max_flops() : 0.0;
   // Thompson sampling: the best choice for one draw from each request's posterior. A request known
   // well gets its mean; one with little evidence (a new request, or one whose first drafts were
   // rejected and that has not speculated since) sometimes draws high enough to try drafts again.
-  std::vector<double> alpha(c.size());
+  std::vector<double> alpha(c.size(), 0.0);  // 0: no drafts
+  bool any = false;
   for (size_t i = 0; i < c.size(); ++i) {
+    if (c[i].max_k <= 0 || ForwardFlops(*target_, 1, 1, c[i].len + 1) > target_room) continue;
+    if (draft_cost_ != nullptr && FirstDraftFlops(c[i]) > draft_reach) continue;
     const auto [a, b] = Posterior(c[i].id);
     alpha[i] = std::min(SampleBeta(a, b, &rng_), 0.99);
+    any = true;
   }
+  if (!any) return std::vector<int32_t>(c.size(), 0);
   return Select(base_flops, fixed_tokens, c, alpha);
 }
 
 std::vector<int32_t> SpecController::Select(double base_flops, double fixed_tokens, absl::Span<const SpecCandidate> c,
                                             const std::vector<double>& alpha) const {
   const size_t n = c.size();
-  // Every candidate draft (sequence i, its j-th draft) with the tokens it adds, alpha_i^j, and the
-  // work it adds to the target's step and to the draft's j-th forward.
+  // The candidate drafts (sequence i, its j-th draft) in order of the tokens they add, alpha_i^j,
+  // ties by (sequence, j), each with the work it adds to the target's step and to the draft's j-th
+  // forward. A sequence's gains fall with j, so the order merges the sequences' runs: it is made
+  // lazily from a heap of each sequence's next draft, as far as the walks below read it (they mostly
+  // stop after a few drafts; sorting all 256 drafts of 32 sequences was most of the controller's
+  // time in steps that speculate on nothing).
   std::vector<Draft>& drafts = drafts_;  // scratch kept between steps
+  std::vector<Draft>& heap = heap_;
   drafts.clear();
-  int32_t max_k = 0;
+  heap.clear();
+  auto lower = [](const Draft& a, const Draft& b) {  // a comes after b
+    if (a.gain != b.gain) return a.gain < b.gain;
+    return a.seq != b.seq ? a.seq > b.seq : a.j > b.j;
+  };
+  auto push = [&](size_t i, int32_t j, double gain) {
+    if (j > c[i].max_k || gain < 1e-3) return;
+    heap.push_back({gain, i, j, 0, 0});
+    std::push_heap(heap.begin(), heap.end(), lower);
+  };
+  // drafts[idx], extending the order; null past the last draft.
+  auto at = [&](size_t idx) -> const Draft* {
+    while (drafts.size() <= idx) {
+      if (heap.empty()) return nullptr;
+      std::pop_heap(heap.begin(), heap.end(), lower);
+      Draft d = heap.back();
+      heap.pop_back();
+      const SpecCandidate& ci = c[d.seq];
+      d.target_flops = ForwardFlops(*target_, 1, 1, ci.len + d.j);
+      d.draft_flops = draft_ == nullptr ? 0.0 : d.j == 1 ? FirstDraftFlops(ci) : ForwardFlops(*draft_, 1, 1, ci.len + d.j - 1);
+      drafts.push_back(d);
+      push(d.seq, d.j + 1, d.gain * alpha[d.seq]);
+    }
+    return &drafts[idx];
+  };
+  // The gains of every j-th draft, and the draft's cheapest first forward, for the bounds below.
+  std::vector<double> level_gain(1, 0.0);  // [j]
+  double first_forward = draft_cost_ != nullptr ? 1e30 : 0.0;
   for (size_t i = 0; i < n; ++i) {
+    if (alpha[i] < 1e-3) continue;
+    if (draft_cost_ != nullptr) first_forward = std::min(first_forward, draft_cost_->Predict(FirstDraftFlops(c[i])));
     double gain = 1.0;
     for (int32_t j = 1; j <= c[i].max_k; ++j) {
       gain *= alpha[i];
       if (gain < 1e-3) break;
-      const double d = draft_ == nullptr ? 0.0
-                       : j == 1 ? ForwardFlops(*draft_, c[i].catch_up, 1, AttendedPositions(c[i].len - c[i].catch_up, c[i].catch_up))
-                                : ForwardFlops(*draft_, 1, 1, c[i].len + j - 1);
-      drafts.push_back({gain, i, j, ForwardFlops(*target_, 1, 1, c[i].len + j), d});
-      max_k = std::max(max_k, j);
+      if (static_cast<size_t>(j) >= level_gain.size()) level_gain.resize(j + 1, 0.0);
+      level_gain[j] += gain;
     }
+    push(i, 1, alpha[i]);
   }
-  // By gain, ties in order of (sequence, j): as a stable sort of the list built above, without its
-  // buffer (this runs every step).
-  std::sort(drafts.begin(), drafts.end(), [](const Draft& a, const Draft& b) {
-    if (a.gain != b.gain) return a.gain > b.gain;
-    return a.seq != b.seq ? a.seq < b.seq : a.j < b.j;
-  });
+  const int32_t max_k = static_cast<int32_t>(level_gain.size()) - 1;
 
-  std::vector<int32_t> best(n, 0), k(n);
+  std::vector<int32_t> best(n, 0), k(n), stop(n);  // stop[i]: sequence i's first draft out of reach
+  const double target_reach = kReach * target_cost_.max_flops();
+  const double draft_reach = draft_cost_ != nullptr ? kReach * draft_cost_->max_flops() : 0.0;
   std::vector<double> forwards;  // [cap] the draft's forwards' work
   double best_goodput = (fixed_tokens + static_cast<double>(n)) / std::max(target_cost_.Predict(base_flops), 1e-9);
   // The draft runs as many forwards as the longest proposal, so drafts cost less once that many are
@@ -153,31 +203,40 @@ std::vector<int32_t> SpecController::Select(double base_flops, double fixed_toke
   //
   // A prefix of cap c's walk that uses fewer than c forwards is also a prefix of a smaller cap's
   // walk (a sequence's gains fall with j), so cap c only matters if c forwards can pay: it is
-  // skipped when even all its drafts (every one with j <= c) over the target's base step plus c - 1
-  // of the draft's cheapest forwards (the first may cost nothing: no tokens to catch up on) cannot
-  // beat the best so far.
-  std::vector<double> level_gain(max_k + 1, 0.0);  // [j] the gains of every j-th draft
-  for (const Draft& d : drafts) level_gain[d.j] += d.gain;
+  // skipped when even all its drafts (every one with j <= c) over the target's base step plus c of
+  // the draft's forwards at their cheapest cannot beat the best so far: the first at least one
+  // sequence's catch-up, each later one at least the table's smallest forward.
   const double base_seconds = target_cost_.Predict(base_flops) * verify_extra_.factor();  // any step with drafts
   const double min_forward = draft_cost_ != nullptr ? draft_cost_->Predict(1e-30) : 0.0;
   double max_tokens = fixed_tokens + static_cast<double>(n);
   for (int32_t cap = 1; cap <= max_k; ++cap) {
     max_tokens += level_gain[cap];
-    if (max_tokens / std::max(base_seconds + (cap - 1) * min_forward, 1e-9) <= best_goodput) continue;
+    if (max_tokens / std::max(base_seconds + first_forward + (cap - 1) * min_forward, 1e-9) <= best_goodput) continue;
     std::fill(k.begin(), k.end(), 0);
+    std::fill(stop.begin(), stop.end(), max_k + 1);
     forwards.assign(cap, 0.0);
     double target = base_flops, tokens = fixed_tokens + static_cast<double>(n), draft_seconds = 0;
     // The walk ends once even every remaining draft at no further cost could not beat the best:
     // time never falls as drafts are added. (Full walks over 32 sequences' drafts made auto 13%
     // slower than no speculation on the real pair, which it never speculated on.)
     double remaining = max_tokens - tokens, seconds = base_seconds;
-    for (const Draft& d : drafts) {
-      if (d.j > cap) continue;
+    for (size_t idx = 0;; ++idx) {
+      const Draft* next = at(idx);
+      if (next == nullptr) break;
+      const Draft& d = *next;
+      if (d.j > cap || d.j >= stop[d.seq]) continue;
       if ((tokens + remaining) / std::max(seconds, 1e-9) <= best_goodput) break;
       remaining -= d.gain;
+      // Not measured that far yet: every further draft adds target work, and this one's forward
+      // (a sequence's later drafts need it) would run past the draft's table.
+      if (target + d.target_flops > target_reach) break;
+      double& f = forwards[d.j - 1];
+      if (draft_cost_ != nullptr && f + d.draft_flops > draft_reach) {
+        stop[d.seq] = d.j;
+        continue;
+      }
       ++k[d.seq];  // == d.j: a sequence's drafts come in order of j
       target += d.target_flops;
-      double& f = forwards[d.j - 1];
       if (draft_cost_ != nullptr) draft_seconds -= f > 0 ? draft_cost_->Predict(f) : 0.0;
       f += d.draft_flops;
       if (draft_cost_ != nullptr) draft_seconds += f > 0 ? draft_cost_->Predict(f) : 0.0;

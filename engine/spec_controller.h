@@ -67,6 +67,13 @@ class SpecController {
   void ObserveStep(double target_flops, double target_seconds, absl::Span<const double> draft_flops,
                    double draft_seconds, bool verified = false);
 
+  // Tables with more shapes measured (engine/engine.h measures the larger ones lazily); each keeps
+  // its factor. The draft's is ignored without a draft model.
+  void SetTargetPoints(std::vector<CostPoint> points) { target_cost_.SetPoints(std::move(points)); }
+  void SetDraftPoints(std::vector<CostPoint> points) {
+    if (draft_cost_ != nullptr) draft_cost_->SetPoints(std::move(points));
+  }
+
   // The acceptance estimate (posterior mean) of a request, and the engine-wide one.
   double Alpha(RequestId id) const;
   double EngineAlpha() const;
@@ -82,10 +89,14 @@ class SpecController {
     int32_t j;
     double target_flops, draft_flops;
   };
-  mutable std::vector<Draft> drafts_;  // Select's scratch
+  mutable std::vector<Draft> drafts_, heap_;  // Select's scratch
+  // A forward is only predicted up to this multiple of its table's largest measured one.
+  static constexpr double kReach = 2.0;
   // The best k per candidate for acceptances `alpha` (per candidate).
   std::vector<int32_t> Select(double base_flops, double fixed_tokens, absl::Span<const SpecCandidate> c,
                               const std::vector<double>& alpha) const;
+  // The draft's first forward for a candidate's first draft (its catch-up); 0 without a draft model.
+  double FirstDraftFlops(const SpecCandidate& c) const;
   // The draft's time for forwards of work `flops`.
   double DraftSeconds(absl::Span<const double> flops) const;
 

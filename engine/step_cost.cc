@@ -11,7 +11,8 @@ constexpr double kMinFactor = 0.1, kMaxFactor = 10.0;
 
 }  // namespace
 
-StepCost::StepCost(std::vector<CostPoint> points) {
+void StepCost::SetPoints(std::vector<CostPoint> points) {
+  points_.clear();
   std::sort(points.begin(), points.end(), [](const CostPoint& a, const CostPoint& b) { return a.flops < b.flops; });
   for (const CostPoint& p : points) {
     if (!(p.flops > 0) || !(p.seconds > 0)) continue;

@@ -22,7 +22,9 @@ class StepCost {
   // A model that predicts zero (a proposer without a model costs nothing).
   StepCost() = default;
   // Points in any order; equal works are merged (the faster kept).
-  explicit StepCost(std::vector<CostPoint> points);
+  explicit StepCost(std::vector<CostPoint> points) { SetPoints(std::move(points)); }
+  // A new table (more shapes measured); the factor is kept.
+  void SetPoints(std::vector<CostPoint> points);
 
   double Predict(double flops) const { return factor_ * Table(flops); }
   // A measured forward (or step) of `flops` work.
@@ -32,6 +34,10 @@ class StepCost {
 
   double factor() const { return factor_; }
   bool empty() const { return points_.empty(); }
+  // The work of the largest measured forward (0: no table). Past about twice that, the table's
+  // extension is a guess: the adaptive controller does not choose such steps, and such steps do
+  // not teach the factor.
+  double max_flops() const { return points_.empty() ? 0.0 : points_.back().flops; }
 
  private:
   double Table(double flops) const;

@@ -18,9 +18,8 @@ double ForwardFlops(const ModelConfig& c, double tokens, double rows, double pos
 
 namespace {
 
-// Measurements by (model id, KV dtype, batch, block size): engines built one after another on the
-// same model (a benchmark's runs, a server rebuilding its engine) measure once: each measurement is
-// up to a second of full load. The engine's factor (engine/step_cost.h) follows later drift.
+// Measurements by (model id, KV dtype, batch, block size). Each measurement is a few forwards at
+// full load; the engine's factor (engine/step_cost.h) follows later drift.
 struct CacheKey {
   uint64_t model;
   int kv_dtype;
@@ -33,35 +32,40 @@ std::map<CacheKey, std::vector<CostPoint>>& Cache() {
   return *cache;
 }
 
-absl::StatusOr<std::vector<CostPoint>> Measure(LlamaModel& model, const CostGrid& grid);
+// Appends to `out` the shapes of n tokens for n = 1, 2, 4, ... past out's last, up to grid.max_tokens.
+absl::Status Measure(LlamaModel& model, const CostGrid& grid, std::vector<CostPoint>* out);
 
 }  // namespace
 
 absl::StatusOr<std::vector<CostPoint>> MeasureForwardCost(LlamaModel& model, const CostGrid& grid) {
   const CacheKey key{model.id(), static_cast<int>(model.kv_dtype()), grid.batch, grid.block_size};
+  std::vector<CostPoint> points;
   {
     std::lock_guard<std::mutex> lock(cache_mu);
-    if (auto it = Cache().find(key); it != Cache().end()) return it->second;
+    if (auto it = Cache().find(key); it != Cache().end()) points = it->second;
   }
-  auto points = Measure(model, grid);
-  if (points.ok() && !points->empty()) {
+  const size_t had = points.size();
+  RETURN_IF_ERROR(Measure(model, grid, &points));
+  if (points.size() > had) {
     std::lock_guard<std::mutex> lock(cache_mu);
-    Cache()[key] = *points;
+    std::vector<CostPoint>& cached = Cache()[key];
+    if (cached.size() < points.size()) cached = points;
   }
   return points;
 }
 
 namespace {
 
-absl::StatusOr<std::vector<CostPoint>> Measure(LlamaModel& model, const CostGrid& grid) {
+absl::Status Measure(LlamaModel& model, const CostGrid& grid, std::vector<CostPoint>* out) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   const ModelConfig& c = model.config();
   const int32_t bs = grid.block_size, batch = std::max(grid.batch, 1);
   constexpr int32_t kStart = 32;  // a short context: the tokens sit at positions 32, 33, ...
-  const int32_t max_tokens = std::min(512, batch * (c.max_seq_len - kStart - 1));
-  if (max_tokens < 1) return std::vector<CostPoint>{};
+  const int32_t max_tokens = std::min({512, grid.max_tokens, batch * (c.max_seq_len - kStart - 1)});
+  const int32_t first = out->empty() ? 1 : 2 * out->back().tokens;
+  if (first > max_tokens) return absl::OkStatus();
   const int32_t per_seq_max = (max_tokens + batch - 1) / batch;
   const int32_t blocks_per_seq = (kStart + per_seq_max + bs - 1) / bs;
   KvCache kv(c, {bs, batch * blocks_per_seq, model.kv_dtype()}, &model.backend());
@@ -72,12 +76,11 @@ absl::StatusOr<std::vector<CostPoint>> Measure(LlamaModel& model, const CostGrid
   }
   std::vector<TokenId> ids(per_seq_max);
   for (int32_t i = 0; i < per_seq_max; ++i) ids[i] = (i * 7 + 3) % c.vocab_size;
-  std::vector<CostPoint> out;
   std::vector<float> logits;
-  double last = 0;  // seconds of the last shape measured
-  for (int32_t n = 1; n <= max_tokens; n *= 2) {
+  double last = out->empty() ? 0.0 : out->back().seconds;  // seconds of the last shape measured
+  for (int32_t n = first; n <= max_tokens; n *= 2) {
     // Stop before a shape that would run past the budget (its time is about twice the last one's).
-    if (!out.empty() && elapsed() + 3 * 2 * last > grid.budget_seconds) break;
+    if (last > 0 && elapsed() + 3 * 2 * last > grid.budget_seconds) break;
     const int32_t seqs = std::min(n, batch), per_seq = (n + seqs - 1) / seqs;
     ForwardBatch in;
     double positions = 0;
@@ -85,17 +88,19 @@ absl::StatusOr<std::vector<CostPoint>> Measure(LlamaModel& model, const CostGrid
       in.seqs.push_back({absl::MakeConstSpan(ids).subspan(0, per_seq), kStart, tables[s], true});
       positions += AttendedPositions(kStart, per_seq);
     }
+    // Two timed runs each; the model's first run warms up (page faults, threads).
     double best = 1e30;
-    for (int rep = 0; rep < (out.empty() ? 4 : 3); ++rep) {  // the very first run warms up (page faults, threads)
+    const bool warm_up = n == 1;
+    for (int rep = 0; rep < (warm_up ? 3 : 2); ++rep) {
       const auto r0 = Clock::now();
       RETURN_IF_ERROR(model.Forward(in, kv, LogitsMode::kLastPerSequence, &logits));
       const double s = std::chrono::duration<double>(Clock::now() - r0).count();
-      if (!(out.empty() && rep == 0)) best = std::min(best, s);
+      if (!(warm_up && rep == 0)) best = std::min(best, s);
     }
     last = best;
-    out.push_back({ForwardFlops(c, seqs * per_seq, seqs * per_seq, positions), best});
+    out->push_back({ForwardFlops(c, seqs * per_seq, seqs * per_seq, positions), best, seqs * per_seq});
   }
-  return out;
+  return absl::OkStatus();
 }
 
 }  // namespace

@@ -25,20 +25,25 @@ inline double AttendedPositions(double first, double n) { return n <= 0 ? 0.0 : 
 struct CostPoint {
   double flops = 0;
   double seconds = 0;
+  int32_t tokens = 0;  // new tokens of the forward (0 where the point did not come from a measurement)
 };
 
 struct CostGrid {
   int32_t batch = 8;            // the measured forwards spread their tokens over this many sequences
   int32_t block_size = 16;
   double budget_seconds = 1.0;  // stop measuring past this
+  int32_t max_tokens = 512;     // the largest forward to measure (at most 512)
 };
 
-// Times forwards of 1, 2, 4, ... 512 new tokens, each with its logits row (decodes and verification
-// runs), spread over up to `batch` sequences at short contexts, the best of a few runs each, until
-// the budget is spent; returns the points in order of work. The forwards write into a KV pool of
-// their own (an engine's pool pre-touched this way made its later steps measurably slower).
-// A model's measurement is kept for the process's lifetime and returned to later calls with the
-// same batch, block size and KV dtype. Errors: the pool cannot be allocated, a forward fails.
+// Times forwards of 1, 2, 4, ... up to grid.max_tokens new tokens, each with its logits row
+// (decodes and verification runs), spread over up to `batch` sequences at short contexts, the best
+// of a few runs each, until the budget is spent. A model's points are kept for the process's
+// lifetime by (model, KV dtype, batch, block size): a call measures only the shapes past those
+// already measured, so an engine can measure its small shapes at startup and the larger ones later
+// (engine/engine.h), and engines built one after another on the same model measure once. Returns
+// every point measured so far, in order of work. The forwards write into a KV pool of their own (an
+// engine's pool pre-touched this way made its later steps measurably slower). Errors: the pool
+// cannot be allocated, a forward fails.
 absl::StatusOr<std::vector<CostPoint>> MeasureForwardCost(LlamaModel& model, const CostGrid& grid);
 
 }  // namespace specula

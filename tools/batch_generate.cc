@@ -120,10 +120,15 @@ std::string SpecLengthLine(const EngineStats& s) {
     absl::StrAppend(&hist, hist.empty() ? "" : ", ", "k=", k, " ",
                     absl::StrFormat("%.1f%%", 100.0 * s.spec_k_histogram[k] / std::max<int64_t>(total, 1)));
   }
-  return absl::StrFormat("[specula] speculation length: %s; steps without speculation: %.1f%% (%d of %d)\n",
-                         hist.empty() ? "none" : hist,
-                         100.0 * s.spec_off_steps / std::max<int64_t>(s.decode_steps, 1), s.spec_off_steps,
-                         s.decode_steps);
+  std::string line = absl::StrFormat("[specula] speculation length: %s; steps without speculation: %.1f%% (%d of %d)",
+                                     hist.empty() ? "none" : hist,
+                                     100.0 * s.spec_off_steps / std::max<int64_t>(s.decode_steps, 1), s.spec_off_steps,
+                                     s.decode_steps);
+  if (s.cost_measured_tokens > 0) {  // adaptive speculation
+    absl::StrAppend(&line, absl::StrFormat("; cost model: forwards up to %d tokens measured in %.1f ms",
+                                           s.cost_measured_tokens, 1e3 * s.cost_measure_seconds));
+  }
+  return line + "\n";
 }
 
 absl::Status RunBatchGenerate(LlamaModel& model, const Tokenizer& tokenizer, const BatchOptions& opt,

@@ -4,6 +4,8 @@
 // early rejections, the work of a choice).
 #include "engine/spec_controller.h"
 
+#include <algorithm>
+#include <numeric>
 #include <random>
 
 #include "engine/step_cost.h"
@@ -198,6 +200,41 @@ TEST(SpecControllerTest, RetriesARequestWhoseFirstDraftsWereRejected) {
   EXPECT_LT(speculated, 180);
   // Request 1, well known at 0.8, always speculates.
   for (int step = 0; step < 50; ++step) EXPECT_GT(c.Choose(Base(1), 0, std::vector<SpecCandidate>{{1, 8, 50, 1}})[0], 0);
+}
+
+// Tables measured only up to 8-token forwards (the engine's startup shapes): drafts that pay are
+// chosen where the step stays within twice that, never past it, and every shape once measured.
+TEST(SpecControllerTest, StaysWithinTheMeasuredShapes) {
+  auto upto = [](std::vector<CostPoint> t, size_t points) { return std::vector<CostPoint>(t.begin(), t.begin() + points); };
+  const std::vector<CostPoint> target = Table(kTarget, 1e-3, 1e-5), draft = Table(kDraft, 5e-5, 1e-7);
+  SpecController c(&kTarget, StepCost(upto(target, 4)), &kDraft, std::make_unique<StepCost>(upto(draft, 4)));
+  std::mt19937 rng(7);
+  std::vector<SpecCandidate> one, many;
+  for (int i = 0; i < 32; ++i) {
+    Simulate(c, i, 0.8, 2000, &rng);
+    many.push_back({i, 8, 50, 1});
+  }
+  one.push_back(many[0]);
+  const double reach = 2 * target[3].flops;
+  EXPECT_GE(c.Choose(Base(1), 0, one)[0], 2);  // 1 + k tokens: within reach
+  std::vector<int32_t> k = c.Choose(Base(4), 0, absl::MakeConstSpan(many).subspan(0, 4));
+  EXPECT_LE(c.TargetFlops(Base(4), absl::MakeConstSpan(many).subspan(0, 4), k), reach);
+  EXPECT_GT(k[0] + k[1] + k[2] + k[3], 0);
+  for (int32_t ki : c.Choose(Base(32), 0, many)) EXPECT_EQ(ki, 0);  // 32 tokens: past reach
+  // A step past reach does not teach the factor (the table's extension would).
+  c.ObserveStep(Base(32), 1.0, {}, 0);
+  EXPECT_EQ(c.target_cost().factor(), 1.0);
+  // Every shape measured: memory-bound steps of 32 take drafts.
+  c.SetTargetPoints(target);
+  c.SetDraftPoints(draft);
+  k = c.Choose(Base(32), 0, many);
+  EXPECT_GT(std::accumulate(k.begin(), k.end(), 0), 32);
+  // A (cheaper) draft's table of one-token forwards: the first forward (a token of catch-up per
+  // sequence) may run two sequences; those two may still go deep.
+  c.SetDraftPoints(upto(Table(kDraft, 5e-6, 1e-8), 1));
+  k = c.Choose(Base(32), 0, many);
+  EXPECT_EQ(std::count_if(k.begin(), k.end(), [](int32_t x) { return x > 0; }), 2);
+  EXPECT_GE(*std::max_element(k.begin(), k.end()), 2);
 }
 
 TEST(SpecControllerTest, WorkOfADraftChoice) {

@@ -400,6 +400,39 @@ TEST(SpecLeakTest, TenThousandRandomRequestsWithAbortsLeakNothing) {
               e.stats().spec.acceptance_rate());
 }
 
+// --num-spec-tokens auto with measured costs: forwards of 1 to 8 tokens when the engine is built,
+// the larger ones between steps within 0.5% of the steps' time (a little more where a measurement
+// runs longer than predicted: the bound here is 2%).
+TEST(SpecCostTest, MeasuresLargerShapesWithinItsShareOfTheSteps) {
+  const std::string dir = testing::TinyStoriesDir();
+  auto target = Load(dir + "/stories260K.bin"), draft = Load(dir + "/llama2xs.bin");  // not measured yet
+  DraftModelProposer proposer(draft.get(), 16, 2048);
+  SpecConfig spec;
+  spec.proposer = &proposer;
+  spec.adaptive = true;
+  Engine e(target.get(), nullptr, Config(*target, 32, 2048, 8), spec);
+  ASSERT_TRUE(e.Validate().ok()) << e.Validate();
+  EXPECT_EQ(e.stats().cost_measured_tokens, 8);
+  const double startup = e.stats().cost_measure_seconds;
+  std::vector<Request> reqs;
+  for (int i = 0; i < (Quick() ? 32 : 128); ++i) {
+    Request r;
+    r.id = i;
+    r.prompt = {1, 100 + i % 50, 200 + i % 7};
+    r.max_tokens = 200;
+    r.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  const double t0 = e.NowMs();
+  RunToEnd(e, reqs);
+  const double run_seconds = (e.NowMs() - t0) / 1000;
+  const double later = e.stats().cost_measure_seconds - startup;
+  std::printf("[cost] startup %.2f ms, later %.2f ms over a %.0f ms run, up to %d tokens\n", 1e3 * startup, 1e3 * later,
+              1e3 * run_seconds, e.stats().cost_measured_tokens);
+  EXPECT_GT(e.stats().cost_measured_tokens, 8);
+  EXPECT_LE(later, 0.02 * run_seconds);
+}
+
 TEST(SpecConfigTest, SyntheticProposerIsRefusedOutsideBenchmarks) {
   auto target = Load(testing::TinyStoriesDir() + "/stories260K.bin");
   NgramProposer p(1, 3);
