@@ -260,7 +260,7 @@ GridRun RunGrid(const GridModels& m, bool synthetic, int32_t batch, int32_t k) {
   c.max_num_seqs = batch;
   c.num_blocks = batch * 12 + 16;  // prompt + 128 tokens + 8 lookahead in blocks of 16
   c.max_model_len = m.max_model_len;
-  c.num_spec_tokens = k < 0 ? (std::getenv("SPECULA_GRID_MAXK") ? std::atoi(std::getenv("SPECULA_GRID_MAXK")) : 8) : k;
+  c.num_spec_tokens = k < 0 ? 8 : k;
   SpecConfig spec;
   spec.proposer = k != 0 ? &proposer : nullptr;
   spec.synthetic_alpha = synthetic && k != 0 ? 0.8 : -1.0;
