@@ -14,8 +14,9 @@
 //  BM_ForwardCost            one forward of 1 or 5 tokens of the draft, the target, the int8 draft.
 //  BM_SpecGrid/pair:P/batch:B
 //                            throughput with no speculation, each fixed k in {1, 2, 4, 8} and
-//                            --num-spec-tokens auto, side by side: the six runs alternate, five
-//                            rounds ($SPECULA_GRID_ROUNDS), in one benchmark; each one's best round
+//                            --num-spec-tokens auto, side by side: the six runs alternate (no
+//                            speculation and auto back to back), five rounds
+//                            ($SPECULA_GRID_ROUNDS), in one benchmark; each one's best round
 //                            is reported, and the ratios are medians of each round's ratio (against
 //                            the fixed k of highest median). P = 0: the real pair (stories260K target,
 //                            llama2xs draft, greedy). P = 1: the synthetic proposer at alpha = 0.8
@@ -307,9 +308,23 @@ void BM_SpecGrid(benchmark::State& state) {
     GridRun last_auto;
     const char* env = std::getenv("SPECULA_GRID_ROUNDS");
     const int rounds = env != nullptr ? std::max(1, std::atoi(env)) : 5;
+    // Each round runs the settings in a different order, with no speculation and auto always back
+    // to back (in turn first): their ratio is the claim to check, and this machine's throughput
+    // drifts by 10% over seconds.
+    std::vector<std::vector<int32_t>> units;
+    const bool paired = std::count(ks.begin(), ks.end(), 0) && std::count(ks.begin(), ks.end(), -1);
+    for (int32_t k : ks) {
+      if (paired && k == -1) continue;
+      units.push_back(paired && k == 0 ? std::vector<int32_t>{0, -1} : std::vector<int32_t>{k});
+    }
     for (int round = 0; round < rounds; ++round) {
-      for (size_t i = 0; i < ks.size(); ++i) {
-        const int32_t k = ks[(i + round) % ks.size()];  // a different order each round
+      std::vector<int32_t> order;
+      for (size_t i = 0; i < units.size(); ++i) {
+        std::vector<int32_t> u = units[(i + round) % units.size()];
+        if (round % 2) std::reverse(u.begin(), u.end());
+        order.insert(order.end(), u.begin(), u.end());
+      }
+      for (int32_t k : order) {
         const GridRun r = RunGrid(m, synthetic, batch, k);
         tps[k].push_back(r.tokens_per_s);
         if (std::getenv("SPECULA_GRID_VERBOSE") != nullptr) {

@@ -1,7 +1,7 @@
 // The predicted time of a forward (the target's step, or one of the draft's forwards), for adaptive
-// speculation: a table of times by work (FLOPs, model/forward_cost.h) measured at startup,
-// interpolated linearly between its points and extended past the last one by the last segment's
-// slope, times a factor that follows the engine's own measured steps.
+// speculation: a table of times by work (FLOPs, model/forward_cost.h), interpolated linearly
+// between its points and extended past the last one by the last segment's slope or in proportion to
+// work, whichever is larger, times a factor that follows the engine's own measured steps.
 //
 // The table carries the shape. A decode step is bound by reading the weights at one token and by
 // arithmetic at many, and where between it turns depends on the machine: a line fitted to the

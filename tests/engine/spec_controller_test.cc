@@ -20,7 +20,8 @@ TEST(StepCostTest, InterpolatesAndExtendsTheMeasuredTable) {
   EXPECT_DOUBLE_EQ(cost.Predict(2.5e6), 1.5e-3);
   EXPECT_DOUBLE_EQ(cost.Predict(4e6), 2e-3);
   EXPECT_DOUBLE_EQ(cost.Predict(6e6), 2.5e-3);
-  EXPECT_DOUBLE_EQ(cost.Predict(16e6), 5e-3);  // past the table: the last segment's slope
+  EXPECT_DOUBLE_EQ(cost.Predict(16e6), 6e-3);  // past the table: in proportion to work (above the slope's 5e-3)
+  EXPECT_DOUBLE_EQ(StepCost({{1e6, 1e-3}, {2e6, 3e-3}}).Predict(4e6), 7e-3);  // or the last segment's slope
   EXPECT_DOUBLE_EQ(cost.Predict(1e3), 1e-3);   // below it: the smallest forward's time
   EXPECT_EQ(StepCost().Predict(1e9), 0.0);
   // A noisy point below its predecessor is lifted: time never falls with work.
