@@ -1,0 +1,101 @@
+// The serving step loop: one thread owns the Engine and runs its steps. Any other thread (gRPC and
+// HTTP handlers) submits requests, reads each one's output as deltas from its RequestStream (a
+// thread-safe queue), and cancels it. Nothing else touches the engine; what other threads may
+// read of its state (queue lengths, KV use) is a snapshot the loop publishes after every step.
+// No gRPC or HTTP types here.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/engine.h"
+
+namespace specula {
+
+// What a request produced since its previous delta. The last delta has `finished` set and carries
+// the whole output (finish reason, token counts, timings, speculation counts) in `final`, or the
+// reason the request was refused in `error`.
+struct TokenDelta {
+  std::vector<TokenId> tokens;
+  std::string text;  // the tokens' text, when the engine has a tokenizer
+  bool finished = false;
+  absl::Status error;  // not OK: the request was refused (bad input) and never ran
+  RequestOutput final;
+};
+
+// One request's deltas, in order. Written by the loop thread, read by one reader.
+class RequestStream {
+ public:
+  explicit RequestStream(RequestId id) : id_(id) {}
+  RequestId id() const { return id_; }
+  // The next delta, waiting at most `timeout`; nullopt if none came by then, or after the last.
+  std::optional<TokenDelta> Next(std::chrono::milliseconds timeout);
+
+ private:
+  friend class EngineLoop;
+  void Push(TokenDelta d);
+
+  const RequestId id_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<TokenDelta> deltas_;  // guarded by mu_
+  bool done_ = false;              // the last delta was pushed; guarded by mu_
+};
+
+// The engine's state as of the end of the last step.
+struct EngineSnapshot {
+  int32_t num_running = 0, num_waiting = 0;
+  int32_t kv_blocks_used = 0, kv_blocks_total = 0;  // used: held by sequences (cached free blocks are free)
+  int64_t steps = 0;
+  EngineStats stats;
+};
+
+class EngineLoop {
+ public:
+  // `engine` must outlive the loop; from here on only the loop's thread touches it.
+  explicit EngineLoop(Engine* engine);
+  // Stops the loop: requests still running end with FinishReason::kAborted.
+  ~EngineLoop();
+  EngineLoop(const EngineLoop&) = delete;
+  EngineLoop& operator=(const EngineLoop&) = delete;
+
+  // Queues a request for the next step. Refusals (a duplicate id, bad sampling parameters, token
+  // ids outside the vocabulary) arrive as the stream's only delta, with `error` set.
+  std::shared_ptr<RequestStream> Submit(Request r);
+  // Aborts a request before the next step: its KV blocks are free once that step's snapshot is
+  // out, and its stream ends with FinishReason::kAborted. Unknown or finished ids are ignored.
+  void Cancel(RequestId id);
+  EngineSnapshot Snapshot() const;
+
+ private:
+  void Run();
+  // Pushes each active request's tokens and text since its last delta. Loop thread only.
+  void PublishDeltas(std::vector<RequestOutput> finished);
+
+  Engine* const engine_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::pair<Request, std::shared_ptr<RequestStream>>> adds_;  // guarded by mu_
+  std::vector<RequestId> cancels_;                                       // guarded by mu_
+  bool stop_ = false;                                                    // guarded by mu_
+  EngineSnapshot snapshot_;                                              // guarded by mu_
+
+  // Loop thread only: the streams of admitted requests, and what each has been sent.
+  struct Active {
+    std::shared_ptr<RequestStream> stream;
+    size_t tokens_sent = 0, text_sent = 0;
+  };
+  std::unordered_map<RequestId, Active> active_;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+}  // namespace specula

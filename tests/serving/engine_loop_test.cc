@@ -1,0 +1,183 @@
+// The serving step loop (serving/engine_loop.h) with the real tinystories target: requests
+// submitted from several threads at once stream exactly the tokens the engine gives offline;
+// a cancelled request ends aborted with its KV blocks free; a bad request is refused on its
+// stream; stopping the loop ends what is still running.
+#include "serving/engine_loop.h"
+
+#include <map>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "model/llama_model.h"
+#include "model/weights.h"
+#include "model/tokenizer.h"
+#include "tests/test_util.h"
+
+namespace specula {
+namespace {
+
+using std::chrono::milliseconds;
+
+class EngineLoopTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string dir = testing::TinyStoriesDir();
+    auto w = LoadModel(dir + "/stories260K.bin");
+    ASSERT_TRUE(w.ok()) << w.status();
+    model_ = new LlamaModel(std::move(w).value(), MakeCpuBackend());
+    auto tok = LoadTokenizer(dir + "/tok512.bin", 512);
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    tok_ = tok->release();
+  }
+
+  static SchedulerConfig Config(int32_t num_blocks = 256) {
+    SchedulerConfig c;
+    c.max_num_seqs = 8;
+    c.block_size = 16;
+    c.num_blocks = num_blocks;
+    c.max_model_len = model_->config().max_seq_len;
+    return c;
+  }
+
+  static Request Make(RequestId id, int32_t max_tokens = 48) {
+    Request r;
+    r.id = id;
+    r.prompt = tok_->Encode(id % 2 ? "Once upon a time" : "The little dog", true);
+    r.prompt.push_back(static_cast<TokenId>(10 + id));  // each prompt its own
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    return r;
+  }
+
+  // Reads a stream to its end: the tokens and text of its deltas, and the last delta.
+  static TokenDelta Drain(RequestStream& s, std::vector<TokenId>* tokens, std::string* text) {
+    for (;;) {
+      std::optional<TokenDelta> d = s.Next(milliseconds(10000));
+      if (!d.has_value()) {
+        ADD_FAILURE() << "request " << s.id() << ": no delta within 10 s";
+        return {};
+      }
+      tokens->insert(tokens->end(), d->tokens.begin(), d->tokens.end());
+      *text += d->text;
+      if (d->finished) return std::move(*d);
+    }
+  }
+
+  static LlamaModel* model_;
+  static Tokenizer* tok_;
+};
+LlamaModel* EngineLoopTest::model_ = nullptr;
+Tokenizer* EngineLoopTest::tok_ = nullptr;
+
+TEST_F(EngineLoopTest, ConcurrentStreamsEqualOfflineOutputs) {
+  constexpr int kRequests = 20;
+  std::map<RequestId, RequestOutput> offline;
+  {
+    Engine e(model_, tok_, Config());
+    for (int i = 0; i < kRequests; ++i) ASSERT_TRUE(e.AddRequest(Make(i)).ok());
+    while (e.HasUnfinished()) {
+      for (RequestOutput& o : e.Step()) offline.emplace(o.id, std::move(o));
+    }
+  }
+  Engine engine(model_, tok_, Config());
+  EngineLoop loop(&engine);
+  std::vector<std::thread> clients;
+  std::map<RequestId, std::pair<std::vector<TokenId>, std::string>> got;
+  std::map<RequestId, TokenDelta> last;
+  std::mutex mu;
+  for (int t = 0; t < 4; ++t) {
+    clients.emplace_back([&, t] {
+      for (int i = t; i < kRequests; i += 4) {
+        auto stream = loop.Submit(Make(i));
+        std::vector<TokenId> tokens;
+        std::string text;
+        TokenDelta end = Drain(*stream, &tokens, &text);
+        std::lock_guard<std::mutex> lock(mu);
+        got[i] = {tokens, text};
+        last[i] = std::move(end);
+      }
+    });
+  }
+  for (std::thread& c : clients) c.join();
+  ASSERT_EQ(got.size(), static_cast<size_t>(kRequests));
+  for (int i = 0; i < kRequests; ++i) {
+    EXPECT_EQ(got[i].first, offline[i].tokens) << "request " << i;
+    EXPECT_EQ(got[i].second, offline[i].text) << "request " << i;
+    EXPECT_EQ(last[i].final.finish, FinishReason::kMaxTokens);
+    EXPECT_EQ(last[i].final.tokens, offline[i].tokens);
+    EXPECT_TRUE(last[i].error.ok());
+  }
+  const EngineSnapshot s = loop.Snapshot();
+  EXPECT_EQ(s.kv_blocks_used, 0);
+  EXPECT_EQ(s.num_running + s.num_waiting, 0);
+  EXPECT_EQ(s.stats.generated_tokens, int64_t{kRequests} * 48);
+}
+
+TEST_F(EngineLoopTest, CancelEndsTheStreamAndFreesItsBlocks) {
+  Engine engine(model_, tok_, Config());
+  EngineLoop loop(&engine);
+  auto stream = loop.Submit(Make(1, 400));
+  std::optional<TokenDelta> first = stream->Next(milliseconds(10000));
+  ASSERT_TRUE(first.has_value());
+  ASSERT_FALSE(first->finished);
+  EXPECT_GT(loop.Snapshot().kv_blocks_used, 0);
+  loop.Cancel(1);
+  std::vector<TokenId> tokens = first->tokens;
+  std::string text;
+  const TokenDelta end = Drain(*stream, &tokens, &text);
+  EXPECT_EQ(end.final.finish, FinishReason::kAborted);
+  EXPECT_LT(tokens.size(), 400u);
+  // The snapshot of the step that returned the aborted request is out before its last delta.
+  EXPECT_EQ(loop.Snapshot().kv_blocks_used, 0);
+  EXPECT_FALSE(stream->Next(milliseconds(1)).has_value());  // nothing after the last delta
+  loop.Cancel(1);   // finished: ignored
+  loop.Cancel(99);  // unknown: ignored
+  auto after = loop.Submit(Make(2, 4));
+  std::vector<TokenId> t2;
+  EXPECT_EQ(Drain(*after, &t2, &text).final.finish, FinishReason::kMaxTokens);
+  EXPECT_EQ(t2.size(), 4u);
+}
+
+TEST_F(EngineLoopTest, RefusalsArriveOnTheStream) {
+  Engine engine(model_, tok_, Config());
+  EngineLoop loop(&engine);
+  Request bad = Make(5);
+  bad.prompt.push_back(100000);  // outside the vocabulary
+  auto refused = loop.Submit(bad);
+  std::optional<TokenDelta> d = refused->Next(milliseconds(10000));
+  ASSERT_TRUE(d.has_value());
+  EXPECT_TRUE(d->finished);
+  EXPECT_EQ(d->error.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(d->error.message().find("100000"), std::string::npos) << d->error;
+  // A duplicate of a running request's id is refused; the running one is untouched.
+  auto running = loop.Submit(Make(6, 64));
+  auto duplicate = loop.Submit(Make(6, 64));
+  d = duplicate->Next(milliseconds(10000));
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->error.code(), absl::StatusCode::kAlreadyExists);
+  std::vector<TokenId> tokens;
+  std::string text;
+  EXPECT_EQ(Drain(*running, &tokens, &text).final.finish, FinishReason::kMaxTokens);
+  EXPECT_EQ(tokens.size(), 64u);
+}
+
+TEST_F(EngineLoopTest, StoppingEndsRunningRequests) {
+  Engine engine(model_, tok_, Config());
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  {
+    EngineLoop loop(&engine);
+    for (int i = 0; i < 4; ++i) streams.push_back(loop.Submit(Make(i, 400)));
+    ASSERT_TRUE(streams[0]->Next(milliseconds(10000)).has_value());
+  }  // the loop stops here
+  for (auto& s : streams) {
+    std::vector<TokenId> tokens;
+    std::string text;
+    EXPECT_EQ(Drain(*s, &tokens, &text).final.finish, FinishReason::kAborted) << "request " << s->id();
+  }
+  EXPECT_FALSE(engine.HasUnfinished());
+  EXPECT_EQ(engine.scheduler().blocks().num_available(), engine.scheduler().blocks().num_blocks());
+}
+
+}  // namespace
+}  // namespace specula
