@@ -30,18 +30,15 @@ constexpr double kCalibrationShare = 0.005;  // of the steps' time, for the larg
 absl::Status Engine::Calibrate() {
   grid_ = CostGrid{std::min(scheduler_.config().max_num_seqs, 8), scheduler_.config().block_size,
                    spec_.calibration_seconds, kStartupTokens};
-  auto meter = [](const std::vector<CostPoint>& points) {
-    return points.empty() ? Meter{} : Meter{points.back().tokens, points.back().seconds, false};
-  };
   auto target = spec_.target_cost.has_value() ? *spec_.target_cost : MeasureForwardCost(*model_, grid_);
   if (!target.ok()) return target.status();
-  if (!spec_.target_cost.has_value()) target_meter_ = meter(*target);
+  if (!spec_.target_cost.has_value()) target_meter_ = Meter::Of(*target);
   const ModelConfig* draft_config = spec_.proposer->model_config();
   std::unique_ptr<StepCost> draft;
   if (draft_config != nullptr) {
     auto points = spec_.draft_cost.has_value() ? *spec_.draft_cost : spec_.proposer->MeasureCost(grid_);
     if (!points.ok()) return points.status();
-    if (!spec_.draft_cost.has_value()) draft_meter_ = meter(*points);
+    if (!spec_.draft_cost.has_value()) draft_meter_ = Meter::Of(*points);
     draft = std::make_unique<StepCost>(*points);
   }
   controller_ = std::make_unique<SpecController>(&model_->config(), StepCost(*target), draft_config, std::move(draft));
@@ -65,7 +62,7 @@ void Engine::CalibrateMore(double step_seconds) {
       m->done = true;  // the largest shape (or the budget) reached; a failure keeps the table it has
       continue;
     }
-    *m = Meter{points->back().tokens, points->back().seconds, false};
+    *m = Meter::Of(*points);
     if (m == &target_meter_) {
       stats_.cost_measured_tokens = m->tokens;
       controller_->SetTargetPoints(std::move(points).value());

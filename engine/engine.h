@@ -153,6 +153,10 @@ class Engine {
     int32_t tokens = 0;
     double seconds = 0;
     bool done = true;  // nothing more to measure (or the costs were given)
+    // The largest of `points` (in order of work), more to measure; none: done.
+    static Meter Of(const std::vector<CostPoint>& points) {
+      return points.empty() ? Meter{} : Meter{points.back().tokens, points.back().seconds, false};
+    }
   };
   Meter target_meter_, draft_meter_;
   CostGrid grid_;

@@ -69,11 +69,12 @@ void SpecController::ObserveStep(double target_flops, double target_seconds, abs
                                  double draft_seconds, bool verified) {
   // Steps past the tables' reach teach nothing: the factor would learn the extension's error, and
   // carry it into the steps the table does cover.
-  if (target_flops > kReach * target_cost_.max_flops()) {
-  } else if (!verified) {
-    target_cost_.Observe(target_flops, target_seconds);
-  } else if (const double predicted = target_cost_.Predict(target_flops); predicted > 0) {
-    verify_extra_.ObserveRatio(target_seconds / predicted);
+  if (target_flops <= kReach * target_cost_.max_flops()) {
+    if (!verified) {
+      target_cost_.Observe(target_flops, target_seconds);
+    } else if (const double predicted = target_cost_.Predict(target_flops); predicted > 0) {
+      verify_extra_.ObserveRatio(target_seconds / predicted);
+    }
   }
   const bool draft_in_reach =
       draft_cost_ != nullptr && std::all_of(draft_flops.begin(), draft_flops.end(), [&](double f) {

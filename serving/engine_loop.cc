@@ -97,7 +97,6 @@ void EngineLoop::Run() {
       snapshot_.num_waiting = engine_->scheduler().num_waiting();
       snapshot_.kv_blocks_total = blocks.num_blocks();
       snapshot_.kv_blocks_used = blocks.num_blocks() - blocks.num_available();
-      snapshot_.steps = engine_->stats().steps;
       snapshot_.stats = engine_->stats();
     }
     PublishDeltas(std::move(finished));

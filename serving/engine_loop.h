@@ -55,7 +55,6 @@ class RequestStream {
 struct EngineSnapshot {
   int32_t num_running = 0, num_waiting = 0;
   int32_t kv_blocks_used = 0, kv_blocks_total = 0;  // used: held by sequences (cached free blocks are free)
-  int64_t steps = 0;
   EngineStats stats;
 };
 

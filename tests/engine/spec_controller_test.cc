@@ -75,6 +75,13 @@ SpecController Controller(double per_token, double per_forward, double fixed = 1
 // The target's work for `n` decoding sequences at context 50.
 double Base(int n) { return ForwardFlops(kTarget, n, n, n * 50.0); }
 
+// Sequences 0 .. n - 1 at context 50, each with room for 8 drafts and one token to catch up on.
+std::vector<SpecCandidate> Candidates(int n) {
+  std::vector<SpecCandidate> c;
+  for (int i = 0; i < n; ++i) c.push_back({i, 8, 50, 1});
+  return c;
+}
+
 // `verifications` of k = 4 drafts, each accepted with probability alpha until the first rejection.
 void Simulate(SpecController& c, RequestId id, double alpha, int verifications, std::mt19937* rng) {
   std::uniform_real_distribution<double> u(0, 1);
@@ -101,8 +108,7 @@ TEST(SpecControllerTest, EstimatesAcceptanceFromTruncatedRuns) {
 
 TEST(SpecControllerTest, SpeculatesOnlyWhereItPays) {
   std::mt19937 rng(3);
-  std::vector<SpecCandidate> c;
-  for (int i = 0; i < 8; ++i) c.push_back({i, 8, 50, 1});
+  std::vector<SpecCandidate> c = Candidates(8);
   // Memory-bound target (a token costs 1% of a step) and a draft forward of 5%: drafts pay.
   SpecController cheap = Controller(1e-5, 5e-5);
   for (int i = 0; i < 8; ++i) Simulate(cheap, i, 0.8, 2000, &rng);
@@ -131,8 +137,7 @@ TEST(SpecControllerTest, SpeculatesOnlyWhereItPays) {
 // Measured 4x dearer than predicted while plain steps run as predicted, they stop being chosen.
 TEST(SpecControllerTest, PricesStepsWithDraftsOnTheirOwn) {
   std::mt19937 rng(4);
-  std::vector<SpecCandidate> c;
-  for (int i = 0; i < 8; ++i) c.push_back({i, 8, 50, 1});
+  std::vector<SpecCandidate> c = Candidates(8);
   SpecController ctl = Controller(1e-5, 5e-5);
   for (int i = 0; i < 8; ++i) Simulate(ctl, i, 0.8, 2000, &rng);
   auto drafts = [&] {
@@ -159,12 +164,8 @@ TEST(SpecControllerTest, FollowsTheTurnFromMemoryToCompute) {
   for (int n = 1; n <= 512; n *= 2) table.push_back({ForwardFlops(kTarget, n, n, n * 50.0), 2e-3 + 2.5e-4 * std::max(0, n - 8)});
   SpecController c(&kTarget, StepCost(table), &kDraft, std::make_unique<StepCost>(Table(kDraft, 3e-4, 1e-7)));
   std::mt19937 rng(6);
-  std::vector<SpecCandidate> eight, two;
-  for (int i = 0; i < 8; ++i) {
-    Simulate(c, i, 0.8, 2000, &rng);
-    eight.push_back({i, 8, 50, 1});
-    if (i < 2) two.push_back({i, 8, 50, 1});
-  }
+  for (int i = 0; i < 8; ++i) Simulate(c, i, 0.8, 2000, &rng);
+  const std::vector<SpecCandidate> eight = Candidates(8), two = Candidates(2);
   for (int32_t k : c.Choose(Base(8), 0, eight)) EXPECT_EQ(k, 0);
   for (int32_t k : c.Choose(Base(2), 0, two)) EXPECT_GE(k, 2);
 }
@@ -175,11 +176,8 @@ TEST(SpecControllerTest, FollowsTheTurnFromMemoryToCompute) {
 TEST(SpecControllerTest, OneDraftEachWhenAForwardIsCostly) {
   SpecController c = Controller(1e-6, 4e-4);
   std::mt19937 rng(5);
-  std::vector<SpecCandidate> cands;
-  for (int i = 0; i < 20; ++i) {
-    Simulate(c, i, i < 10 ? 0.8 : 0.3, 2000, &rng);
-    cands.push_back({i, 8, 50, 1});
-  }
+  for (int i = 0; i < 20; ++i) Simulate(c, i, i < 10 ? 0.8 : 0.3, 2000, &rng);
+  const std::vector<SpecCandidate> cands = Candidates(20);
   const std::vector<int32_t> k = c.Choose(Base(20), 0, cands);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(k[i], 1) << "sequence " << i;
 }
@@ -210,12 +208,8 @@ TEST(SpecControllerTest, StaysWithinTheMeasuredShapes) {
   const std::vector<CostPoint> target = Table(kTarget, 1e-3, 1e-5), draft = Table(kDraft, 5e-5, 1e-7);
   SpecController c(&kTarget, StepCost(upto(target, 4)), &kDraft, std::make_unique<StepCost>(upto(draft, 4)));
   std::mt19937 rng(7);
-  std::vector<SpecCandidate> one, many;
-  for (int i = 0; i < 32; ++i) {
-    Simulate(c, i, 0.8, 2000, &rng);
-    many.push_back({i, 8, 50, 1});
-  }
-  one.push_back(many[0]);
+  for (int i = 0; i < 32; ++i) Simulate(c, i, 0.8, 2000, &rng);
+  const std::vector<SpecCandidate> many = Candidates(32), one = Candidates(1);
   const double reach = 2 * target[3].flops;
   EXPECT_GE(c.Choose(Base(1), 0, one)[0], 2);  // 1 + k tokens: within reach
   std::vector<int32_t> k = c.Choose(Base(4), 0, absl::MakeConstSpan(many).subspan(0, 4));
