@@ -9,6 +9,7 @@ APT_PACKAGES=(
   libabsl-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libicu-dev
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libcpp-httplib-dev
   python3 python3-pip
 )
 
@@ -26,8 +27,13 @@ if [ "${#missing[@]}" -gt 0 ]; then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# Python tooling: the numpy reference implementation used by the parity tests.
-if ! python3 -c "import numpy" >/dev/null 2>&1; then
-  echo "[install_deps] pip install numpy" >&2
-  python3 -m pip install -q numpy || python3 -m pip install -q --break-system-packages numpy
-fi
+# Python tooling: the numpy reference implementation used by the parity tests, and the clients the
+# serving tests drive a real `specula serve` with (grpcio with its stub generator, health and
+# reflection clients; the official openai client; the Prometheus text parser).
+pip_install() {
+  echo "[install_deps] pip install $*" >&2
+  python3 -m pip install -q "$@" || python3 -m pip install -q --break-system-packages "$@"
+}
+python3 -c "import numpy" >/dev/null 2>&1 || pip_install numpy
+python3 -c "import grpc, grpc_tools, grpc_health, grpc_reflection, openai, prometheus_client" >/dev/null 2>&1 ||
+  pip_install grpcio grpcio-tools grpcio-health-checking grpcio-reflection openai prometheus-client

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -39,6 +40,10 @@ class RequestStream {
   RequestId id() const { return id_; }
   // The next delta, waiting at most `timeout`; nullopt if none came by then, or after the last.
   std::optional<TokenDelta> Next(std::chrono::milliseconds timeout);
+  // Called (on the loop's thread, outside the stream's lock) after each delta is pushed, so that
+  // an event-driven reader (a gRPC reactor) needs no thread waiting in Next. Also called once now
+  // if deltas are already waiting.
+  void SetListener(std::function<void()> listener);
 
  private:
   friend class EngineLoop;
@@ -47,21 +52,35 @@ class RequestStream {
   const RequestId id_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<TokenDelta> deltas_;  // guarded by mu_
-  bool done_ = false;              // the last delta was pushed; guarded by mu_
+  std::deque<TokenDelta> deltas_;     // guarded by mu_
+  bool done_ = false;                 // the last delta was pushed; guarded by mu_
+  std::function<void()> listener_;    // guarded by mu_
 };
 
 // The engine's state as of the end of the last step.
 struct EngineSnapshot {
   int32_t num_running = 0, num_waiting = 0;
   int32_t kv_blocks_used = 0, kv_blocks_total = 0;  // used: held by sequences (cached free blocks are free)
+  int64_t num_preemptions = 0;
+  int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;  // in prompt tokens
+  // How long the oldest admitted request without a first token has waited (0: none): a floor on
+  // the queueing delay a new request would see.
+  double oldest_queued_ms = 0;
   EngineStats stats;
+};
+
+// Called on the loop's thread (keep them short): a request's first token, with its time since
+// Submit, and its end (any reason, after the last delta is pushed; `arrival_ms` is the Submit time).
+struct LoopHooks {
+  std::function<void(double ttft_ms)> on_first_token;
+  std::function<void(const RequestOutput&)> on_finished;
+  std::function<void(RequestId)> on_refused;  // the engine refused it (AddRequest failed)
 };
 
 class EngineLoop {
  public:
   // `engine` must outlive the loop; from here on only the loop's thread touches it.
-  explicit EngineLoop(Engine* engine);
+  explicit EngineLoop(Engine* engine, LoopHooks hooks = {});
   // Stops the loop: requests still running end with FinishReason::kAborted.
   ~EngineLoop();
   EngineLoop(const EngineLoop&) = delete;
@@ -73,6 +92,8 @@ class EngineLoop {
   // Aborts a request before the next step: its KV blocks are free once that step's snapshot is
   // out, and its stream ends with FinishReason::kAborted. Unknown or finished ids are ignored.
   void Cancel(RequestId id);
+  // Aborts every request admitted so far (the end of a drain that ran out of time).
+  void CancelAll();
   EngineSnapshot Snapshot() const;
 
  private:
@@ -81,16 +102,23 @@ class EngineLoop {
   void PublishDeltas(std::vector<RequestOutput> finished);
 
   Engine* const engine_;
+  const LoopHooks hooks_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::pair<Request, std::shared_ptr<RequestStream>>> adds_;  // guarded by mu_
+  struct Add {
+    Request request;
+    std::shared_ptr<RequestStream> stream;
+    double submit_ms;  // engine clock
+  };
+  std::vector<Add> adds_;                                                // guarded by mu_
   std::vector<RequestId> cancels_;                                       // guarded by mu_
-  bool stop_ = false;                                                    // guarded by mu_
+  bool stop_ = false, cancel_all_ = false;                                // guarded by mu_
   EngineSnapshot snapshot_;                                              // guarded by mu_
 
   // Loop thread only: the streams of admitted requests, and what each has been sent.
   struct Active {
     std::shared_ptr<RequestStream> stream;
+    double submit_ms = 0;
     size_t tokens_sent = 0, text_sent = 0;
   };
   std::unordered_map<RequestId, Active> active_;

@@ -1,0 +1,34 @@
+// The gRPC front end of `specula serve`: specula.v1.Generation (proto/specula/v1/generation.proto),
+// grpc.health.v1.Health (SERVING, NOT_SERVING while draining) and server reflection. gRPC types
+// stay in grpc_frontend.cc.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "serving/server.h"
+
+namespace specula {
+
+class GrpcFrontend {
+ public:
+  // Listens on host:port (0: a free port; see port()). `server` must outlive the front end.
+  static absl::StatusOr<std::unique_ptr<GrpcFrontend>> Start(Server* server, const std::string& host, int port);
+  ~GrpcFrontend();
+  int port() const;
+  // Health for every service: SERVING or NOT_SERVING.
+  void SetServing(bool serving);
+  // Stops taking calls; calls still open after `grace` are cancelled. Needs the engine loop running
+  // (a cancelled stream ends when its aborted last delta arrives).
+  void Shutdown(std::chrono::milliseconds grace);
+
+  struct Impl;
+
+ private:
+  explicit GrpcFrontend(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace specula

@@ -1,0 +1,269 @@
+#include "serving/http_frontend.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <ctime>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace specula {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+int HttpCode(const absl::Status& st) {
+  switch (st.code()) {
+    case absl::StatusCode::kInvalidArgument: return 400;
+    case absl::StatusCode::kNotFound: return 404;
+    case absl::StatusCode::kResourceExhausted: return 429;
+    case absl::StatusCode::kUnavailable: return 503;
+    default: return 500;
+  }
+}
+
+// OpenAI's error shape. `param` is the field an invalid-argument message starts with.
+void SendError(httplib::Response& res, const absl::Status& st) {
+  const int code = HttpCode(st);
+  const std::string msg(st.message());
+  json param = nullptr;
+  if (code == 400) param = msg.substr(0, msg.find_first_of(":[ "));
+  const char* type = code == 400 ? "invalid_request_error"
+                     : code == 404 ? "not_found_error"
+                     : code == 429 ? "rate_limit_error"
+                     : code == 503 ? "service_unavailable_error"
+                                   : "internal_error";
+  res.status = code;
+  res.set_content(json{{"error", {{"message", msg}, {"type", type}, {"param", param}, {"code", code}}}}.dump(),
+                  "application/json");
+}
+
+absl::Status Bad(const std::string& field, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+// The request fields both endpoints share (vLLM's extensions top_k, min_p, repetition_penalty,
+// ignore_eos and priority included). OpenAI's defaults: temperature 1, max_tokens 16 for
+// completions (the server's --max-tokens for chat).
+absl::Status ParseCommon(const json& j, bool chat, ServeRequest* r, bool* stream, bool* usage_in_stream) {
+  auto number = [&](const char* f, float* dst) -> absl::Status {
+    if (!j.contains(f) || j[f].is_null()) return absl::OkStatus();
+    if (!j[f].is_number()) return Bad(f, absl::StrCat("must be a number, got ", j[f].dump()));
+    *dst = j[f].get<float>();
+    return absl::OkStatus();
+  };
+  auto integer = [&](const char* f, int32_t* dst) -> absl::Status {
+    if (!j.contains(f) || j[f].is_null()) return absl::OkStatus();
+    if (!j[f].is_number_integer()) return Bad(f, absl::StrCat("must be an integer, got ", j[f].dump()));
+    *dst = j[f].get<int32_t>();
+    return absl::OkStatus();
+  };
+  r->sampling.temperature = 1.0f;
+  r->max_tokens = chat ? 0 : 16;
+  for (auto st : {number("temperature", &r->sampling.temperature), number("top_p", &r->sampling.top_p),
+                  number("min_p", &r->sampling.min_p), number("repetition_penalty", &r->sampling.repetition_penalty),
+                  integer("top_k", &r->sampling.top_k), integer("max_tokens", &r->max_tokens),
+                  integer("max_completion_tokens", &r->max_tokens), integer("priority", &r->priority)}) {
+    if (!st.ok()) return st;
+  }
+  if (r->sampling.top_k < 0) r->sampling.top_k = 0;  // vLLM: -1 is off
+  if (j.contains("max_tokens") && r->max_tokens <= 0) return Bad("max_tokens", absl::StrCat("must be >= 1, got ", r->max_tokens));
+  if (j.contains("seed") && !j["seed"].is_null()) {
+    if (!j["seed"].is_number_integer()) return Bad("seed", absl::StrCat("must be an integer, got ", j["seed"].dump()));
+    r->seed = static_cast<uint64_t>(j["seed"].get<int64_t>());
+  }
+  if (j.contains("n") && !j["n"].is_null() && j["n"] != 1) return Bad("n", "only 1 is supported");
+  for (const char* f : {"logprobs", "top_logprobs", "echo", "suffix", "best_of"}) {
+    if (j.contains(f) && !j[f].is_null() && j[f] != false && !(std::string(f) == "best_of" && j[f] == 1)) {
+      return Bad(f, "not supported");
+    }
+  }
+  if (j.contains("stop") && !j["stop"].is_null()) {
+    const json& s = j["stop"];
+    if (s.is_string()) {
+      r->stop.push_back(s.get<std::string>());
+    } else if (s.is_array()) {
+      for (const json& e : s) {
+        if (!e.is_string()) return Bad("stop", "must be a string or a list of strings");
+        r->stop.push_back(e.get<std::string>());
+      }
+    } else {
+      return Bad("stop", "must be a string or a list of strings");
+    }
+  }
+  if (j.contains("ignore_eos")) r->ignore_eos = j["ignore_eos"].is_boolean() && j["ignore_eos"].get<bool>();
+  *stream = j.contains("stream") && j["stream"].is_boolean() && j["stream"].get<bool>();
+  *usage_in_stream = j.contains("stream_options") && j["stream_options"].is_object() &&
+                     j["stream_options"].value("include_usage", false);
+  return absl::OkStatus();
+}
+
+absl::Status ParsePrompt(const json& j, ServeRequest* r) {
+  if (!j.contains("prompt")) return Bad("prompt", "missing");
+  json p = j["prompt"];
+  if (p.is_array() && p.size() == 1 && (p[0].is_string() || p[0].is_array())) p = p[0];  // a batch of one
+  if (p.is_string()) {
+    r->prompt = p.get<std::string>();
+    if (r->prompt.empty()) return Bad("prompt", "empty");
+    return absl::OkStatus();
+  }
+  if (p.is_array() && !p.empty()) {
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (!p[i].is_number_integer()) return Bad(absl::StrCat("prompt[", i, "]"), "must be a token id");
+      r->prompt_token_ids.push_back(p[i].get<int32_t>());
+    }
+    return absl::OkStatus();
+  }
+  return Bad("prompt", "must be a string, a list of token ids, or a list of one of either");
+}
+
+const char* FinishName(FinishReason f) {
+  switch (f) {
+    case FinishReason::kStopToken:
+    case FinishReason::kStopString: return "stop";
+    case FinishReason::kMaxTokens: return "length";
+    default: return "abort";
+  }
+}
+
+}  // namespace
+
+struct HttpFrontend::Impl {
+  Server* server;
+  std::string chat_template;
+  httplib::Server http;
+  std::thread thread;
+  int port = 0;
+  std::atomic<int64_t> next_id{1};
+
+  void Handle(const httplib::Request& req, httplib::Response& res, bool chat);
+};
+
+void HttpFrontend::Impl::Handle(const httplib::Request& req, httplib::Response& res, bool chat) {
+  json j = json::parse(req.body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return SendError(res, Bad("body", "not a JSON object"));
+  const std::string model = server->options().model_name;
+  if (j.contains("model") && j["model"].is_string() && j["model"] != model) {
+    return SendError(res, absl::NotFoundError(absl::StrCat("model: '", j["model"].get<std::string>(),
+                                                           "' is not served here; this server serves '", model, "'")));
+  }
+  ServeRequest r;
+  bool stream = false, usage_in_stream = false;
+  if (auto st = ParseCommon(j, chat, &r, &stream, &usage_in_stream); !st.ok()) return SendError(res, st);
+  if (chat) {
+    if (chat_template.empty()) {
+      return SendError(res, Bad("messages", "this model has no chat template (no chat_template in its "
+                                            "tokenizer_config.json); use /v1/completions"));
+    }
+    return SendError(res, Bad("messages", "chat templates need the Jinja renderer, which is not built yet; use "
+                                          "/v1/completions with the template applied by the client"));
+  }
+  if (auto st = ParsePrompt(j, &r); !st.ok()) return SendError(res, st);
+  auto admitted = server->Submit(r);
+  if (!admitted.ok()) return SendError(res, admitted.status());
+
+  const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", admitted->id);
+  const int64_t created = std::time(nullptr);
+  const char* object = chat ? "chat.completion.chunk" : "text_completion";
+  auto usage_of = [](const RequestOutput& out) {
+    const int32_t n = static_cast<int32_t>(out.tokens.size());
+    return json{{"prompt_tokens", out.prompt_tokens}, {"completion_tokens", n}, {"total_tokens", out.prompt_tokens + n},
+                {"prompt_tokens_details", {{"cached_tokens", out.cached_prompt_tokens}}}};
+  };
+  if (!stream) {
+    std::string text;
+    for (;;) {
+      auto d = admitted->stream->Next(std::chrono::milliseconds(1000));
+      if (!d) continue;
+      if (!d->error.ok()) return SendError(res, d->error);
+      text += d->text;
+      if (!d->finished) continue;
+      json choice = {{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", FinishName(d->final.finish)}};
+      res.set_content(json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
+                           {"choices", {choice}}, {"usage", usage_of(d->final)}}
+                          .dump(-1, ' ', false, json::error_handler_t::replace),
+                      "application/json");
+      return;
+    }
+  }
+  Server* srv = server;
+  const RequestId rid = admitted->id;
+  auto rs = admitted->stream;
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [=](size_t, httplib::DataSink& sink) {
+        auto d = rs->Next(std::chrono::milliseconds(1000));
+        if (!d) return true;  // nothing yet: called again
+        auto send = [&](const json& chunk) {
+          const std::string line = "data: " + chunk.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+          return sink.write(line.data(), line.size());
+        };
+        json choice = {{"index", 0}, {"text", d->text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+        if (d->finished) choice["finish_reason"] = FinishName(d->final.finish);
+        if (!send({{"id", id}, {"object", object}, {"created", created}, {"model", model}, {"choices", {choice}}})) {
+          return false;  // the client went away: the releaser aborts the request
+        }
+        if (!d->finished) return true;
+        if (usage_in_stream) {
+          send({{"id", id}, {"object", object}, {"created", created}, {"model", model}, {"choices", json::array()},
+                {"usage", usage_of(d->final)}});
+        }
+        const std::string done = "data: [DONE]\n\n";
+        sink.write(done.data(), done.size());
+        sink.done();
+        return true;
+      },
+      [srv, rid](bool success) {
+        if (!success) srv->Cancel(rid);
+      });
+}
+
+HttpFrontend::HttpFrontend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HttpFrontend::~HttpFrontend() { Stop(); }
+
+absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(Server* server, const std::string& host, int port,
+                                                                  int threads, std::string chat_template) {
+  auto impl = std::make_unique<Impl>();
+  impl->server = server;
+  impl->chat_template = std::move(chat_template);
+  Impl* p = impl.get();
+  httplib::Server& h = impl->http;
+  h.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  h.set_keep_alive_timeout(2);  // an idle keep-alive connection holds a thread
+  h.Post("/v1/completions", [p](const httplib::Request& q, httplib::Response& s) { p->Handle(q, s, false); });
+  h.Post("/v1/chat/completions", [p](const httplib::Request& q, httplib::Response& s) { p->Handle(q, s, true); });
+  h.Get("/v1/models", [p](const httplib::Request&, httplib::Response& s) {
+    const json m = {{"id", p->server->options().model_name}, {"object", "model"}, {"created", std::time(nullptr)},
+                    {"owned_by", "specula"}, {"max_model_len", p->server->scheduler_config().max_model_len}};
+    s.set_content(json{{"object", "list"}, {"data", {m}}}.dump(), "application/json");
+  });
+  h.Get("/health", [p](const httplib::Request&, httplib::Response& s) {
+    if (p->server->draining()) return SendError(s, absl::UnavailableError("draining"));
+    s.status = 200;
+  });
+  h.Get("/metrics", [p](const httplib::Request&, httplib::Response& s) {
+    s.set_content(p->server->MetricsText(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  h.set_error_handler([](const httplib::Request& q, httplib::Response& s) {
+    if (s.status == 404 && s.body.empty()) SendError(s, absl::NotFoundError(absl::StrCat("no route ", q.method, " ", q.path)));
+  });
+  impl->port = port == 0 ? h.bind_to_any_port(host) : (h.bind_to_port(host, port) ? port : -1);
+  if (impl->port <= 0) {
+    return absl::UnavailableError(absl::StrCat("--http-port: cannot listen on ", host, ":", port, " (in use, or a bad --host)"));
+  }
+  impl->thread = std::thread([p] { p->http.listen_after_bind(); });
+  return std::unique_ptr<HttpFrontend>(new HttpFrontend(std::move(impl)));
+}
+
+int HttpFrontend::port() const { return impl_->port; }
+
+void HttpFrontend::Stop() {
+  if (!impl_->thread.joinable()) return;
+  impl_->http.stop();
+  impl_->thread.join();
+}
+
+}  // namespace specula

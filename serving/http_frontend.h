@@ -1,0 +1,33 @@
+// The OpenAI-compatible HTTP front end of `specula serve` (cpp-httplib, whose types stay in
+// http_frontend.cc): POST /v1/completions and /v1/chat/completions (server-sent events with
+// "stream": true, ending in `data: [DONE]`), GET /v1/models, /health (503 while draining) and
+// /metrics (Prometheus text). Errors use OpenAI's JSON error shape: 400 bad input, 404 unknown
+// model, 429 overload, 503 draining.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "serving/server.h"
+
+namespace specula {
+
+class HttpFrontend {
+ public:
+  // Listens on host:port (0: a free port) with `threads` connection threads. `chat_template` is
+  // the model's template (empty: chat requests get a 400 that says so).
+  static absl::StatusOr<std::unique_ptr<HttpFrontend>> Start(Server* server, const std::string& host, int port,
+                                                             int threads, std::string chat_template);
+  ~HttpFrontend();  // stops listening; open streams end first
+  int port() const;
+  void Stop();
+
+  struct Impl;
+
+ private:
+  explicit HttpFrontend(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace specula

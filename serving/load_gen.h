@@ -1,0 +1,159 @@
+// The load generator behind `specula bench-serve`, in the manner of `vllm bench serve`, and reused
+// by the experiment harness: an arrival schedule, a dataset of requests, a client per protocol, the
+// run loop and the summary statistics. gRPC and HTTP types stay in load_gen.cc: a client is only
+// the LoadClient interface here.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace specula {
+
+// ---- When each request is sent.
+
+struct ArrivalOptions {
+  int32_t num_requests = 100;
+  double request_rate = std::numeric_limits<double>::infinity();  // req/s; inf: every request at 0
+  double burstiness = 1.0;       // gamma shape of the gaps: 1 = Poisson, < 1 burstier, > 1 steadier
+  double burst_factor = 1.0;     // the rate is request_rate * burst_factor inside the burst window
+  double burst_start_s = 0.0;    // the window is [burst_start_s, burst_start_s + burst_duration_s)
+  double burst_duration_s = 0.0;
+  uint64_t seed = 0;
+};
+
+// Send times in seconds from the start, non-decreasing. The gaps are gamma(shape B, mean 1/R)
+// (vLLM's --burstiness), drawn in "operational time" and mapped through the integrated rate, so the
+// burst window raises the rate by its factor while keeping the same burstiness. Same seed, same
+// schedule. Expects validated options (rate > 0, burstiness > 0, factor > 0, durations >= 0).
+std::vector<double> ArrivalTimes(const ArrivalOptions& opt);
+
+// ---- What is sent.
+
+struct LoadRequest {
+  std::string prompt;                     // text, tokenized by the server; or
+  std::vector<int32_t> prompt_token_ids;  // token ids, used as given (synthetic prompts)
+  int32_t max_tokens = 0;                 // 0: the server's default
+  bool ignore_eos = false;
+};
+
+// JSON lines {"prompt": "...", "max_tokens": N, "ignore_eos": B} (the last two optional; the rest of
+// a `specula generate --prompts-file` line is ignored). A malformed line fails the whole load, with
+// an error naming its file, line and field: a benchmark on half a dataset would mislead.
+absl::StatusOr<std::vector<LoadRequest>> LoadJsonlDataset(const std::string& path, int32_t default_max_tokens);
+
+// n prompts of input_len token ids uniform in [0, vocab_size), each asking for exactly output_len
+// tokens (ignore_eos), as vLLM's random dataset.
+std::vector<LoadRequest> SyntheticDataset(int32_t n, int32_t input_len, int32_t output_len, int32_t vocab_size,
+                                          uint64_t seed);
+
+// ---- How one request went.
+
+enum class Outcome { kOk, kRejected, kFailed };  // kRejected: gRPC RESOURCE_EXHAUSTED or HTTP 429
+
+struct RequestResult {
+  Outcome outcome = Outcome::kFailed;
+  std::string error;          // empty when kOk
+  double send_s = 0;          // when it was sent, from the benchmark start
+  double ttft_s = 0;          // first message with tokens, from the send
+  double e2e_s = 0;           // end of the stream (or the error), from the send
+  std::vector<double> itl_s;  // the gap before each later message with tokens. With speculation one
+                              // message may carry several tokens: this is a gap per message.
+  int32_t prompt_tokens = 0;  // as the server counted them (usage), else the ids sent
+  int32_t output_tokens = 0;
+};
+
+struct ServerInfo {
+  std::string model;       // the served model name
+  int32_t vocab_size = 0;  // 0 when the endpoint does not say (HTTP)
+};
+
+struct ClientOptions {
+  std::string model;  // HTTP "model"; empty: the first of GET /v1/models
+  double temperature = 0.0;
+  double request_timeout_s = 600.0;  // the gRPC deadline; the HTTP read timeout
+};
+
+// Sends requests and times their streams. Send is called from many threads at once.
+class LoadClient {
+ public:
+  virtual ~LoadClient() = default;
+  virtual const ServerInfo& info() const = 0;
+  virtual RequestResult Send(const LoadRequest& request) = 0;
+};
+
+// `grpc://HOST:PORT` (specula.v1.Generation/Generate, server streaming) or `http://HOST:PORT`
+// (OpenAI POST /v1/completions with "stream": true). Asks the server for its model first (ModelInfo
+// or GET /v1/models): an unreachable endpoint is an UnavailableError naming it.
+absl::StatusOr<std::unique_ptr<LoadClient>> ConnectLoadClient(const std::string& endpoint, const ClientOptions& opt);
+
+// ---- The run.
+
+// With no --max-concurrency this many requests at most are in flight; later arrivals wait on the
+// client, which RunResult::max_send_lag_s shows. One thread per slot (sync gRPC and httplib block).
+constexpr int32_t kMaxInFlightDefault = 512;
+
+struct RunOptions {
+  int32_t max_concurrency = 0;  // 0: kMaxInFlightDefault
+  // Called after each request ends, serialized, with the number ended so far.
+  std::function<void(int32_t done, int32_t total)> on_progress;
+};
+
+struct RunResult {
+  std::vector<RequestResult> requests;  // in dataset order
+  double duration_s = 0;                // from the start to the end of the last request
+  double max_send_lag_s = 0;            // the latest a request was sent after its arrival time
+};
+
+// Sends requests[i] at arrivals[i] (same sizes) and waits for all of them.
+RunResult RunLoad(LoadClient& client, const std::vector<LoadRequest>& requests, const std::vector<double>& arrivals,
+                  const RunOptions& opt);
+
+// ---- The summary, as vllm bench serve's.
+
+struct GoodputSlo {  // milliseconds; a request is good when it meets every one given
+  std::optional<double> ttft_ms, tpot_ms, e2el_ms;
+};
+// "ttft:500 tpot:50 e2el:2000" (space-separated key:value; any subset, each key at most once).
+absl::StatusOr<GoodputSlo> ParseGoodput(std::string_view spec);
+
+struct Stats {
+  double mean = 0, median = 0, p99 = 0;
+  int64_t count = 0;
+};
+// The q-th percentile (0..100) of sorted values, linearly interpolated (numpy's default).
+double Percentile(const std::vector<double>& sorted, double q);
+Stats Summarize(std::vector<double> values);
+
+struct BenchSummary {
+  int32_t completed = 0, rejected = 0, failed = 0, good = 0;
+  double duration_s = 0;
+  int64_t total_input_tokens = 0, total_output_tokens = 0;
+  double request_throughput = 0, output_throughput = 0, total_token_throughput = 0, request_goodput = 0;
+  Stats ttft_ms, tpot_ms, itl_ms, e2el_ms;  // over completed requests (TPOT: those with > 1 token)
+  Stats rejection_ms;                       // how fast refusals came back
+  double tokens_per_message = 0;            // > 1 when speculation sends several tokens a message
+  std::vector<std::string> first_errors;    // up to 5 distinct failure messages
+};
+BenchSummary Summarize(const RunResult& run, const GoodputSlo& slo);
+
+// ---- Server-sent events.
+
+// Splits an event stream into its `data:` payloads as chunks arrive, in any split. Other fields
+// (event:, id:, comments) and blank lines are skipped.
+class SseParser {
+ public:
+  void Feed(std::string_view chunk, const std::function<void(std::string_view data)>& on_data);
+
+ private:
+  std::string pending_;  // an incomplete last line
+};
+
+}  // namespace specula

@@ -1,0 +1,67 @@
+// Prometheus /metrics text (exposition format 0.0.4) under vLLM's metric names, so that dashboards
+// built for vLLM work once `vllm:` is replaced by `specula:`.
+//
+// Names, HELP texts, label names (`model_name`, `engine`, then `finished_reason` / `position`) and
+// histogram buckets follow vLLM V1's PrometheusStatLogger in vllm/v1/metrics/loggers.py (commit
+// 005a810bc40f, the v0.10 line: per-engine `engine` label, kv_cache_usage_perc and prefix_cache_*
+// next to their deprecated gpu_* names), the spec-decode counters in vllm/v1/spec_decode/metrics.py
+// (SpecDecodingProm) and the observation points in vllm/v1/metrics/stats.py (IterationStats).
+// Deprecated gpu_* aliases are left out. Numbers are written the way prometheus_client writes them
+// ("3.0", "+Inf", "1e+06"), so `le` label values are the same strings vLLM exposes.
+//
+// Ours, not vLLM's: specula:admission_rejected_total{reason}.
+// No gRPC or HTTP types here: the front end serves Render()'s text.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "serving/engine_loop.h"
+
+namespace specula {
+
+class ServingMetrics {
+ public:
+  // model_name: the `model_name` label's value. rejection_reasons: reasons shown at 0 before any
+  // rejection. max_model_len > 0 adds vLLM's request_prompt_tokens / request_generation_tokens
+  // histograms, whose 1-2-5 buckets stop at max_model_len (as vLLM's do).
+  ServingMetrics(std::string model_name, std::vector<std::string> rejection_reasons,
+                 int32_t max_model_len = 0);
+
+  // A request that ran ended (any reason, aborted ones too). Thread-safe. Counts its prompt and
+  // generated tokens, its finish reason ("stop", "length", "abort"; kError is not counted there),
+  // and observes TTFT (if a token came), the end-to-end latency, and time_per_output_token once
+  // per step that brought tokens after the first (as vLLM: a speculative step's tokens make one).
+  void OnFinished(const RequestOutput& out);
+  // Admission control refused a request. Thread-safe.
+  void OnRejected(const std::string& reason);
+
+  // The whole exposition: gauges and engine-wide counters (preemptions, prefix cache, spec decode)
+  // from the snapshot, the rest from what OnFinished / OnRejected recorded.
+  std::string Render(const EngineSnapshot& snapshot) const;
+
+ private:
+  // Counts per bucket (not cumulative; the last one is +Inf), the sum and the count.
+  struct Histogram {
+    std::vector<double> bounds;
+    std::vector<int64_t> counts;
+    double sum = 0;
+    int64_t count = 0;
+    explicit Histogram(std::vector<double> b) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
+    void Observe(double v);
+  };
+
+  const std::string model_name_;
+  const bool token_histograms_;
+  mutable std::mutex mu_;
+  int64_t prompt_tokens_ = 0, generation_tokens_ = 0;            // guarded by mu_
+  int64_t stop_ = 0, length_ = 0, abort_ = 0;                     // guarded by mu_
+  std::map<std::string, int64_t> rejected_;                       // guarded by mu_
+  Histogram ttft_, itl_, e2e_, prompt_len_, generation_len_;      // guarded by mu_
+};
+
+}  // namespace specula

@@ -1,0 +1,101 @@
+// The serving core that the gRPC and HTTP front ends share: request validation (errors name the
+// field and its value), admission control, drain, metrics, and the engine loop. No gRPC or HTTP
+// types here: a front end turns its wire format into a ServeRequest and a RequestStream's deltas
+// back into its own.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/engine.h"
+#include "serving/admission.h"
+#include "serving/engine_loop.h"
+#include "serving/metrics.h"
+
+namespace specula {
+
+struct ServeOptions {
+  std::string model_name;        // the served model's name (--model as given)
+  int32_t default_max_tokens = 256;
+  bool add_bos = true;           // prepend BOS to text prompts
+  AdmissionConfig admission;
+  std::string spec_method = "none", num_spec_tokens = "0";  // for ModelInfo
+};
+
+// One request as a front end parsed it. Field names in errors are the canonical ones
+// (`temperature`, `prompt_token_ids[3]`), after `field_prefix` where they sit in a sub-message
+// (gRPC's `sampling.`).
+struct ServeRequest {
+  std::string prompt;
+  std::vector<TokenId> prompt_token_ids;
+  SamplingParams sampling;
+  std::optional<uint64_t> seed;   // unset: derived from the request's id
+  int32_t max_tokens = 0;         // 0: the server's default
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  int32_t priority = 0;
+  std::string field_prefix;
+};
+
+// An admitted request: its id (for Cancel) and its deltas.
+struct Admitted {
+  RequestId id;
+  std::shared_ptr<RequestStream> stream;
+  int32_t prompt_tokens;
+};
+
+class Server {
+ public:
+  // `engine` and `tokenizer` must outlive the server. The engine's thread starts here.
+  Server(Engine* engine, const Tokenizer* tokenizer, const ModelConfig& model, ServeOptions options);
+  ~Server();
+
+  // Validates, admits and queues a request. Errors: INVALID_ARGUMENT naming the field and value,
+  // RESOURCE_EXHAUSTED when admission refuses, UNAVAILABLE while draining. Refusals are counted.
+  absl::StatusOr<Admitted> Submit(const ServeRequest& r);
+  // Aborts an admitted request; its KV blocks are free after the next step.
+  void Cancel(RequestId id);
+  void CancelAll() { loop_->CancelAll(); }
+
+  // Drain: from now on Submit answers UNAVAILABLE. WaitIdle returns true once no admitted request
+  // is unfinished, false if `timeout` passed first.
+  void StartDrain() { draining_ = true; }
+  bool draining() const { return draining_; }
+  bool WaitIdle(std::chrono::milliseconds timeout);
+  int64_t in_flight() const { return in_flight_; }
+
+  std::string MetricsText() const { return metrics_.Render(loop_->Snapshot()); }
+  EngineSnapshot Snapshot() const { return loop_->Snapshot(); }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const ModelConfig& model_config() const { return model_; }
+  const ServeOptions& options() const { return options_; }
+  const SchedulerConfig& scheduler_config() const { return scheduler_; }
+
+ private:
+  absl::Status Validate(const ServeRequest& r, std::vector<TokenId>* prompt) const;
+  double NowS() const;
+  void OnFinished(const RequestOutput& out);
+  void Done();  // an admitted request is no longer in flight
+
+  const Tokenizer* tokenizer_;
+  const ModelConfig& model_;
+  const SchedulerConfig scheduler_;
+  const ServeOptions options_;
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  ServingMetrics metrics_;
+  Admission admission_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> next_id_{1};
+  std::atomic<int64_t> in_flight_{0};  // admitted, not finished
+  std::mutex idle_mu_;
+  std::condition_variable idle_cv_;
+  std::unique_ptr<EngineLoop> loop_;  // last: its thread calls back into the members above
+};
+
+}  // namespace specula

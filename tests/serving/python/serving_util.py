@@ -1,0 +1,144 @@
+"""Shared helpers for the serving tests: a real `specula serve` process on loopback, the gRPC stubs
+(generated from proto/ with grpc_tools into a temporary directory), and offline reference runs.
+
+Environment: SPECULA_BINARY (the built `specula`), SPECULA_SOURCE_DIR (the repository), and
+SPECULA_MODELS (the tinystories directory; default ../shared/models/tinystories).
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+SOURCE = os.environ.get("SPECULA_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "../../..")))
+BINARY = os.environ.get("SPECULA_BINARY", os.path.join(SOURCE, "build/release/specula"))
+MODELS = os.environ.get("SPECULA_MODELS", os.path.join(SOURCE, "../shared/models/tinystories"))
+TARGET = os.path.join(MODELS, "stories260K.bin")
+DRAFT = os.path.join(MODELS, "llama2xs.bin")
+TOKENIZER = os.path.join(MODELS, "tok512.bin")
+
+READY = re.compile(r"on grpc (\S+):(\d+) and http (\S+):(\d+).*ready")
+
+_stubs = None
+
+
+def stubs():
+    """(generation_pb2, generation_pb2_grpc), generated once per process."""
+    global _stubs
+    if _stubs is None:
+        from grpc_tools import protoc
+        out = tempfile.mkdtemp(prefix="specula_stubs_")
+        proto_dir = os.path.join(SOURCE, "proto")
+        rc = protoc.main(["protoc", f"-I{proto_dir}", f"--python_out={out}", f"--grpc_python_out={out}",
+                          os.path.join(proto_dir, "specula/v1/generation.proto")])
+        assert rc == 0, "protoc failed"
+        sys.path.insert(0, out)
+        from specula.v1 import generation_pb2, generation_pb2_grpc  # noqa: E402
+        _stubs = (generation_pb2, generation_pb2_grpc)
+    return _stubs
+
+
+class Serve:
+    """`specula serve` on free loopback ports. Use as a context manager; stop() sends SIGTERM."""
+
+    def __init__(self, *extra, model=TARGET, tokenizer=TOKENIZER, ready_timeout=60):
+        self.args = [BINARY, "serve", "--model", model, "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "0",
+                     *(["--tokenizer", tokenizer] if tokenizer else []), *map(str, extra)]
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.lines = []
+        deadline = time.time() + ready_timeout
+        while True:
+            line = self.proc.stderr.readline()
+            if not line:
+                raise RuntimeError(f"specula serve exited ({self.proc.wait()}) before it was ready:\n" +
+                                   "".join(self.lines))
+            self.lines.append(line)
+            m = READY.search(line)
+            if m:
+                self.grpc_target = f"{m.group(1)}:{m.group(2)}"
+                self.http_base = f"http://{m.group(3)}:{m.group(4)}"
+                break
+            if time.time() > deadline:
+                self.proc.kill()
+                raise RuntimeError("specula serve was not ready in time:\n" + "".join(self.lines))
+        self._reader = threading.Thread(target=self._drain_stderr, daemon=True)
+        self._reader.start()
+
+    def _drain_stderr(self):
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    def stop(self, timeout=60):
+        """SIGTERM, then the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+    def stderr(self):
+        return "".join(self.lines)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(timeout=5)
+        self.proc.stderr.close()
+
+
+_random_models = {}
+
+
+def random_model(shape="stories15m"):
+    """A random-weight HF model of a named shape (`specula make-model`), written once per process:
+    slow enough (~1 ms a token) that a request is still running when a test cancels it."""
+    if shape not in _random_models:
+        out = os.path.join(tempfile.mkdtemp(prefix="specula_model_"), shape)
+        subprocess.run([BINARY, "make-model", "--shape", shape, "--out", out], check=True, capture_output=True)
+        _random_models[shape] = out
+    return _random_models[shape]
+
+
+def metrics(http_base):
+    """/metrics parsed by prometheus_client: {(sample name, frozenset(labels)): value}."""
+    import urllib.request
+    from prometheus_client.parser import text_string_to_metric_families
+    text = urllib.request.urlopen(http_base + "/metrics", timeout=10).read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = {k: v for k, v in s.labels.items() if k not in ("model_name", "engine")}
+            out[(s.name, frozenset(labels.items()))] = s.value
+    return out
+
+
+def metric(m, name, **labels):
+    return m.get((name, frozenset(labels.items())), 0.0)
+
+
+def offline_greedy(prompts, max_tokens, *extra):
+    """`specula generate --prompts-file` over the prompts: {index: token ids}."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "prompts.jsonl")
+        with open(path, "w") as f:
+            for i, p in enumerate(prompts):
+                f.write(json.dumps({"id": i, "prompt": p, "max_tokens": max_tokens}) + "\n")
+        out = subprocess.run([BINARY, "generate", "--model", TARGET, "--tokenizer", TOKENIZER, "--prompts-file", path,
+                              "--no-progress", *map(str, extra)], capture_output=True, text=True, check=True).stdout
+    return {json.loads(l)["id"]: json.loads(l)["token_ids"] for l in out.splitlines() if l.strip()}
+
+
+PROMPTS = ["Once upon a time", "Lily and Ben", "The little dog", "One day, Tom", "There was a big tree",
+           "Sue had a red ball", "The sun was hot", "Mom said", "The cat sat", "A bird flew",
+           "Tim liked cars", "The park was", "Anna found a box", "It was raining", "The boy ran",
+           "Max and his mom", "Under the bed", "The big fish", "A small girl", "In the garden"]

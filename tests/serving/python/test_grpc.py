@@ -1,0 +1,128 @@
+"""A real `specula serve` driven by the grpcio client: greedy output equals offline generation for 20
+concurrent requests (with and without speculation), errors name their field, cancellation and
+deadlines free the KV cache, health and reflection answer."""
+import concurrent.futures
+import time
+import unittest
+import urllib.request
+
+import grpc
+
+from serving_util import DRAFT, PROMPTS, Serve, metric, metrics, offline_greedy, random_model, stubs
+
+pb, pb_grpc = stubs()
+MAX_TOKENS = 48
+
+
+def generate(stub, prompt, **kw):
+    """All messages of one Generate call."""
+    sampling = pb.SamplingParams(temperature=0.0, max_tokens=kw.pop("max_tokens", MAX_TOKENS),
+                                 ignore_eos=kw.pop("ignore_eos", False))
+    return list(stub.Generate(pb.GenerateRequest(prompt=prompt, sampling=sampling, **kw), timeout=120))
+
+
+class GrpcTest(unittest.TestCase):
+    def check_concurrent_greedy(self, *flags):
+        expected = offline_greedy(PROMPTS, MAX_TOKENS)
+        with Serve(*flags) as s, grpc.insecure_channel(s.grpc_target) as ch:
+            stub = pb_grpc.GenerationStub(ch)
+            with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+                results = list(pool.map(lambda p: generate(stub, p), PROMPTS))
+            for i, msgs in enumerate(results):
+                tokens = [t for m in msgs for t in m.token_ids]
+                self.assertEqual(tokens, expected[i], f"prompt {i} ({PROMPTS[i]!r}) with {flags}")
+                last = msgs[-1]
+                self.assertIn(last.finish_reason, (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH))
+                self.assertEqual(last.usage.completion_tokens, len(tokens))
+                self.assertGreater(last.usage.prompt_tokens, 0)
+                self.assertTrue(all(m.finish_reason == pb.FINISH_REASON_UNSPECIFIED for m in msgs[:-1]))
+                self.assertEqual("".join(m.text for m in msgs).strip() != "", len(tokens) > 0)
+            drafts = sum(r[-1].spec.num_drafts for r in results)
+            self.assertEqual(s.stop(), 0, s.stderr())
+        return drafts
+
+    def test_concurrent_greedy_equals_offline(self):
+        self.assertEqual(self.check_concurrent_greedy(), 0)
+
+    def test_concurrent_greedy_equals_offline_with_draft_speculation(self):
+        drafts = self.check_concurrent_greedy("--spec-method", "draft", "--draft-model", DRAFT, "--num-spec-tokens", "4")
+        self.assertGreater(drafts, 0)
+
+    def test_concurrent_greedy_equals_offline_with_auto_ngram(self):
+        self.check_concurrent_greedy("--spec-method", "ngram", "--num-spec-tokens", "auto")
+
+    def test_errors_name_the_field(self):
+        with Serve() as s, grpc.insecure_channel(s.grpc_target) as ch:
+            stub = pb_grpc.GenerationStub(ch)
+            cases = [
+                (pb.GenerateRequest(prompt="hi", sampling=pb.SamplingParams(temperature=-1)), "sampling.temperature"),
+                (pb.GenerateRequest(prompt="hi", sampling=pb.SamplingParams(top_p=1.5)), "sampling.top_p"),
+                (pb.GenerateRequest(prompt="hi", sampling=pb.SamplingParams(max_tokens=-3)), "sampling.max_tokens"),
+                (pb.GenerateRequest(prompt_token_ids=[1, 99999]), "prompt_token_ids[1]: 99999"),
+                (pb.GenerateRequest(), "prompt"),
+                (pb.GenerateRequest(prompt="hi", prompt_token_ids=[1]), "prompt and prompt_token_ids"),
+            ]
+            for req, field in cases:
+                with self.assertRaises(grpc.RpcError) as e:
+                    list(stub.Generate(req, timeout=10))
+                self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, field)
+                self.assertIn(field, e.exception.details())
+            # The server is unharmed.
+            self.assertGreater(len(generate(stub, "Once upon a time")), 0)
+
+    def test_tokenize_model_info_health_reflection(self):
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+        with Serve() as s, grpc.insecure_channel(s.grpc_target) as ch:
+            stub = pb_grpc.GenerationStub(ch)
+            tok = stub.Tokenize(pb.TokenizeRequest(text="Once upon a time", add_special_tokens=True))
+            self.assertGreater(len(tok.token_ids), 1)
+            self.assertEqual(len(tok.tokens), len(tok.token_ids))
+            self.assertIn("upon", "".join(tok.tokens))
+            # Token ids given directly generate the same as the text.
+            by_ids = generate(stub, "", prompt_token_ids=list(tok.token_ids))
+            by_text = generate(stub, "Once upon a time")
+            self.assertEqual([t for m in by_ids for t in m.token_ids], [t for m in by_text for t in m.token_ids])
+            info = stub.ModelInfo(pb.ModelInfoRequest())
+            self.assertEqual(info.vocab_size, 512)
+            self.assertTrue(info.model.endswith("stories260K.bin"))
+            self.assertEqual(info.spec_method, "none")
+            health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            self.assertEqual(health.status, health_pb2.HealthCheckResponse.SERVING)
+            refl = reflection_pb2_grpc.ServerReflectionStub(ch)
+            resp = next(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+            names = {sv.name for sv in resp.list_services_response.service}
+            self.assertIn("specula.v1.Generation", names)
+            self.assertIn("grpc.health.v1.Health", names)
+
+    def wait_kv_free(self, http_base, seconds=5):
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            m = metrics(http_base)
+            if metric(m, "specula:kv_cache_usage_perc") == 0 and metric(m, "specula:num_requests_running") == 0:
+                return True
+            time.sleep(0.01)
+        return False
+
+    def test_cancel_and_deadline_free_the_kv_cache(self):
+        # 256 tokens of the stories15m shape take ~0.5 s: still running when cancelled.
+        with Serve(model=random_model(), tokenizer=None) as s, grpc.insecure_channel(s.grpc_target) as ch:
+            stub = pb_grpc.GenerationStub(ch)
+            req = pb.GenerateRequest(prompt="Once upon a time",
+                                     sampling=pb.SamplingParams(ignore_eos=True, max_tokens=250))
+            call = stub.Generate(req, timeout=60)
+            for _ in range(3):
+                next(call)
+            self.assertGreater(metric(metrics(s.http_base), "specula:kv_cache_usage_perc"), 0)
+            call.cancel()
+            self.assertTrue(self.wait_kv_free(s.http_base), "cancelled request still holds KV blocks")
+            with self.assertRaises(grpc.RpcError) as e:
+                list(stub.Generate(req, timeout=0.1))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+            self.assertTrue(self.wait_kv_free(s.http_base), "timed-out request still holds KV blocks")
+            m = metrics(s.http_base)
+            self.assertEqual(metric(m, "specula:request_success_total", finished_reason="abort"), 2)
+
+
+if __name__ == "__main__":
+    unittest.main()

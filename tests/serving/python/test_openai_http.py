@@ -1,0 +1,96 @@
+"""A real `specula serve` driven by the official openai client over HTTP: completions streaming and
+not (greedy output equal to offline generation), /v1/models, /health, and OpenAI-shaped errors."""
+import json
+import unittest
+import urllib.error
+import urllib.request
+
+import openai
+
+from serving_util import PROMPTS, Serve, offline_greedy
+
+MAX_TOKENS = 40
+
+
+def http_json(url, body=None):
+    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+class OpenAITest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.serve = Serve()
+        cls.client = openai.OpenAI(base_url=cls.serve.http_base + "/v1", api_key="unused", max_retries=0)
+        cls.model = cls.client.models.list().data[0].id
+        # Offline text of the same greedy runs (the engine's detokenization, as the server sends it).
+        cls.expected_tokens = offline_greedy(PROMPTS[:4], MAX_TOKENS)
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.serve.stop() == 0, cls.serve.stderr()
+
+    def test_models_and_health(self):
+        self.assertTrue(self.model.endswith("stories260K.bin"))
+        self.assertEqual(http_json(self.serve.http_base + "/health")[0], 200)
+
+    def test_completion_not_streamed_and_streamed_agree(self):
+        for i, prompt in enumerate(PROMPTS[:4]):
+            full = self.client.completions.create(model=self.model, prompt=prompt, max_tokens=MAX_TOKENS,
+                                                  temperature=0)
+            self.assertEqual(full.object, "text_completion")
+            self.assertEqual(full.usage.completion_tokens, len(self.expected_tokens[i]))
+            self.assertIn(full.choices[0].finish_reason, ("stop", "length"))
+            stream = self.client.completions.create(model=self.model, prompt=prompt, max_tokens=MAX_TOKENS,
+                                                    temperature=0, stream=True,
+                                                    stream_options={"include_usage": True})
+            chunks = list(stream)
+            text = "".join(c.choices[0].text for c in chunks if c.choices)
+            self.assertEqual(text, full.choices[0].text)
+            self.assertGreater(len([c for c in chunks if c.choices]), 1, "streamed in one piece")
+            self.assertEqual(chunks[-1].usage.completion_tokens, full.usage.completion_tokens)
+            self.assertEqual([c.choices[0].finish_reason for c in chunks if c.choices][-1],
+                             full.choices[0].finish_reason)
+
+    def test_token_id_prompt(self):
+        ids = self.client.completions.create(model=self.model, prompt=[1, 403, 407], max_tokens=8, temperature=0)
+        self.assertEqual(ids.usage.prompt_tokens, 3)
+        self.assertEqual(ids.usage.completion_tokens, 8)
+
+    def test_sse_ends_with_done(self):
+        req = urllib.request.Request(self.serve.http_base + "/v1/completions", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"model": self.model, "prompt": "Lily", "max_tokens": 5,
+                                                      "temperature": 0, "stream": True}).encode())
+        body = urllib.request.urlopen(req, timeout=30).read().decode()
+        events = [e for e in body.split("\n\n") if e]
+        self.assertTrue(all(e.startswith("data: ") for e in events))
+        self.assertEqual(events[-1], "data: [DONE]")
+
+    def test_errors(self):
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.client.completions.create(model=self.model, prompt="hi", temperature=-2)
+        self.assertIn("temperature", str(e.exception))
+        self.assertEqual(e.exception.body["param"], "temperature")
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.client.completions.create(model=self.model, prompt=[1, 70000], max_tokens=4)
+        self.assertIn("prompt_token_ids[1]: 70000", str(e.exception))
+        with self.assertRaises(openai.NotFoundError):
+            self.client.completions.create(model="gpt-4", prompt="hi")
+        # This model has no chat template: a 400 that says so.
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.client.chat.completions.create(model=self.model, messages=[{"role": "user", "content": "hi"}])
+        self.assertIn("no chat template", str(e.exception))
+        code, body = http_json(self.serve.http_base + "/v1/completions", None)
+        self.assertEqual(code, 404)  # GET on a POST route
+        code, body = http_json(self.serve.http_base + "/v1/completions", {"model": self.model, "prompt": 5})
+        self.assertEqual(code, 400)
+        self.assertEqual(json.loads(body)["error"]["type"], "invalid_request_error")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,52 @@
+// `specula bench-serve`: drives a running `specula serve` (or any OpenAI-compatible server) with a
+// request schedule and reports throughput and latency, as `vllm bench serve` does (serving/load_gen).
+#pragma once
+
+#include "absl/status/status.h"
+
+namespace specula {
+
+inline constexpr char kBenchServeUsage[] = R"(usage: specula bench-serve --endpoint grpc://HOST:PORT|http://HOST:PORT [flags]
+
+Sends --num-prompts requests on a schedule, streams every response, and prints a table of
+throughput and latency (TTFT, TPOT, ITL, end-to-end), as `vllm bench serve` does. gRPC uses
+specula.v1.Generation/Generate; HTTP uses POST /v1/completions with "stream": true.
+
+  --endpoint URL          grpc://HOST:PORT or http://HOST:PORT (required)
+  --model NAME            HTTP model name (default: data[0].id of GET /v1/models)
+  --num-prompts N         requests to send (default 100)
+  --request-rate R        arrivals per second, or inf: all at once (default inf)
+  --burstiness B          gamma shape of the gaps between arrivals, mean 1/R: 1 = Poisson,
+                          < 1 burstier, > 1 steadier (default 1)
+  --max-concurrency C     most requests in flight; later arrivals wait (default: no limit,
+                          which here means 512 threads)
+  --burst-factor F        chaos drill: the rate is R*F during [S, S+D) seconds from the start
+  --burst-start-s S       (default 0)
+  --burst-duration-s D    (required with --burst-factor)
+
+Prompts (synthetic unless --dataset-path):
+  --dataset-path FILE     JSON lines {"prompt": ..., "max_tokens": ...}, as generate --prompts-file;
+                          reused in order when shorter than --num-prompts
+  --input-len L           synthetic: L random token ids per prompt (default 128)
+  --output-len O          synthetic: exactly O new tokens (ignore_eos; default 128); with a dataset,
+                          max_tokens for lines without one
+  --vocab-size V          synthetic token ids in [0, V) (default: the server's, or 256 over HTTP)
+
+  --temperature T         sampling temperature (default 0)
+  --request-timeout-s S   per-request deadline (default 600)
+  --goodput SLOS          e.g. --goodput ttft:500 tpot:50 (ms; keys ttft, tpot, e2el): request
+                          goodput counts the requests that meet every one
+  --seed S                seed of the schedule and the synthetic prompts (default 0)
+  --result-json FILE      write every metric and the parameters as one JSON object
+  --save-detailed         also per-request arrays in --result-json
+  --no-progress           no progress bar on stderr
+
+Refusals (gRPC RESOURCE_EXHAUSTED, HTTP 429) are counted as rejected, apart from other failures.
+With speculation a message can carry several tokens: ITL is measured per message.
+)";
+
+// Exits through the status: a bad flag names the flag and its value; an unreachable endpoint is one
+// line naming it.
+absl::Status RunBenchServe(int argc, char** argv);
+
+}  // namespace specula

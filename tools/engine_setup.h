@@ -1,0 +1,49 @@
+// The engine and speculation flags that `generate` and `serve` share: loading the target, its
+// tokenizer and the draft, and sizing the continuous-batching scheduler and its KV pool.
+#pragma once
+
+#include <memory>
+#include <set>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "draft/proposer.h"
+#include "engine/engine.h"
+#include "engine/generate.h"
+#include "model/llama_model.h"
+#include "model/tokenizer.h"
+#include "scheduler/scheduler.h"
+#include "tools/flags.h"
+
+namespace specula {
+
+// Flags read by LoadEngine and BatchSchedulerConfig (their --help text is in kEngineFlagsHelp).
+extern const std::set<std::string> kEngineFlags;
+extern const std::set<std::string> kEngineSwitches;  // --ignore-eos, --no-bos, --no-prefix-caching
+extern const char kEngineFlagsHelp[];
+
+struct LoadedEngine {
+  std::string model_path;
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<LlamaModel> draft_model;  // --spec-method draft
+  std::unique_ptr<Proposer> proposer;       // null: no speculation
+  std::string spec_method = "none";         // none, draft or ngram
+  int32_t num_spec = 0;                     // k, or the largest k under auto
+  bool adaptive = false;                    // --num-spec-tokens auto
+  GenerateOptions opt;                      // max tokens, sampling defaults, block size
+  bool add_bos = true;                      // the tokenizer's BOS, unless --no-bos
+  bool ignore_eos = false;
+  double gpu_util = 0.9;
+};
+
+// Loads the target, its tokenizer and the speculation method the flags name; every flag is checked
+// (an error names it and its value) before anything large loads where that is possible.
+absl::StatusOr<std::unique_ptr<LoadedEngine>> LoadEngine(const Flags& flags);
+
+// The continuous-batching scheduler of the flags (--max-num-seqs, --num-blocks, ...): the KV pool
+// sized for max-num-seqs full contexts (at most 4 GiB) on the CPU, from --gpu-memory-utilization on
+// a GPU, where the step scratch is reserved now.
+absl::StatusOr<SchedulerConfig> BatchSchedulerConfig(const Flags& flags, LoadedEngine& e);
+
+}  // namespace specula

@@ -1,0 +1,139 @@
+#include "tools/serve.h"
+
+#include <signal.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "core/mapped_file.h"
+#include "nlohmann/json.hpp"
+#include "serving/grpc_frontend.h"
+#include "serving/http_frontend.h"
+#include "serving/server.h"
+#include "tools/engine_setup.h"
+
+namespace specula {
+namespace {
+
+constexpr char kServeUsage[] = R"(usage: specula serve --model PATH [flags]
+
+Serves one model over gRPC (specula.v1.Generation, proto/specula/v1/generation.proto, with
+grpc.health.v1.Health and reflection) and OpenAI-compatible HTTP (/v1/completions,
+/v1/chat/completions, /v1/models, /health, /metrics), until SIGTERM or SIGINT, which drain: health
+turns NOT_SERVING (HTTP 503), new requests get UNAVAILABLE (503), and requests in flight finish
+within --drain-timeout-s; then the process exits 0. One line on stderr says when it is ready.
+
+  --host H              address to listen on (default 127.0.0.1)
+  --grpc-port P         gRPC port (default 50051; 0 = any free port, printed when ready)
+  --http-port P         HTTP port (default 8000; 0 = any free port)
+  --served-model-name N the model name in requests and responses (default: --model as given)
+  --max-tokens N        tokens per request when it does not say (default 256)
+  --http-threads N      HTTP connection threads: the most concurrent HTTP requests (default 128)
+
+Admission control (refused at once: gRPC RESOURCE_EXHAUSTED, HTTP 429):
+  --max-queue-len N     most requests waiting for a slot (default 0 = no limit)
+  --max-queue-delay-ms MS  refuse a request whose predicted wait for a slot exceeds MS (default 0 = off)
+  --ttft-slo-ms MS      circuit breaker: while the P99 time to first token of the last 10 s is above
+                        MS, requests with priority > 0 are refused (lower is more urgent; default off)
+  --drain-timeout-s S   how long SIGTERM waits for requests in flight (default 30)
+
+Engine flags, as for generate:
+)";
+
+std::string ChatTemplate(const std::string& model_path) {
+  auto text = ReadTextFile(model_path + "/tokenizer_config.json");
+  if (!text.ok()) return "";
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  if (j.is_discarded() || !j.contains("chat_template") || !j["chat_template"].is_string()) return "";
+  return j["chat_template"].get<std::string>();
+}
+
+}  // namespace
+
+absl::Status RunServe(int argc, char** argv) {
+  std::set<std::string> known = kEngineFlags;
+  known.insert({"host", "grpc-port", "http-port", "served-model-name", "http-threads", "max-queue-len",
+                "max-queue-delay-ms", "ttft-slo-ms", "drain-timeout-s"});
+  std::set<std::string> switches = kEngineSwitches;
+  switches.insert("help");
+  auto flags = ParseFlags(argc, argv, known, switches);
+  if (!flags.ok()) return flags.status();
+  if (flags->switches.count("help")) {
+    std::cout << kServeUsage << kEngineFlagsHelp;
+    return absl::OkStatus();
+  }
+  int32_t grpc_port = 50051, http_port = 8000, http_threads = 128;
+  double drain_timeout_s = 30;
+  ServeOptions opt;
+  for (auto st : {GetNumber(*flags, "grpc-port", &grpc_port), GetNumber(*flags, "http-port", &http_port),
+                  GetNumber(*flags, "http-threads", &http_threads),
+                  GetNumber(*flags, "max-queue-len", &opt.admission.max_queue_len),
+                  GetNumber(*flags, "max-queue-delay-ms", &opt.admission.max_queue_delay_ms),
+                  GetNumber(*flags, "ttft-slo-ms", &opt.admission.ttft_slo_ms),
+                  GetNumber(*flags, "drain-timeout-s", &drain_timeout_s)}) {
+    if (!st.ok()) return st;
+  }
+  for (auto [name, port] : {std::pair{"--grpc-port", grpc_port}, {"--http-port", http_port}}) {
+    if (port < 0 || port > 65535) return absl::InvalidArgumentError(absl::StrCat(name, ": ", port, " is not a port"));
+  }
+  if (http_threads < 1) return absl::InvalidArgumentError(absl::StrCat("--http-threads must be >= 1, got ", http_threads));
+  if (opt.admission.max_queue_len < 0 || opt.admission.max_queue_delay_ms < 0 || opt.admission.ttft_slo_ms < 0 ||
+      drain_timeout_s < 0) {
+    return absl::InvalidArgumentError("--max-queue-len, --max-queue-delay-ms, --ttft-slo-ms and --drain-timeout-s must be >= 0");
+  }
+  const std::string host = flags->values.count("host") ? flags->values["host"] : "127.0.0.1";
+
+  // SIGTERM and SIGINT are taken by sigwait below: blocked here, before any thread starts, so that
+  // every thread inherits the mask and none is interrupted.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto loaded = LoadEngine(*flags);
+  if (!loaded.ok()) return loaded.status();
+  LoadedEngine& e = **loaded;
+  auto sc = BatchSchedulerConfig(*flags, e);
+  if (!sc.ok()) return sc.status();
+  SpecConfig spec;
+  spec.proposer = e.proposer.get();
+  spec.adaptive = e.adaptive;
+  Engine engine(e.model.get(), e.tokenizer.get(), *sc, spec);
+  if (auto st = engine.Validate(); !st.ok()) return st;
+
+  opt.model_name = flags->values.count("served-model-name") ? flags->values["served-model-name"] : e.model_path;
+  opt.default_max_tokens = e.opt.max_tokens;
+  opt.add_bos = e.add_bos;
+  opt.spec_method = e.spec_method;
+  opt.num_spec_tokens = e.proposer == nullptr ? "0" : e.adaptive ? "auto" : absl::StrCat(e.num_spec);
+  Server server(&engine, e.tokenizer.get(), e.model->config(), opt);
+  auto grpc = GrpcFrontend::Start(&server, host, grpc_port);
+  if (!grpc.ok()) return grpc.status();
+  auto http = HttpFrontend::Start(&server, host, http_port, http_threads, ChatTemplate(e.model_path));
+  if (!http.ok()) return http.status();
+  std::fprintf(stderr, "[specula] serving %s on grpc %s:%d and http %s:%d (max %d sequences, %d KV blocks): ready\n",
+               opt.model_name.c_str(), host.c_str(), (*grpc)->port(), host.c_str(), (*http)->port(), sc->max_num_seqs,
+               sc->num_blocks);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::fprintf(stderr, "[specula] %s: draining %lld requests in flight (up to %.0f s)\n",
+               sig == SIGTERM ? "SIGTERM" : "SIGINT", static_cast<long long>(server.in_flight()), drain_timeout_s);
+  server.StartDrain();
+  (*grpc)->SetServing(false);
+  const bool idle = server.WaitIdle(std::chrono::milliseconds(static_cast<int64_t>(drain_timeout_s * 1000)));
+  if (!idle) {
+    std::fprintf(stderr, "[specula] drain timeout: aborting %lld requests\n", static_cast<long long>(server.in_flight()));
+    server.CancelAll();
+    server.WaitIdle(std::chrono::milliseconds(5000));
+  }
+  // The engine loop still runs here, so calls still open end with their aborted last delta.
+  (*grpc)->Shutdown(std::chrono::milliseconds(1000));
+  (*http)->Stop();
+  std::fprintf(stderr, "[specula] drained; exiting\n");
+  return absl::OkStatus();
+}
+
+}  // namespace specula
