@@ -1,6 +1,7 @@
 #include "serving/http_frontend.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <ctime>
@@ -250,10 +251,20 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(Server* server
   h.set_error_handler([](const httplib::Request& q, httplib::Response& s) {
     if (s.status == 404 && s.body.empty()) SendError(s, absl::NotFoundError(absl::StrCat("no route ", q.method, " ", q.path)));
   });
+  // httplib listens with a backlog of 5: a burst of new connections overflows it and clients stall
+  // for a retransmit (~1 s). Keep the socket to listen again with a deep backlog. SO_REUSEADDR
+  // (not httplib's SO_REUSEPORT: a second server on a taken port must fail).
+  int listen_fd = -1;
+  h.set_socket_options([&listen_fd](int fd) {
+    int yes = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_fd = fd;
+  });
   impl->port = port == 0 ? h.bind_to_any_port(host) : (h.bind_to_port(host, port) ? port : -1);
   if (impl->port <= 0) {
     return absl::UnavailableError(absl::StrCat("--http-port: cannot listen on ", host, ":", port, " (in use, or a bad --host)"));
   }
+  if (listen_fd >= 0) ::listen(listen_fd, 4096);
   impl->thread = std::thread([p] { p->http.listen_after_bind(); });
   return std::unique_ptr<HttpFrontend>(new HttpFrontend(std::move(impl)));
 }

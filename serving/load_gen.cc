@@ -303,6 +303,7 @@ class GrpcClient final : public LoadClient {
     RequestResult res;
     const Clock::time_point t0 = Clock::now();
     double last = 0;
+    bool aborted = false;  // the server stopped it (cancelled, deadline, shutdown): not a completion
     auto reader = stub_->Generate(&ctx, q);
     v1::GenerateResponse m;
     while (reader->Read(&m)) {
@@ -313,6 +314,7 @@ class GrpcClient final : public LoadClient {
         res.output_tokens += m.token_ids_size();
       }
       if (m.has_usage()) res.prompt_tokens = m.usage().prompt_tokens();
+      aborted = aborted || m.finish_reason() == v1::FINISH_REASON_ABORTED;
     }
     const grpc::Status st = reader->Finish();
     res.e2e_s = Since(t0);
@@ -322,6 +324,9 @@ class GrpcClient final : public LoadClient {
     if (!st.ok()) {
       res.error = absl::StrCat(absl::StatusCodeToString(static_cast<absl::StatusCode>(st.error_code())), ": ",
                                st.error_message());
+    } else if (aborted) {
+      res.outcome = Outcome::kFailed;
+      res.error = "finish_reason ABORTED";
     }
     return res;
   }
@@ -428,13 +433,15 @@ class HttpClient final : public LoadClient {
         }
         if (j.contains("error")) stream_error = ErrorMessage(std::string(payload));
         if (j.contains("usage") && j["usage"].is_object()) {
-          res.prompt_tokens = j["usage"].value("prompt_tokens", 0);
-          usage_tokens = j["usage"].value("completion_tokens", 0);
+          const json& u = j["usage"];
+          if (u.contains("prompt_tokens") && u["prompt_tokens"].is_number_integer()) res.prompt_tokens = u["prompt_tokens"];
+          if (u.contains("completion_tokens") && u["completion_tokens"].is_number_integer()) usage_tokens = u["completion_tokens"];
         }
         if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty()) return;
         // An empty text with a finish_reason only closes the stream; other chunks carry tokens
         // (an empty text can be a token that is not a whole UTF-8 character yet).
         const json& c0 = j["choices"][0];
+        if (c0.contains("finish_reason") && c0["finish_reason"] == "abort") stream_error = "finish_reason abort";
         const bool empty = !c0.contains("text") || !c0["text"].is_string() || c0["text"].get<std::string>().empty();
         if (empty && c0.contains("finish_reason") && !c0["finish_reason"].is_null()) return;
         if (messages++ == 0) res.ttft_s = t; else res.itl_s.push_back(t - last);

@@ -26,6 +26,7 @@
 #include "tools/batch_generate.h"
 #include "tools/engine_setup.h"
 #include "tools/flags.h"
+#include "tools/bench_serve.h"
 #include "tools/serve.h"
 #include "kernels/make_backend.h"
 
@@ -39,6 +40,7 @@ usage: specula <command> [flags]
 commands:
   generate     generate text from a model
   serve        serve a model over gRPC and OpenAI-compatible HTTP, with metrics and admission control
+  bench-serve  load-test a running server (gRPC or HTTP): latency percentiles, throughput, goodput
   make-model   write a random-weight HF model of a named real shape
   help         show this message
 
@@ -244,6 +246,8 @@ int main(int argc, char** argv) {
     st = specula::RunGenerate(argc - 2, argv + 2);
   } else if (cmd == "serve") {
     st = specula::RunServe(argc - 2, argv + 2);
+  } else if (cmd == "bench-serve") {
+    st = specula::RunBenchServe(argc - 2, argv + 2);
   } else if (cmd == "make-model") {
     st = specula::RunMakeModel(argc - 2, argv + 2);
   } else {

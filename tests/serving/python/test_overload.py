@@ -1,0 +1,90 @@
+"""Overload: `specula bench-serve` offers 3x the measured capacity of a real `specula serve` for 20 s.
+The server stays up with bounded RSS; admitted requests meet --ttft-slo-ms at P99; refused ones get
+RESOURCE_EXHAUSTED within 10 ms at P99. SPECULA_QUICK (the ASan run, 2-3x slower) shortens the
+overload to 8 s and loosens the time limits (SLO, queue delay, refusal latency) for its ~9x slower
+server, whose OpenMP threads also take the CPU from the gRPC threads."""
+import json
+import os
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+import grpc
+
+from serving_util import BINARY, Serve, metric, metrics, random_model
+
+QUICK = bool(os.environ.get("SPECULA_QUICK"))
+SLO_MS = 6000 if QUICK else 1000
+QUEUE_DELAY_MS = 1500 if QUICK else 300
+REFUSAL_MS = 30 if QUICK else 10
+SECONDS = 8 if QUICK else 20
+SHAPE = ["--input-len", "16", "--output-len", "32"]
+
+
+def bench(target, out, *flags):
+    subprocess.run([BINARY, "bench-serve", "--endpoint", f"grpc://{target}", "--no-progress", "--result-json", out,
+                    *SHAPE, *map(str, flags)], check=True, capture_output=True, text=True, timeout=300)
+    with open(out) as f:
+        return json.load(f)
+
+
+def rss_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class OverloadTest(unittest.TestCase):
+    def test_three_times_capacity(self):
+        with Serve("--max-num-seqs", "16", "--max-queue-delay-ms", QUEUE_DELAY_MS, "--ttft-slo-ms", SLO_MS,
+                   model=random_model(), tokenizer=None) as s, tempfile.TemporaryDirectory() as d:
+            # Capacity: closed loop at the batch size (this also gives admission its completion rate).
+            cap = bench(s.grpc_target, os.path.join(d, "cap.json"), "--num-prompts", 64, "--max-concurrency", 16)
+            self.assertEqual(cap["failed"], 0)
+            capacity = cap["request_throughput"]
+            rate = 3 * capacity
+            base_rss = rss_mb(s.proc.pid)
+            peak = [base_rss]
+            done = threading.Event()
+
+            def watch():
+                while not done.is_set():
+                    peak[0] = max(peak[0], rss_mb(s.proc.pid))
+                    time.sleep(0.2)
+
+            watcher = threading.Thread(target=watch)
+            watcher.start()
+            try:
+                over = bench(s.grpc_target, os.path.join(d, "over.json"), "--num-prompts", int(rate * SECONDS),
+                             "--request-rate", f"{rate:.2f}", "--seed", 3)
+            finally:
+                done.set()
+                watcher.join()
+            print(f"capacity {capacity:.1f} req/s; offered {rate:.1f} req/s for {SECONDS} s: "
+                  f"{over['completed']} completed, {over['rejected']} rejected, {over['failed']} failed; "
+                  f"P99 TTFT {over['p99_ttft_ms']:.0f} ms (SLO {SLO_MS}), P99 rejection {over['p99_rejection_ms']:.2f} ms; "
+                  f"RSS {base_rss:.0f} -> peak {peak[0]:.0f} MB")
+            self.assertIsNone(s.proc.poll(), "the server died")
+            self.assertEqual(over["failed"], 0)
+            self.assertGreater(over["rejected"], 0, "3x capacity was all admitted")
+            self.assertGreater(over["completed"], 0)
+            self.assertLessEqual(over["p99_ttft_ms"], SLO_MS)
+            self.assertLess(over["p99_rejection_ms"], REFUSAL_MS)
+            self.assertLess(peak[0], base_rss + 200, "RSS grew without bound")
+            m = metrics(s.http_base)
+            refused = sum(metric(m, "specula:admission_rejected_total", reason=r)
+                          for r in ("queue_len", "queue_delay", "ttft_slo"))
+            self.assertEqual(refused, over["rejected"])
+            from grpc_health.v1 import health_pb2, health_pb2_grpc
+            with grpc.insecure_channel(s.grpc_target) as ch:
+                health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            self.assertEqual(health.status, health_pb2.HealthCheckResponse.SERVING)
+            self.assertEqual(s.stop(), 0, s.stderr())
+
+
+if __name__ == "__main__":
+    unittest.main()
