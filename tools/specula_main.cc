@@ -1,7 +1,8 @@
 // specula: the command-line front end. Subcommands, like git:
 //   specula generate    --model PATH --prompt TEXT ...
+//   specula serve       --model PATH ...     (tools/serve.cc)
+//   specula bench-serve --endpoint URL ...   (tools/bench_serve.cc)
 //   specula make-model  --shape NAME|--config config.json --out DIR ...
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -17,8 +18,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/mapped_file.h"
-#include "draft/draft_model_proposer.h"
-#include "draft/ngram_proposer.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "model/make_model.h"
@@ -28,7 +27,6 @@
 #include "tools/flags.h"
 #include "tools/bench_serve.h"
 #include "tools/serve.h"
-#include "kernels/make_backend.h"
 
 namespace specula {
 namespace {

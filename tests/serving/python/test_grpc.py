@@ -123,6 +123,47 @@ class GrpcTest(unittest.TestCase):
             m = metrics(s.http_base)
             self.assertEqual(metric(m, "specula:request_success_total", finished_reason="abort"), 2)
 
+    def test_admission_refuses_at_once(self):
+        import json
+        import urllib.error
+        model = random_model()
+        with Serve("--max-num-seqs", "1", "--max-queue-len", "1", "--ttft-slo-ms", "1", model=model,
+                   tokenizer=None) as s, grpc.insecure_channel(s.grpc_target) as ch:
+            stub = pb_grpc.GenerationStub(ch)
+            long = pb.GenerateRequest(prompt_token_ids=[1, 2, 3], sampling=pb.SamplingParams(max_tokens=200, ignore_eos=True))
+            running = stub.Generate(long, timeout=60)
+            first = next(running)  # one running: the slot is taken
+            queued = stub.Generate(long, timeout=60)
+            time.sleep(0.2)  # the second waits for the slot: the queue is full
+            start = time.time()
+            with self.assertRaises(grpc.RpcError) as e:
+                list(stub.Generate(long, timeout=10))
+            self.assertLess(time.time() - start, 0.5)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+            self.assertIn("--max-queue-len 1", e.exception.details())
+            req = urllib.request.Request(s.http_base + "/v1/completions", headers={"Content-Type": "application/json"},
+                                         data=json.dumps({"prompt": [1, 2], "max_tokens": 4}).encode())
+            with self.assertRaises(urllib.error.HTTPError) as h:
+                urllib.request.urlopen(req, timeout=10)
+            self.assertEqual(h.exception.code, 429)
+            self.assertEqual(json.loads(h.exception.read())["error"]["type"], "rate_limit_error")
+            self.assertEqual(len(first.token_ids) + len([t for m in running for t in m.token_ids]), 200)
+            self.assertEqual(len([t for m in queued for t in m.token_ids]), 200)
+            # Every TTFT so far is above the 1 ms SLO, but the breaker needs 10 samples in its window.
+            short = pb.GenerateRequest(prompt_token_ids=[1, 2, 3], sampling=pb.SamplingParams(max_tokens=2))
+            for _ in range(10):
+                list(stub.Generate(short, timeout=30))
+            with self.assertRaises(grpc.RpcError) as e:
+                list(stub.Generate(pb.GenerateRequest(prompt_token_ids=[1, 2, 3], priority=1,
+                                                      sampling=pb.SamplingParams(max_tokens=2)), timeout=10))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+            self.assertIn("--ttft-slo-ms 1", e.exception.details())
+            # The highest priority (0) is never shed.
+            self.assertEqual(sum(len(m.token_ids) for m in stub.Generate(short, timeout=30)), 2)
+            m = metrics(s.http_base)
+            self.assertEqual(metric(m, "specula:admission_rejected_total", reason="queue_len"), 2)
+            self.assertEqual(metric(m, "specula:admission_rejected_total", reason="ttft_slo"), 1)
+
 
 if __name__ == "__main__":
     unittest.main()
