@@ -136,8 +136,8 @@ void EngineLoop::Run() {
         refused.finished = true;
         refused.error = st;
         refused.final.id = id;
-        add.stream->Push(std::move(refused));
         if (hooks_.on_refused) hooks_.on_refused(id);
+        add.stream->Push(std::move(refused));
         continue;
       }
       active_[id] = Active{std::move(add.stream), add.submit_ms};
@@ -194,9 +194,11 @@ void EngineLoop::PublishDeltas(std::vector<RequestOutput> finished) {
     d.finished = true;
     out.arrival_ms = it->second.submit_ms;  // the client's view: from Submit, not from the step that admitted it
     d.final = out;
+    // The hook first: what it counts (metrics, requests in flight) is current by the time the
+    // client sees its last delta and sends the next request.
+    if (hooks_.on_finished) hooks_.on_finished(out);
     it->second.stream->Push(std::move(d));
     active_.erase(it);
-    if (hooks_.on_finished) hooks_.on_finished(out);
   }
   for (auto& [id, a] : active_) {
     const RequestOutput* out = engine_->Peek(id);

@@ -70,7 +70,8 @@ struct EngineSnapshot {
 };
 
 // Called on the loop's thread (keep them short): a request's first token, with its time since
-// Submit, and its end (any reason, after the last delta is pushed; `arrival_ms` is the Submit time).
+// Submit, and its end (any reason, just before its last delta is pushed; `arrival_ms` is the Submit
+// time).
 struct LoopHooks {
   std::function<void(double ttft_ms)> on_first_token;
   std::function<void(const RequestOutput&)> on_finished;

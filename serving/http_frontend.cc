@@ -14,7 +14,6 @@ namespace specula {
 namespace {
 
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 int HttpCode(const absl::Status& st) {
   switch (st.code()) {
@@ -138,7 +137,6 @@ struct HttpFrontend::Impl {
   httplib::Server http;
   std::thread thread;
   int port = 0;
-  std::atomic<int64_t> next_id{1};
 
   void Handle(const httplib::Request& req, httplib::Response& res, bool chat);
 };
@@ -166,9 +164,10 @@ void HttpFrontend::Impl::Handle(const httplib::Request& req, httplib::Response& 
   auto admitted = server->Submit(r);
   if (!admitted.ok()) return SendError(res, admitted.status());
 
-  const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", admitted->id);
+  // Chat returned above: what follows is a completion.
+  const std::string id = absl::StrCat("cmpl-", admitted->id);
   const int64_t created = std::time(nullptr);
-  const char* object = chat ? "chat.completion.chunk" : "text_completion";
+  const char* object = "text_completion";
   auto usage_of = [](const RequestOutput& out) {
     const int32_t n = static_cast<int32_t>(out.tokens.size());
     return json{{"prompt_tokens", out.prompt_tokens}, {"completion_tokens", n}, {"total_tokens", out.prompt_tokens + n},
@@ -183,7 +182,7 @@ void HttpFrontend::Impl::Handle(const httplib::Request& req, httplib::Response& 
       text += d->text;
       if (!d->finished) continue;
       json choice = {{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", FinishName(d->final.finish)}};
-      res.set_content(json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
+      res.set_content(json{{"id", id}, {"object", object}, {"created", created}, {"model", model},
                            {"choices", {choice}}, {"usage", usage_of(d->final)}}
                           .dump(-1, ' ', false, json::error_handler_t::replace),
                       "application/json");

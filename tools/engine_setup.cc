@@ -236,8 +236,7 @@ absl::StatusOr<std::unique_ptr<LoadedEngine>> LoadEngine(const Flags& flags) {
   return e;
 }
 
-absl::StatusOr<SchedulerConfig> BatchSchedulerConfig(const Flags& flags, LoadedEngine& e) {
-  Flags f = flags;
+absl::StatusOr<SchedulerConfig> BatchSchedulerConfig(const Flags& f, LoadedEngine& e) {
   LlamaModel& model = *e.model;
   const GenerateOptions& opt = e.opt;
   const int32_t num_spec = e.num_spec;

@@ -60,7 +60,9 @@ class ChaosTest(unittest.TestCase):
                 if kind == "malformed":
                     fields, field = MALFORMED[i % len(MALFORMED)]
                     req = pb.GenerateRequest(**{k: (pb.SamplingParams(**v) if k == "sampling" else v) for k, v in fields.items()})
-                timeout = r.uniform(0.02, 0.3) if kind == "deadline" else 60
+                # Only the deadline kind has one: under ASan on a busy 2-core machine a valid request
+                # can wait in the queue for over a minute, and that is slow, not lost.
+                timeout = r.uniform(0.02, 0.3) if kind == "deadline" else None
                 tokens, cancelled_after = 0, r.randint(1, 4)
                 try:
                     call = stub.Generate(req, timeout=timeout)
@@ -82,8 +84,9 @@ class ChaosTest(unittest.TestCase):
                 th.start()
                 threads.append(th)
             for th in threads:
-                th.join(timeout=120)
-            self.assertFalse(any(th.is_alive() for th in threads), "requests still open after 120 s")
+                th.join(timeout=max(1.0, start + 300 - time.time()))
+            self.assertFalse(any(th.is_alive() for th in threads), "requests still open after 300 s")
+            print(f"drill took {time.time() - start:.1f} s")
 
             counts = {}
             for i, (outcome, kind, field, tokens, max_tokens, info) in enumerate(results):

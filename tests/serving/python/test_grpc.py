@@ -134,7 +134,10 @@ class GrpcTest(unittest.TestCase):
             running = stub.Generate(long, timeout=60)
             first = next(running)  # one running: the slot is taken
             queued = stub.Generate(long, timeout=60)
-            time.sleep(0.2)  # the second waits for the slot: the queue is full
+            deadline = time.time() + 10  # the second waits for the slot: the queue is full
+            while metric(metrics(s.http_base), "specula:num_requests_waiting") < 1:
+                self.assertLess(time.time(), deadline, "the second request never queued")
+                time.sleep(0.01)
             start = time.time()
             with self.assertRaises(grpc.RpcError) as e:
                 list(stub.Generate(long, timeout=10))
