@@ -35,5 +35,7 @@ pip_install() {
   python3 -m pip install -q "$@" || python3 -m pip install -q --break-system-packages "$@"
 }
 python3 -c "import numpy" >/dev/null 2>&1 || pip_install numpy
+# The experiment report's plots (`specula experiment report`).
+python3 -c "import matplotlib" >/dev/null 2>&1 || pip_install matplotlib
 python3 -c "import grpc, grpc_tools, grpc_health, grpc_reflection, openai, prometheus_client" >/dev/null 2>&1 ||
   pip_install grpcio grpcio-tools grpcio-health-checking grpcio-reflection openai prometheus-client

@@ -162,6 +162,7 @@ void EngineLoop::Run() {
       snapshot_.num_waiting = engine_->scheduler().num_waiting();
       snapshot_.kv_blocks_total = blocks.num_blocks();
       snapshot_.kv_blocks_used = blocks.num_blocks() - blocks.num_available();
+      snapshot_.kv_blocks_peak = std::max(snapshot_.kv_blocks_peak, snapshot_.kv_blocks_used);
       snapshot_.num_preemptions = engine_->scheduler().num_preemptions();
       snapshot_.prefix_cache_queries = blocks.query_tokens();
       snapshot_.prefix_cache_hits = blocks.hit_tokens();

@@ -61,6 +61,7 @@ class RequestStream {
 struct EngineSnapshot {
   int32_t num_running = 0, num_waiting = 0;
   int32_t kv_blocks_used = 0, kv_blocks_total = 0;  // used: held by sequences (cached free blocks are free)
+  int32_t kv_blocks_peak = 0;                       // the most used after any step so far
   int64_t num_preemptions = 0;
   int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;  // in prompt tokens
   // How long the oldest admitted request without a first token has waited (0: none): a floor on

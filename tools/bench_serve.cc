@@ -12,7 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "serving/load_gen.h"
-#include "tools/flags.h"
+#include "core/flags.h"
 
 namespace specula {
 namespace {

@@ -11,7 +11,7 @@
 #include "serving/grpc_frontend.h"
 #include "serving/http_frontend.h"
 #include "serving/server.h"
-#include "tools/engine_setup.h"
+#include "engine/engine_setup.h"
 
 namespace specula {
 namespace {

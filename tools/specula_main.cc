@@ -2,6 +2,7 @@
 //   specula generate    --model PATH --prompt TEXT ...
 //   specula serve       --model PATH ...     (tools/serve.cc)
 //   specula bench-serve --endpoint URL ...   (tools/bench_serve.cc)
+//   specula experiment run SPEC --out DIR | report DIR   (tools/experiment.cc)
 //   specula make-model  --shape NAME|--config config.json --out DIR ...
 
 #include <cstdio>
@@ -23,9 +24,10 @@
 #include "model/make_model.h"
 #include "model/tokenizer.h"
 #include "tools/batch_generate.h"
-#include "tools/engine_setup.h"
-#include "tools/flags.h"
+#include "engine/engine_setup.h"
+#include "core/flags.h"
 #include "tools/bench_serve.h"
+#include "tools/experiment.h"
 #include "tools/serve.h"
 
 namespace specula {
@@ -39,6 +41,7 @@ commands:
   generate     generate text from a model
   serve        serve a model over gRPC and OpenAI-compatible HTTP, with metrics and admission control
   bench-serve  load-test a running server (gRPC or HTTP): latency percentiles, throughput, goodput
+  experiment   run an experiment spec (a sweep of batching and speculation) and report it
   make-model   write a random-weight HF model of a named real shape
   help         show this message
 
@@ -246,6 +249,8 @@ int main(int argc, char** argv) {
     st = specula::RunServe(argc - 2, argv + 2);
   } else if (cmd == "bench-serve") {
     st = specula::RunBenchServe(argc - 2, argv + 2);
+  } else if (cmd == "experiment") {
+    st = specula::RunExperimentCommand(argc - 2, argv + 2);
   } else if (cmd == "make-model") {
     st = specula::RunMakeModel(argc - 2, argv + 2);
   } else {
@@ -253,8 +258,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!st.ok()) {
-    std::cerr << "specula " << cmd << ": error: " << st.message() << "\n";
-    return 1;
+    std::cerr << "specula " << cmd << ": " << (absl::IsCancelled(st) ? "" : "error: ") << st.message() << "\n";
+    return absl::IsCancelled(st) ? 130 : 1;
   }
   return 0;
 }

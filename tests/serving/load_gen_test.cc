@@ -436,7 +436,8 @@ TEST(BenchServe, GrpcRunWritesTheResultJson) {
   EXPECT_EQ(j["request_rate"], "inf");
   EXPECT_EQ(j["goodput"]["e2el"], 5000);
   EXPECT_DOUBLE_EQ(j["request_goodput"].get<double>(), j["request_throughput"].get<double>());
-  EXPECT_NEAR(j["mean_itl_ms"].get<double>(), 20, 15);
+  // The median: one stall of a loaded machine (ASan in CI) moves the mean by 30 ms.
+  EXPECT_NEAR(j["median_itl_ms"].get<double>(), 20, 15);
   EXPECT_DOUBLE_EQ(j["tokens_per_message"].get<double>(), 2.0);
   EXPECT_GT(j["p99_e2el_ms"].get<double>(), 40);
   EXPECT_EQ(j["ttfts"].size(), 6u);

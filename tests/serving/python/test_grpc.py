@@ -120,8 +120,12 @@ class GrpcTest(unittest.TestCase):
                 list(stub.Generate(req, timeout=0.1))
             self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
             self.assertTrue(self.wait_kv_free(s.http_base), "timed-out request still holds KV blocks")
-            m = metrics(s.http_base)
-            self.assertEqual(metric(m, "specula:request_success_total", finished_reason="abort"), 2)
+            # The KV gauge is published before the finished request is counted: wait for the count.
+            deadline = time.time() + 10
+            while metric(metrics(s.http_base), "specula:request_success_total", finished_reason="abort") < 2:
+                self.assertLess(time.time(), deadline, "the timed-out request was not counted as aborted")
+                time.sleep(0.02)
+            self.assertEqual(metric(metrics(s.http_base), "specula:request_success_total", finished_reason="abort"), 2)
 
     def test_admission_refuses_at_once(self):
         import json

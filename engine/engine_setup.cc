@@ -1,4 +1,4 @@
-#include "tools/engine_setup.h"
+#include "engine/engine_setup.h"
 
 #include <unistd.h>
 

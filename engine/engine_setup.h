@@ -1,5 +1,6 @@
-// The engine and speculation flags that `generate` and `serve` share: loading the target, its
-// tokenizer and the draft, and sizing the continuous-batching scheduler and its KV pool.
+// The engine and speculation flags that `generate`, `serve` and the experiment harness share:
+// loading the target, its tokenizer and the draft, and sizing the continuous-batching scheduler and
+// its KV pool. Here, below tools/, so that experiments/ builds engines the way the CLI does.
 #pragma once
 
 #include <memory>
@@ -13,7 +14,7 @@
 #include "model/llama_model.h"
 #include "model/tokenizer.h"
 #include "scheduler/scheduler.h"
-#include "tools/flags.h"
+#include "core/flags.h"
 
 namespace specula {
 

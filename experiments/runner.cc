@@ -1,0 +1,369 @@
+#include "experiments/runner.h"
+
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/flags.h"
+#include "engine/engine_setup.h"
+#include "serving/load_gen.h"
+#include "serving/server.h"
+
+namespace specula::experiments {
+namespace {
+
+// The engine flags of a point, as `specula generate` would be given them.
+Flags PointFlags(const Experiment& s, const Point& p) {
+  Flags f;
+  f.values = {{"model", s.model().path()},
+              {"max-tokens", absl::StrCat(s.workload().max_tokens())},
+              {"temperature", absl::StrCat(p.temperature)},
+              {"max-num-seqs", absl::StrCat(p.max_num_seqs)},
+              {"max-num-batched-tokens", absl::StrCat(p.max_num_batched_tokens)},
+              {"kv-cache-dtype", p.kv_cache_dtype},
+              {"quantization", p.quantization}};
+  if (!s.model().tokenizer().empty()) f.values["tokenizer"] = s.model().tokenizer();
+  if (p.spec_method != "none") {
+    f.values["spec-method"] = p.spec_method;
+    if (*p.num_spec_tokens == 0) {
+      f.values["num-spec-tokens"] = "auto";
+      f.values["max-spec-tokens"] = absl::StrCat(s.max_spec_tokens());
+    } else {
+      f.values["num-spec-tokens"] = absl::StrCat(*p.num_spec_tokens);
+    }
+    if (p.spec_method == "draft") f.values["draft-model"] = s.draft().path();
+  }
+  if (s.workload().ignore_eos()) f.switches.insert("ignore-eos");
+  return f;
+}
+
+// The spec's requests: its prompts file cycled to num_requests, or synthetic token ids.
+absl::StatusOr<std::vector<LoadRequest>> Workload(const v1::Workload& w, int32_t vocab_size) {
+  if (w.has_synthetic()) {
+    return SyntheticDataset(w.num_requests(), w.synthetic().input_len(), w.synthetic().output_len(), vocab_size, w.seed());
+  }
+  auto lines = LoadJsonlDataset(w.prompts_file(), w.max_tokens());
+  if (!lines.ok()) return lines.status();
+  std::vector<LoadRequest> out;
+  for (int32_t i = 0; i < w.num_requests(); ++i) {
+    out.push_back((*lines)[i % lines->size()]);
+    if (w.ignore_eos()) out.back().ignore_eos = true;
+  }
+  return out;
+}
+
+uint64_t HashTokens(const std::vector<std::vector<TokenId>>& outputs) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over (count, tokens...) per request
+  auto mix = [&](uint64_t v) {
+    for (int b = 0; b < 8; ++b) h = (h ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
+  };
+  for (const auto& tokens : outputs) {
+    mix(tokens.size());
+    for (TokenId t : tokens) mix(static_cast<uint32_t>(t));
+  }
+  return h;
+}
+
+// One short request through a new engine before anything is timed: the first steps of a fresh
+// engine pay for first-touched memory and cold caches, which adaptive k's startup measurement
+// happens to pay before its runs. Without this, "none" measured 7-18% below an adaptive k that
+// chose k = 0 on every step. Its prompt fills no whole KV block, so nothing of it is cached.
+absl::Status WarmUp(Engine& engine, int32_t block_size) {
+  Request r;
+  r.id = 1 << 30;
+  for (int32_t i = 0; i < std::max(1, block_size / 2); ++i) r.prompt.push_back(1 + i % 7);
+  r.max_tokens = 8;
+  r.ignore_eos = true;
+  if (auto st = engine.AddRequest(std::move(r)); !st.ok()) return st;
+  while (engine.HasUnfinished()) engine.Step();
+  return absl::OkStatus();
+}
+
+// The counters a run adds to `before` (the warm-up's).
+EngineStats Since(const EngineStats& before, EngineStats s) {
+  s.steps -= before.steps;
+  s.spec.drafts -= before.spec.drafts;
+  s.spec.draft_tokens -= before.spec.draft_tokens;
+  s.spec.accepted_tokens -= before.spec.accepted_tokens;
+  for (size_t i = 0; i < before.spec.accepted_per_position.size() && i < s.spec.accepted_per_position.size(); ++i) {
+    s.spec.accepted_per_position[i] -= before.spec.accepted_per_position[i];
+  }
+  for (size_t i = 0; i < before.spec_k_histogram.size() && i < s.spec_k_histogram.size(); ++i) {
+    s.spec_k_histogram[i] -= before.spec_k_histogram[i];
+  }
+  return s;
+}
+
+nlohmann::json StatsJson(const Stats& s) { return {{"mean", s.mean}, {"p50", s.median}, {"p99", s.p99}}; }
+
+// The JSON of a run from the load generator's summary, and, in process, the engine's counters.
+nlohmann::json Measurements(const BenchSummary& b, int32_t num_requests, const EngineStats* stats, bool adaptive,
+                            double peak_kv, int64_t preemptions, const std::vector<std::vector<TokenId>>* outputs) {
+  nlohmann::json j;
+  j["num_requests"] = num_requests;
+  j["completed"] = b.completed;
+  j["rejected"] = b.rejected;
+  j["failed"] = b.failed;
+  if (!b.first_errors.empty()) j["errors"] = b.first_errors;
+  j["duration_s"] = b.duration_s;
+  j["request_throughput"] = b.request_throughput;
+  j["output_tok_s"] = b.output_throughput;
+  j["total_tok_s"] = b.total_token_throughput;
+  j["input_tokens"] = b.total_input_tokens;
+  j["output_tokens"] = b.total_output_tokens;
+  j["ttft_ms"] = StatsJson(b.ttft_ms);
+  j["tpot_ms"] = StatsJson(b.tpot_ms);
+  j["e2e_ms"] = StatsJson(b.e2el_ms);
+  j["spec"] = nullptr;
+  j["k_histogram"] = nullptr;
+  j["peak_kv_usage"] = stats ? nlohmann::json(peak_kv) : nlohmann::json();
+  j["preemptions"] = stats ? nlohmann::json(preemptions) : nlohmann::json();
+  j["steps"] = stats ? nlohmann::json(stats->steps) : nlohmann::json();
+  if (stats != nullptr) {
+    const SpecStats& s = stats->spec;
+    std::vector<double> per_position;
+    for (int64_t a : s.accepted_per_position) per_position.push_back(s.drafts ? static_cast<double>(a) / s.drafts : 0.0);
+    j["spec"] = {{"drafts", s.drafts}, {"draft_tokens", s.draft_tokens}, {"accepted_tokens", s.accepted_tokens},
+                 {"mean_acceptance_length", s.mean_acceptance_length()}, {"acceptance_per_position", per_position}};
+    if (adaptive) j["k_histogram"] = stats->spec_k_histogram;
+  }
+  j["output_hash"] = outputs ? nlohmann::json(absl::StrCat(absl::Hex(HashTokens(*outputs), absl::kZeroPad16)))
+                             : nlohmann::json();
+  return j;
+}
+
+// Offline: every request added at t = 0, the engine stepped until all finish.
+absl::StatusOr<nlohmann::json> RunOffline(LoadedEngine& e, const SchedulerConfig& sc, const SpecConfig& spec_cfg,
+                                          const std::vector<LoadRequest>& requests, const v1::Workload& w,
+                                          double temperature, const RunHooks& hooks) {
+  Engine engine(e.model.get(), e.tokenizer.get(), sc, spec_cfg);
+  if (auto st = engine.Validate(); !st.ok()) return st;
+  if (auto st = WarmUp(engine, sc.block_size); !st.ok()) return st;
+  const EngineStats warm = engine.stats();
+  const int32_t n = static_cast<int32_t>(requests.size());
+  for (int32_t i = 0; i < n; ++i) {
+    const LoadRequest& lr = requests[i];
+    Request r;
+    r.id = i + 1;
+    r.prompt = lr.prompt_token_ids.empty() ? e.tokenizer->Encode(lr.prompt, e.add_bos) : lr.prompt_token_ids;
+    // As the server does: a request asks for at most what its context has room for.
+    r.max_tokens = std::min(lr.max_tokens > 0 ? lr.max_tokens : w.max_tokens(),
+                            sc.max_model_len - static_cast<int32_t>(r.prompt.size()));
+    r.sampling = e.opt.sampling;
+    r.sampling.temperature = static_cast<float>(temperature);
+    r.sampling.seed = w.seed() + static_cast<uint64_t>(i);
+    r.ignore_eos = lr.ignore_eos || e.ignore_eos;
+    if (auto st = engine.AddRequest(std::move(r)); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("workload request ", i, ": ", st.message()));
+    }
+  }
+  std::vector<RequestOutput> outs(n);
+  int32_t done = 0, peak_blocks = 0;
+  const double start_ms = engine.NowMs();
+  while (engine.HasUnfinished()) {
+    if (hooks.stop && hooks.stop->load()) return absl::CancelledError("interrupted");
+    for (RequestOutput& o : engine.Step()) {
+      outs[o.id - 1] = std::move(o);
+      ++done;
+      if (hooks.on_progress) hooks.on_progress(done, n);
+    }
+    const BlockManager& blocks = engine.scheduler().blocks();
+    peak_blocks = std::max(peak_blocks, blocks.num_blocks() - blocks.num_available());
+  }
+  RunResult run;
+  run.duration_s = (engine.NowMs() - start_ms) / 1e3;
+  std::vector<std::vector<TokenId>> tokens(n);
+  int64_t preemptions = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    const RequestOutput& o = outs[i];
+    RequestResult r;
+    r.outcome = o.error.empty() ? Outcome::kOk : Outcome::kFailed;
+    r.error = o.error;
+    r.send_s = (o.arrival_ms - start_ms) / 1e3;
+    r.ttft_s = o.tokens.empty() ? o.finish_ms - o.arrival_ms : o.ttft_ms() / 1e3;
+    r.e2e_s = (o.finish_ms - o.arrival_ms) / 1e3;
+    r.prompt_tokens = o.prompt_tokens;
+    r.output_tokens = static_cast<int32_t>(o.tokens.size());
+    run.requests.push_back(r);
+    tokens[i] = o.tokens;
+    preemptions += o.num_preemptions;
+  }
+  const double peak = static_cast<double>(peak_blocks) / engine.scheduler().blocks().num_blocks();
+  const EngineStats stats = Since(warm, engine.stats());
+  return Measurements(Summarize(run, {}), n, &stats, spec_cfg.adaptive, peak, preemptions, &tokens);
+}
+
+// A load client that submits straight to the serving core (no sockets), for online runs in process.
+class InProcessClient : public LoadClient {
+ public:
+  InProcessClient(Server* server, const std::vector<LoadRequest>* requests, double temperature, uint64_t seed)
+      : server_(server), requests_(requests), temperature_(temperature), seed_(seed), tokens_(requests->size()) {
+    info_.model = "in-process";
+  }
+  const ServerInfo& info() const override { return info_; }
+
+  RequestResult Send(const LoadRequest& request) override {
+    using Clock = std::chrono::steady_clock;
+    const size_t index = &request - requests_->data();  // RunLoad passes the dataset's own elements
+    RequestResult out;
+    const auto sent = Clock::now();
+    auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - sent).count(); };
+    ServeRequest r;
+    r.prompt = request.prompt;
+    r.prompt_token_ids = request.prompt_token_ids;
+    r.sampling.temperature = static_cast<float>(temperature_);
+    r.seed = seed_ + index;
+    r.max_tokens = request.max_tokens;
+    r.ignore_eos = request.ignore_eos;
+    auto admitted = server_->Submit(r);
+    if (!admitted.ok()) {
+      out.outcome = absl::IsResourceExhausted(admitted.status()) ? Outcome::kRejected : Outcome::kFailed;
+      out.error = std::string(admitted.status().message());
+      out.e2e_s = seconds();
+      return out;
+    }
+    out.prompt_tokens = admitted->prompt_tokens;
+    std::vector<TokenId> tokens;
+    double last = 0;
+    for (;;) {
+      std::optional<TokenDelta> d = admitted->stream->Next(std::chrono::milliseconds(60000));
+      if (!d) {
+        out.error = "no output for 60 s";
+        out.e2e_s = seconds();
+        return out;
+      }
+      if (!d->tokens.empty()) {
+        const double now = seconds();
+        if (tokens.empty()) {
+          out.ttft_s = now;
+        } else {
+          out.itl_s.push_back(now - last);
+        }
+        last = now;
+        tokens.insert(tokens.end(), d->tokens.begin(), d->tokens.end());
+      }
+      if (d->finished) {
+        out.e2e_s = seconds();
+        if (!d->error.ok()) {
+          out.error = std::string(d->error.message());
+        } else if (!d->final.error.empty()) {
+          out.error = d->final.error;
+        } else {
+          out.outcome = Outcome::kOk;
+        }
+        break;
+      }
+    }
+    out.output_tokens = static_cast<int32_t>(tokens.size());
+    std::lock_guard<std::mutex> lock(mu_);
+    tokens_[index] = std::move(tokens);
+    return out;
+  }
+
+  std::vector<std::vector<TokenId>> tokens() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return tokens_;
+  }
+
+ private:
+  Server* server_;
+  const std::vector<LoadRequest>* requests_;
+  const double temperature_;
+  const uint64_t seed_;
+  ServerInfo info_;
+  std::mutex mu_;
+  std::vector<std::vector<TokenId>> tokens_;  // [requests], guarded by mu_
+};
+
+ArrivalOptions Arrivals(const v1::Workload& w, const Point& p) {
+  ArrivalOptions a;
+  a.num_requests = w.num_requests();
+  a.request_rate = *p.request_rate;
+  a.burstiness = p.burstiness.value_or(1.0);
+  a.seed = w.seed();
+  return a;
+}
+
+// Online in process: the serving core over the point's engine, loaded by the load generator.
+absl::StatusOr<nlohmann::json> RunOnline(LoadedEngine& e, const SchedulerConfig& sc, const SpecConfig& spec_cfg,
+                                         const std::vector<LoadRequest>& requests, const v1::Workload& w,
+                                         const Point& p, const RunHooks& hooks) {
+  Engine engine(e.model.get(), e.tokenizer.get(), sc, spec_cfg);
+  if (auto st = engine.Validate(); !st.ok()) return st;
+  if (auto st = WarmUp(engine, sc.block_size); !st.ok()) return st;  // before the loop thread owns it
+  const EngineStats warm = engine.stats();
+  const int64_t warm_preemptions = engine.scheduler().num_preemptions();
+  ServeOptions so;
+  so.model_name = "experiment";
+  so.default_max_tokens = w.max_tokens();
+  so.add_bos = e.add_bos;
+  RunResult run;
+  EngineSnapshot snap;
+  std::vector<std::vector<TokenId>> tokens;
+  {
+    Server server(&engine, e.tokenizer.get(), e.model->config(), so);
+    InProcessClient client(&server, &requests, p.temperature, w.seed());
+    // Ctrl-C: abort what runs, so that RunLoad returns soon.
+    std::atomic<bool> finished{false};
+    std::thread watcher([&] {
+      while (!finished.load()) {
+        if (hooks.stop && hooks.stop->load()) {
+          server.StartDrain();
+          server.CancelAll();
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
+    RunOptions ro;
+    ro.on_progress = hooks.on_progress;
+    run = RunLoad(client, requests, ArrivalTimes(Arrivals(w, p)), ro);
+    finished = true;
+    watcher.join();
+    if (hooks.stop && hooks.stop->load()) return absl::CancelledError("interrupted");
+    server.WaitIdle(std::chrono::milliseconds(10000));
+    snap = server.Snapshot();
+    tokens = client.tokens();
+  }
+  const double peak = snap.kv_blocks_total ? static_cast<double>(snap.kv_blocks_peak) / snap.kv_blocks_total : 0.0;
+  const EngineStats stats = Since(warm, snap.stats);
+  return Measurements(Summarize(run, {}), w.num_requests(), &stats, spec_cfg.adaptive, peak,
+                      snap.num_preemptions - warm_preemptions, &tokens);
+}
+
+// Online against the spec's endpoint: the server's engine, seen only through its streams.
+absl::StatusOr<nlohmann::json> RunRemote(const LoadedSpec& s, const Point& p, const RunHooks& hooks) {
+  const v1::Workload& w = s.spec.workload();
+  ClientOptions co;
+  co.temperature = p.temperature;
+  auto client = ConnectLoadClient(s.spec.endpoint(), co);
+  if (!client.ok()) return client.status();
+  auto requests = Workload(w, (*client)->info().vocab_size > 0 ? (*client)->info().vocab_size : 256);
+  if (!requests.ok()) return requests.status();
+  RunOptions ro;
+  ro.on_progress = hooks.on_progress;
+  const RunResult run = RunLoad(**client, *requests, ArrivalTimes(Arrivals(w, p)), ro);
+  if (hooks.stop && hooks.stop->load()) return absl::CancelledError("interrupted");
+  return Measurements(Summarize(run, {}), w.num_requests(), nullptr, false, 0, 0, nullptr);
+}
+
+}  // namespace
+
+absl::StatusOr<nlohmann::json> RunPoint(const LoadedSpec& s, const Point& p, const RunHooks& hooks) {
+  if (p.remote) return RunRemote(s, p, hooks);
+  auto loaded = LoadEngine(PointFlags(s.spec, p));
+  if (!loaded.ok()) return loaded.status();
+  LoadedEngine& e = **loaded;
+  auto sc = BatchSchedulerConfig(PointFlags(s.spec, p), e);
+  if (!sc.ok()) return sc.status();
+  SpecConfig spec_cfg;
+  spec_cfg.proposer = e.proposer.get();
+  spec_cfg.adaptive = e.adaptive;
+  auto requests = Workload(s.spec.workload(), e.model->config().vocab_size);
+  if (!requests.ok()) return requests.status();
+  if (p.online) return RunOnline(e, *sc, spec_cfg, *requests, s.spec.workload(), p, hooks);
+  return RunOffline(e, *sc, spec_cfg, *requests, s.spec.workload(), p.temperature, hooks);
+}
+
+}  // namespace specula::experiments

@@ -1,0 +1,431 @@
+#include "experiments/spec.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/mapped_file.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+#include "serving/load_gen.h"
+
+namespace specula::experiments {
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::TextFormat;
+
+// Collects the text parser's first error with its position (0-based from the parser).
+class FirstError : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column, const std::string& message) override {
+    if (message_.empty()) message_ = absl::StrCat(line + 1, ":", column + 1, ": ", message);
+  }
+  const std::string& message() const { return message_; }
+
+ private:
+  std::string message_;
+};
+
+// Where a field of the spec was written: "spec.textproto:LINE:COL: " from the parser's location
+// tree, walking message fields by name; a field that was not written points at its closest written
+// parent (or line 1). The tree records a repeated field where its name is written, so the element
+// `index` of a list (`max_num_seqs: [1, -8]`) is found by scanning the list from there.
+class Locator {
+ public:
+  Locator(std::string path, const TextFormat::ParseInfoTree* tree, const std::string& text)
+      : path_(std::move(path)), tree_(tree), text_(text) {}
+
+  std::string At(std::initializer_list<const char*> fields, int index = -1) const {
+    const Descriptor* desc = Experiment::descriptor();
+    const TextFormat::ParseInfoTree* tree = tree_;
+    int line = 0, col = 0;
+    size_t i = 0;
+    for (const char* name : fields) {
+      const FieldDescriptor* fd = desc->FindFieldByName(name);
+      if (fd == nullptr || tree == nullptr) break;
+      const bool last = ++i == fields.size();
+      if (last && fd->is_repeated()) {
+        // The last occurrence of the name at or before `index` (`f: 1 f: 2` records each one).
+        for (int k = std::max(index, 0); k >= 0; --k) {
+          const auto loc = tree->GetLocation(fd, k);
+          if (loc.line < 0) continue;
+          line = loc.line;
+          col = loc.column;
+          if (index >= 0) ListElement(index - k, &line, &col);
+          break;
+        }
+        break;
+      }
+      const auto loc = tree->GetLocation(fd, -1);
+      if (loc.line < 0) break;
+      line = loc.line;
+      col = loc.column;
+      if (last || fd->message_type() == nullptr) break;
+      tree = tree->GetTreeForNested(fd, -1);
+      desc = fd->message_type();
+    }
+    return absl::StrCat(path_, ":", line + 1, ":", col + 1, ": ");
+  }
+
+ private:
+  // From a field name at (line, col), 0-based: moves to element `skip` of its `[...]` list, if it
+  // has one. Commas inside strings and comments are not separators.
+  void ListElement(int skip, int* line, int* col) const {
+    size_t pos = 0;
+    for (int l = 0; l < *line && pos != std::string::npos; ++l) pos = text_.find('\n', pos) + 1;
+    if (pos == std::string::npos || (pos == 0 && *line > 0)) return;
+    pos += *col;
+    const size_t colon = text_.find(':', pos);
+    if (colon == std::string::npos) return;
+    size_t p = text_.find_first_not_of(" \t\r\n", colon + 1);
+    if (p == std::string::npos || text_[p] != '[') return;
+    ++p;
+    for (int element = 0;; ++p) {
+      p = text_.find_first_not_of(" \t\r\n", p);
+      if (p == std::string::npos || text_[p] == ']') return;
+      if (element == skip) break;
+      // Skip this element: to the next comma at depth 0, outside strings and comments.
+      for (; p < text_.size() && text_[p] != ',' && text_[p] != ']'; ++p) {
+        if (text_[p] == '"' || text_[p] == '\'') {
+          const char quote = text_[p];
+          while (++p < text_.size() && text_[p] != quote) p += text_[p] == '\\';
+        } else if (text_[p] == '#') {
+          p = text_.find('\n', p);
+          if (p == std::string::npos) return;
+        }
+      }
+      if (p >= text_.size() || text_[p] == ']') return;
+      ++element;
+    }
+    const size_t line_start = text_.rfind('\n', p - 1);
+    *line = static_cast<int>(std::count(text_.begin(), text_.begin() + p, '\n'));
+    *col = static_cast<int>(line_start == std::string::npos ? p : p - line_start - 1);
+  }
+
+  std::string path_;
+  const TextFormat::ParseInfoTree* tree_;
+  const std::string& text_;
+};
+
+bool Exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
+
+std::string Resolve(const std::string& spec_path, const std::string& p) {
+  if (p.empty() || p[0] == '/') return p;
+  const size_t slash = spec_path.find_last_of('/');
+  return slash == std::string::npos ? p : absl::StrCat(spec_path.substr(0, slash + 1), p);
+}
+
+std::string Num(double v) { return std::isinf(v) ? (v > 0 ? "inf" : "-inf") : absl::StrFormat("%g", v); }
+
+template <typename T>
+absl::Status NoDuplicates(const Locator& at, const char* field, const google::protobuf::RepeatedField<T>& values) {
+  for (int i = 0; i < values.size(); ++i) {
+    for (int j = 0; j < i; ++j) {
+      if (values[i] == values[j]) {
+        return absl::InvalidArgumentError(absl::StrCat(at.At({"sweep", field}, i), "sweep.", field, "[", i, "]: ",
+                                                       Num(values[i]), " is listed twice"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckStrings(const Locator& at, const char* field, const google::protobuf::RepeatedPtrField<std::string>& values,
+                          const std::set<std::string>& allowed) {
+  for (int i = 0; i < values.size(); ++i) {
+    if (!allowed.count(values[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(at.At({"sweep", field}, i), "sweep.", field, "[", i, "]: \"",
+                                                     values[i], "\" is not one of ", absl::StrJoin(allowed, ", ")));
+    }
+    for (int j = 0; j < i; ++j) {
+      if (values[i] == values[j]) {
+        return absl::InvalidArgumentError(absl::StrCat(at.At({"sweep", field}, i), "sweep.", field, "[", i, "]: \"",
+                                                       values[i], "\" is listed twice"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Each value of a numeric sweep field within [lo, hi].
+template <typename T>
+absl::Status CheckRange(const Locator& at, const char* field, const google::protobuf::RepeatedField<T>& values, double lo,
+                        double hi) {
+  for (int i = 0; i < values.size(); ++i) {
+    const double v = static_cast<double>(values[i]);
+    if (!(v >= lo && v <= hi)) {
+      return absl::InvalidArgumentError(absl::StrCat(at.At({"sweep", field}, i), "sweep.", field, "[", i, "]: ", Num(v),
+                                                     " is not in [", Num(lo), ", ", Num(hi), "]"));
+    }
+  }
+  return NoDuplicates(at, field, values);
+}
+
+absl::Status Validate(const Locator& at, Experiment& s, const std::string& spec_path) {
+  auto bad = [&](std::initializer_list<const char*> fields, const std::string& msg, int index = -1) {
+    return absl::InvalidArgumentError(absl::StrCat(at.At(fields, index), msg));
+  };
+  // Files.
+  if (s.model().path().empty()) return bad({"model"}, "model.path is required");
+  struct FileField {
+    const char* message;
+    const char* field;
+    const std::string& value;
+  };
+  for (const FileField& f : {FileField{"model", "path", s.model().path()}, FileField{"model", "tokenizer", s.model().tokenizer()},
+                             FileField{"draft", "path", s.draft().path()},
+                             FileField{"workload", "prompts_file", s.workload().prompts_file()}}) {
+    if (!f.value.empty() && !Exists(Resolve(spec_path, f.value))) {
+      return bad({f.message, f.field}, absl::StrCat(f.message, ".", f.field, ": ", Resolve(spec_path, f.value), " does not exist"));
+    }
+  }
+  // Workload.
+  const v1::Workload& w = s.workload();
+  if (w.source_case() == v1::Workload::SOURCE_NOT_SET) {
+    return bad({"workload"}, "workload needs prompts_file or synthetic { input_len output_len }");
+  }
+  if (w.has_synthetic() && (w.synthetic().input_len() <= 0 || w.synthetic().output_len() <= 0)) {
+    return bad({"workload", "synthetic"}, absl::StrCat("workload.synthetic: input_len and output_len must be positive, got ",
+                                                       w.synthetic().input_len(), " and ", w.synthetic().output_len()));
+  }
+  if (w.num_requests() < 0 || w.num_requests() > 1000000) {
+    return bad({"workload", "num_requests"}, absl::StrCat("workload.num_requests: ", w.num_requests(), " is not in [1, 1000000]"));
+  }
+  if (w.max_tokens() < 0) return bad({"workload", "max_tokens"}, absl::StrCat("workload.max_tokens: ", w.max_tokens(), " is negative"));
+  if (!w.prompts_file().empty()) {
+    auto data = LoadJsonlDataset(Resolve(spec_path, w.prompts_file()), w.max_tokens() > 0 ? w.max_tokens() : 128);
+    if (!data.ok()) return bad({"workload", "prompts_file"}, absl::StrCat("workload.prompts_file: ", data.status().message()));
+    if (data->empty()) return bad({"workload", "prompts_file"}, "workload.prompts_file: the file holds no prompts");
+  }
+  if (s.repeats() < 0 || s.repeats() > 100) return bad({"repeats"}, absl::StrCat("repeats: ", s.repeats(), " is not in [1, 100]"));
+  if (s.max_spec_tokens() < 0 || s.max_spec_tokens() > 64) {
+    return bad({"max_spec_tokens"}, absl::StrCat("max_spec_tokens: ", s.max_spec_tokens(), " is not in [1, 64]"));
+  }
+  for (auto [field, v] : {std::pair{"ttft_ms", s.slo().ttft_ms()}, {"tpot_ms", s.slo().tpot_ms()}, {"e2el_ms", s.slo().e2el_ms()}}) {
+    if (!(v >= 0 && std::isfinite(v))) return bad({"slo", field}, absl::StrCat("slo.", field, ": ", Num(v), " is not a duration >= 0"));
+  }
+
+  // Mode and endpoint.
+  const bool online = s.mode() == v1::ONLINE;
+  const v1::Sweep& sw = s.sweep();
+  if (!s.endpoint().empty()) {
+    if (!online) return bad({"endpoint"}, "endpoint needs mode: ONLINE");
+    if (s.endpoint().rfind("grpc://", 0) != 0 && s.endpoint().rfind("http://", 0) != 0) {
+      return bad({"endpoint"}, absl::StrCat("endpoint: \"", s.endpoint(), "\" is not grpc://HOST:PORT or http://HOST:PORT"));
+    }
+    // The server's flags fix its engine: a sweep over them would record settings that never ran.
+    for (auto [field, n] : {std::pair{"max_num_seqs", sw.max_num_seqs_size()}, {"spec_method", sw.spec_method_size()},
+                            {"num_spec_tokens", sw.num_spec_tokens_size()},
+                            {"max_num_batched_tokens", sw.max_num_batched_tokens_size()},
+                            {"kv_cache_dtype", sw.kv_cache_dtype_size()}, {"quantization", sw.quantization_size()}}) {
+      if (n > 0) {
+        return bad({"sweep", field}, absl::StrCat("sweep.", field, ": the server at endpoint fixes it (its own flags); ",
+                                                  "with an endpoint the sweep varies temperature, request_rate and burstiness only"));
+      }
+    }
+  }
+  if (online && sw.request_rate_size() == 0) return bad({"sweep"}, "mode: ONLINE needs sweep.request_rate: [...]");
+  if (!online) {
+    for (auto [field, n] : {std::pair{"request_rate", sw.request_rate_size()}, {"burstiness", sw.burstiness_size()}}) {
+      if (n > 0) return bad({"sweep", field}, absl::StrCat("sweep.", field, " applies to mode: ONLINE only"));
+    }
+  }
+
+  // The sweep's values.
+  for (auto st : {CheckRange(at, "max_num_seqs", sw.max_num_seqs(), 1, 1024),
+                  CheckStrings(at, "spec_method", sw.spec_method(), {"none", "draft", "ngram"}),
+                  CheckRange(at, "num_spec_tokens", sw.num_spec_tokens(), 0, 64),
+                  CheckRange(at, "temperature", sw.temperature(), 0, 100),
+                  CheckRange(at, "max_num_batched_tokens", sw.max_num_batched_tokens(), 1, 1 << 20),
+                  CheckStrings(at, "kv_cache_dtype", sw.kv_cache_dtype(), {"f32", "bf16"}),
+                  CheckStrings(at, "quantization", sw.quantization(), {"none", "int8"}),
+                  CheckRange(at, "request_rate", sw.request_rate(), 1e-6, INFINITY),
+                  CheckRange(at, "burstiness", sw.burstiness(), 1e-3, 1e3)}) {
+    if (!st.ok()) return st;
+  }
+  for (int i = 0; i < sw.spec_method_size(); ++i) {
+    if (sw.spec_method(i) == "draft" && s.draft().path().empty()) {
+      return bad({"sweep", "spec_method"}, absl::StrCat("sweep.spec_method[", i, "]: \"draft\" needs draft { path: ... }"), i);
+    }
+  }
+  for (int i = 0; i < sw.num_spec_tokens_size(); ++i) {
+    if (s.max_spec_tokens() > 0 && sw.num_spec_tokens(i) > s.max_spec_tokens()) {
+      return bad({"sweep", "num_spec_tokens"}, absl::StrCat("sweep.num_spec_tokens[", i, "]: ", sw.num_spec_tokens(i),
+                                                            " is above max_spec_tokens (", s.max_spec_tokens(), ")"), i);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void FillDefaults(Experiment& s, const std::string& spec_path) {
+  if (s.name().empty()) {
+    std::string base = spec_path.substr(spec_path.find_last_of('/') + 1);
+    s.set_name(base.substr(0, base.find('.')));
+  }
+  if (s.mode() == v1::MODE_UNSPECIFIED) s.set_mode(v1::OFFLINE);
+  v1::Workload& w = *s.mutable_workload();
+  if (w.num_requests() == 0) w.set_num_requests(64);
+  if (w.max_tokens() == 0) w.set_max_tokens(128);
+  if (s.repeats() == 0) s.set_repeats(1);
+  if (s.max_spec_tokens() == 0) s.set_max_spec_tokens(8);
+  if (!s.endpoint().empty()) return;  // the server's own settings
+  v1::Sweep& sw = *s.mutable_sweep();
+  if (sw.max_num_seqs_size() == 0) sw.add_max_num_seqs(64);
+  if (sw.spec_method_size() == 0) sw.add_spec_method("none");
+  if (sw.num_spec_tokens_size() == 0) sw.add_num_spec_tokens(4);
+  if (sw.max_num_batched_tokens_size() == 0) sw.add_max_num_batched_tokens(2048);
+  if (sw.kv_cache_dtype_size() == 0) sw.add_kv_cache_dtype("bf16");
+  if (sw.quantization_size() == 0) sw.add_quantization("none");
+}
+
+}  // namespace
+
+absl::StatusOr<LoadedSpec> ParseSpec(const std::string& path, const std::string& text) {
+  LoadedSpec out;
+  out.path = path;
+  out.text = text;
+  TextFormat::Parser parser;
+  FirstError errors;
+  TextFormat::ParseInfoTree tree;
+  parser.RecordErrorsTo(&errors);
+  parser.WriteLocationsTo(&tree);
+  if (!parser.ParseFromString(text, &out.spec)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ":", errors.message().empty() ? "1:1: not a valid spec" : errors.message()));
+  }
+  const Locator at(path, &tree, out.text);
+  if (auto st = Validate(at, out.spec, path); !st.ok()) return st;
+  FillDefaults(out.spec, path);
+  // The hash of the spec as written (paths unresolved), so that running it from another directory
+  // is still the same spec.
+  std::string canonical;
+  TextFormat::PrintToString(out.spec, &canonical);
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : canonical) h = (h ^ c) * 1099511628211ull;
+  out.hash = absl::StrFormat("%016x", h);
+  for (std::string* p : {out.spec.mutable_model()->mutable_path(), out.spec.mutable_model()->mutable_tokenizer(),
+                         out.spec.mutable_draft()->mutable_path()}) {
+    *p = Resolve(path, *p);
+  }
+  if (out.spec.workload().has_prompts_file()) {
+    out.spec.mutable_workload()->set_prompts_file(Resolve(path, out.spec.workload().prompts_file()));
+  }
+  return out;
+}
+
+absl::StatusOr<LoadedSpec> LoadSpec(const std::string& path) {
+  auto text = ReadTextFile(path);
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat(path, ": cannot read the spec (", text.status().message(), ")"));
+  return ParseSpec(path, *text);
+}
+
+std::string Point::Key() const {
+  std::vector<std::string> parts;
+  if (!remote) {
+    parts = {absl::StrCat("max_num_seqs=", max_num_seqs), absl::StrCat("spec_method=", spec_method),
+             absl::StrCat("num_spec_tokens=", num_spec_tokens ? absl::StrCat(*num_spec_tokens) : "none")};
+  }
+  parts.push_back(absl::StrCat("temperature=", Num(temperature)));
+  if (!remote) {
+    parts.push_back(absl::StrCat("max_num_batched_tokens=", max_num_batched_tokens));
+    parts.push_back(absl::StrCat("kv_cache_dtype=", kv_cache_dtype));
+    parts.push_back(absl::StrCat("quantization=", quantization));
+  }
+  if (request_rate) parts.push_back(absl::StrCat("request_rate=", Num(*request_rate)));
+  if (burstiness) parts.push_back(absl::StrCat("burstiness=", Num(*burstiness)));
+  return absl::StrJoin(parts, ",");
+}
+
+nlohmann::json Point::Json() const {
+  nlohmann::json j;
+  j["mode"] = online ? "ONLINE" : "OFFLINE";
+  auto engine = [&](auto v) { return remote ? nlohmann::json() : nlohmann::json(v); };
+  j["max_num_seqs"] = engine(max_num_seqs);
+  j["spec_method"] = engine(spec_method);
+  j["num_spec_tokens"] = num_spec_tokens && !remote ? nlohmann::json(*num_spec_tokens) : nlohmann::json();
+  j["temperature"] = temperature;
+  j["max_num_batched_tokens"] = engine(max_num_batched_tokens);
+  j["kv_cache_dtype"] = engine(kv_cache_dtype);
+  j["quantization"] = engine(quantization);
+  j["request_rate"] = !request_rate ? nlohmann::json() : std::isinf(*request_rate) ? nlohmann::json("inf") : nlohmann::json(*request_rate);
+  j["burstiness"] = burstiness ? nlohmann::json(*burstiness) : nlohmann::json();
+  return j;
+}
+
+std::string Point::Label() const {
+  if (remote) return "server";
+  if (spec_method == "none" || !num_spec_tokens) return "none";
+  return *num_spec_tokens == 0 ? absl::StrCat(spec_method, " auto") : absl::StrCat(spec_method, " k=", *num_spec_tokens);
+}
+
+std::vector<Point> ExpandSweep(const Experiment& spec) {
+  const v1::Sweep& sw = spec.sweep();
+  const bool online = spec.mode() == v1::ONLINE, remote = !spec.endpoint().empty();
+  auto or_one = [](auto values, auto fallback) {
+    using T = decltype(fallback);
+    std::vector<T> out(values.begin(), values.end());
+    if (out.empty()) out.push_back(fallback);
+    return out;
+  };
+  // Optional dimensions: one "unset" value when the mode has none.
+  std::vector<std::optional<double>> rates = {std::nullopt}, bursts = {std::nullopt};
+  if (online) {
+    rates.assign(sw.request_rate().begin(), sw.request_rate().end());
+    bursts.clear();
+    for (double b : or_one(sw.burstiness(), 1.0)) bursts.push_back(b);
+  }
+  std::vector<Point> points;
+  std::set<std::string> seen;
+  for (const std::string& method : or_one(sw.spec_method(), std::string("none"))) {
+    for (int32_t k : or_one(sw.num_spec_tokens(), int32_t{4})) {
+      for (double temperature : or_one(sw.temperature(), 0.0)) {
+        for (int32_t seqs : or_one(sw.max_num_seqs(), int32_t{64})) {
+          for (int32_t batched : or_one(sw.max_num_batched_tokens(), int32_t{2048})) {
+            for (const std::string& kv : or_one(sw.kv_cache_dtype(), std::string("bf16"))) {
+              for (const std::string& quant : or_one(sw.quantization(), std::string("none"))) {
+                for (auto rate : rates) {
+                  for (auto burst : bursts) {
+                    Point p;
+                    p.online = online;
+                    p.remote = remote;
+                    p.max_num_seqs = seqs;
+                    p.spec_method = method;
+                    if (method != "none") p.num_spec_tokens = k;
+                    p.temperature = temperature;
+                    p.max_num_batched_tokens = batched;
+                    p.kv_cache_dtype = kv;
+                    p.quantization = quant;
+                    p.request_rate = rate;
+                    p.burstiness = burst;
+                    // "none" with any k, and engine settings against an endpoint, collapse here.
+                    if (seen.insert(p.Key()).second) points.push_back(p);
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return points;
+}
+
+nlohmann::json SpecJson(const Experiment& spec) {
+  std::string text;
+  google::protobuf::util::JsonPrintOptions opt;
+  opt.preserve_proto_field_names = true;
+  opt.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(spec, &text, opt);
+  return nlohmann::json::parse(text, nullptr, false);
+}
+
+}  // namespace specula::experiments

@@ -1,0 +1,225 @@
+"""`specula experiment run` and `report` as real processes: resume after a kill and after Ctrl-C,
+a changed spec refused, identical tokens from the same spec and seed, online runs in process and
+against a real `specula serve`, and the quickstart spec with its report (the bounded CI run).
+
+Environment: SPECULA_BINARY, SPECULA_SOURCE_DIR, SPECULA_MODELS (as the serving tests).
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+SOURCE = os.environ.get("SPECULA_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "../../..")))
+sys.path.insert(0, os.path.join(SOURCE, "tests/serving/python"))
+from serving_util import BINARY, DRAFT, TARGET, TOKENIZER, Serve  # noqa: E402
+
+PROMPTS = os.path.join(SOURCE, "experiments/specs/prompts.jsonl")
+
+
+def spec_text(sweep, workload="num_requests: 16 max_tokens: 32 seed: 1", extra=""):
+    return (f'name: "t"\nmodel {{ path: "{TARGET}" tokenizer: "{TOKENIZER}" }}\ndraft {{ path: "{DRAFT}" }}\n'
+            f'workload {{ prompts_file: "{PROMPTS}" {workload} }}\nsweep {{ {sweep} }}\n{extra}')
+
+
+def results(out):
+    with open(os.path.join(out, "results.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def count_lines(path):
+    with open(path) as f:
+        return f.read().count("\n")
+
+
+def run(*args, **kw):
+    return subprocess.run([BINARY, "experiment", *args], capture_output=True, text=True, timeout=600, **kw)
+
+
+class ExperimentRunTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="specula_exp_")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def write_spec(self, text, name="spec.textproto"):
+        path = os.path.join(self.tmp, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def start_and_stop_after(self, spec, out, lines, sig):
+        """Starts a run and sends `sig` once results.jsonl has `lines` lines; returns (rc, stderr)."""
+        proc = subprocess.Popen([BINARY, "experiment", "run", spec, "--out", out], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        path, deadline = os.path.join(out, "results.jsonl"), time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            if os.path.exists(path) and count_lines(path) >= lines:
+                proc.send_signal(sig)
+                break
+            time.sleep(0.005)
+        _, err = proc.communicate(timeout=120)
+        return proc.returncode, err
+
+    def test_resume_runs_only_the_missing_points(self):
+        # 16 runs of ~0.1-0.5 s each: killed after 3, interrupted after 8, then finished.
+        spec = self.write_spec(spec_text('max_num_seqs: [1, 4] spec_method: ["none", "ngram"] '
+                                         'num_spec_tokens: [1, 2, 4] temperature: [0, 0.8]',
+                                         workload="num_requests: 32 max_tokens: 64 seed: 1"))
+        out = os.path.join(self.tmp, "out")
+        rc, err = self.start_and_stop_after(spec, out, 3, signal.SIGKILL)
+        self.assertEqual(rc, -signal.SIGKILL, err)
+        with open(os.path.join(out, "results.jsonl")) as f:
+            killed = f.read()
+        n_killed = killed.count("\n")
+        self.assertGreaterEqual(n_killed, 3)
+        self.assertLess(n_killed, 16)
+        # A kill mid-write leaves a torn line: the next run drops it.
+        with open(os.path.join(out, "results.jsonl"), "a") as f:
+            f.write('{"key": "max_num_seqs=1,spec_method=none", "rep')
+
+        rc, err = self.start_and_stop_after(spec, out, n_killed + 5, signal.SIGINT)
+        self.assertEqual(rc, 130, err)
+        self.assertIn("dropped a torn last line", err)
+        self.assertIn(f"16 runs; {n_killed} done, {16 - n_killed} to run", err)
+        self.assertIn("interrupted: ", err)
+        self.assertIn("run the same command again to resume", err)
+        with open(os.path.join(out, "results.jsonl")) as f:
+            interrupted = f.read()
+        self.assertTrue(interrupted.startswith(killed), "lines already written changed")
+        n_interrupted = interrupted.count("\n")
+        self.assertLess(n_interrupted, 16)
+        for line in interrupted.splitlines():
+            json.loads(line)  # only whole lines
+
+        r = run("run", spec, "--out", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(f"{n_interrupted} done, {16 - n_interrupted} to run", r.stderr)
+        executed = [line for line in r.stderr.splitlines() if line.startswith("[experiment] run ")]
+        self.assertEqual(len(executed), 16 - n_interrupted, r.stderr)  # only the missing runs
+        rows = results(out)
+        self.assertEqual(len(rows), 16)
+        self.assertEqual(len({(j["key"], j["repeat"]) for j in rows}), 16)
+        with open(os.path.join(out, "results.jsonl")) as f:
+            self.assertTrue(f.read().startswith(interrupted))
+
+        # Nothing left: a rerun runs nothing.
+        r = run("run", spec, "--out", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("16 done, 0 to run", r.stderr)
+        self.assertEqual(len(results(out)), 16)
+
+    def test_changed_spec_is_refused_and_force_starts_over(self):
+        out = os.path.join(self.tmp, "out")
+        spec = self.write_spec(spec_text('max_num_seqs: [2]'))
+        self.assertEqual(run("run", spec, "--out", out).returncode, 0)
+        with open(os.path.join(out, "run.json")) as f:
+            info = json.load(f)
+        for field in ("spec", "spec_hash", "git_commit", "build_type", "cpu", "threads", "simd", "date"):
+            self.assertIn(field, info)
+        self.assertEqual(info["spec"]["sweep"]["max_num_seqs"], [2])
+        changed = self.write_spec(spec_text('max_num_seqs: [4]'), "changed.textproto")
+        r = run("run", changed, "--out", out)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("holds the results of another spec", r.stderr)
+        self.assertIn("--force", r.stderr)
+        self.assertEqual(results(out)[0]["point"]["max_num_seqs"], 2)  # untouched
+        r = run("run", changed, "--out", out, "--force")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual([j["point"]["max_num_seqs"] for j in results(out)], [4])
+
+    def test_malformed_spec_fails_before_anything_runs(self):
+        spec = self.write_spec(spec_text('max_num_seqs: [1, 0]'))
+        out = os.path.join(self.tmp, "out")
+        r = run("run", spec, "--out", out)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn(f"{spec}:5:27: sweep.max_num_seqs[1]: 0 is not in [1, 1024]", r.stderr)
+        self.assertFalse(os.path.exists(out))
+
+    def test_same_spec_and_seed_give_the_same_tokens(self):
+        spec = self.write_spec(spec_text('max_num_seqs: [1, 8] spec_method: ["none", "draft", "ngram"] '
+                                         'num_spec_tokens: [3, 0] temperature: [0, 0.8]'))
+        a, b = os.path.join(self.tmp, "a"), os.path.join(self.tmp, "b")
+        for out in (a, b):
+            r = run("run", spec, "--out", out, "--no-progress")
+            self.assertEqual(r.returncode, 0, r.stderr)
+        ra = {j["key"]: j for j in results(a)}
+        rb = {j["key"]: j for j in results(b)}
+        self.assertEqual(ra.keys(), rb.keys())
+        compared = 0
+        for key, j in ra.items():
+            p = j["point"]
+            # Adaptive k follows measured step times, and with sampling the drafts it chose change
+            # which random numbers each token uses: equal in distribution, not token for token.
+            if p["num_spec_tokens"] == 0 and p["temperature"] > 0:
+                continue
+            self.assertEqual(j["output_hash"], rb[key]["output_hash"], key)
+            self.assertEqual(j["output_tokens"], rb[key]["output_tokens"], key)
+            compared += 1
+        self.assertEqual(compared, 2 * 5 + 2 * 3)
+        # Lossless: greedy speculation gives plain greedy's tokens, at every batch size.
+        greedy = {j["output_hash"] for j in ra.values() if j["point"]["temperature"] == 0}
+        self.assertEqual(len(greedy), 1, greedy)
+
+    def test_online_in_process_matches_offline_tokens(self):
+        common = 'max_num_seqs: [8] spec_method: ["none", "draft"] num_spec_tokens: [2, 0]'
+        off = self.write_spec(spec_text(common), "off.textproto")
+        on = self.write_spec(spec_text(common + ' request_rate: [50, inf] burstiness: [1, 0.5]', extra="mode: ONLINE\n"),
+                             "on.textproto")
+        for spec, out in ((off, "off"), (on, "on")):
+            r = run("run", spec, "--out", os.path.join(self.tmp, out))
+            self.assertEqual(r.returncode, 0, r.stderr)
+        offline = results(os.path.join(self.tmp, "off"))
+        online = results(os.path.join(self.tmp, "on"))
+        self.assertEqual(len(online), 3 * 2 * 2)
+        for j in online:
+            self.assertEqual(j["completed"], 16, j)
+            self.assertGreater(j["ttft_ms"]["p99"], 0)
+            self.assertEqual(j["output_hash"], offline[0]["output_hash"], j["key"])  # greedy: same tokens
+            if j["point"]["num_spec_tokens"] == 0:
+                self.assertEqual(sum(j["k_histogram"]) > 0, True)
+            if j["point"]["spec_method"] == "draft" and j["point"]["num_spec_tokens"] == 2:
+                self.assertGreater(j["spec"]["drafts"], 0)
+                self.assertEqual(len(j["spec"]["acceptance_per_position"]), 2)
+        self.assertEqual({j["point"]["request_rate"] for j in online}, {50, "inf"})
+
+    def test_online_against_a_real_server(self):
+        with Serve("--max-num-seqs", "8") as s:
+            spec = self.write_spec(spec_text('request_rate: [40] temperature: [0, 0.5]',
+                                             extra=f'mode: ONLINE\nendpoint: "grpc://{s.grpc_target}"\n'))
+            out = os.path.join(self.tmp, "out")
+            r = run("run", spec, "--out", out)
+            self.assertEqual(r.returncode, 0, r.stderr)
+        rows = results(out)
+        self.assertEqual([j["point"]["temperature"] for j in rows], [0, 0.5])
+        for j in rows:
+            self.assertEqual(j["completed"], 16, j)
+            self.assertIsNone(j["point"]["max_num_seqs"])  # the server's, not recorded as swept
+            self.assertGreater(j["output_tokens"], 0)
+
+    def test_quickstart_spec_runs_and_its_report_renders(self):
+        out = os.path.join(self.tmp, "quickstart")
+        r = run("run", os.path.join(SOURCE, "experiments/specs/quickstart.textproto"), "--out", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rows = results(out)
+        self.assertEqual(len(rows), 15 * 2)
+        self.assertTrue(all(j["completed"] == 64 for j in rows))
+        r = run("report", out, "--target-qps", "10,100")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(out, "report.md")) as f:
+            report = f.read()
+        for section in ("## Assumptions", "## Best configuration per batch size", "## Capacity plan"):
+            self.assertIn(section, report)
+        for png in ("throughput_vs_batch.png", "speedup_vs_batch.png", "acceptance_by_position.png"):
+            self.assertIn(f"]({png})", report)
+            with open(os.path.join(out, png), "rb") as f:
+                self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+
+if __name__ == "__main__":
+    unittest.main()

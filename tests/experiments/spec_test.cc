@@ -1,0 +1,148 @@
+// Experiment specs: parse errors and validation errors carry the spec's file, line and column;
+// the sweep expands each meaningful combination once; results.jsonl's done set survives a torn line.
+#include "experiments/spec.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include "experiments/harness.h"
+#include "gtest/gtest.h"
+
+namespace specula::experiments {
+namespace {
+
+const std::string kModels = SPECULA_TEST_MODELS;
+
+class SpecTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/spec_test";
+    ::mkdir(dir_.c_str(), 0755);
+    std::ofstream(dir_ + "/prompts.jsonl") << "{\"prompt\": \"Once upon a time\"}\n{\"prompt\": \"The cat\"}\n";
+    std::ofstream(dir_ + "/bad.jsonl") << "{\"prompt\": \"ok\"}\n{\"prompt\": 7}\n";
+  }
+  // A valid spec's lines 1-4, then `rest` from line 5.
+  std::string Spec(const std::string& rest) const {
+    return "name: \"t\"\n"
+           "model { path: \"" + kModels + "/stories260K.bin\" tokenizer: \"" + kModels + "/tok512.bin\" }\n"
+           "draft { path: \"" + kModels + "/llama2xs.bin\" }\n"
+           "workload { prompts_file: \"prompts.jsonl\" num_requests: 8 max_tokens: 16 seed: 3 }\n" + rest;
+  }
+  absl::StatusOr<LoadedSpec> Parse(const std::string& text) const { return ParseSpec(dir_ + "/spec.textproto", text); }
+  // The error's "file:line:col: " prefix and that it mentions `what`.
+  void ExpectError(const std::string& text, int line, int col, const std::string& what) const {
+    auto s = Parse(text);
+    ASSERT_FALSE(s.ok()) << text;
+    const std::string msg(s.status().message());
+    EXPECT_EQ(msg.rfind(dir_ + "/spec.textproto:" + std::to_string(line) + ":" + std::to_string(col) + ": ", 0), 0u)
+        << msg;
+    EXPECT_NE(msg.find(what), std::string::npos) << msg;
+  }
+  std::string dir_;
+};
+
+TEST_F(SpecTest, TheIssuesSpecParsesWithItsDefaults) {
+  auto s = Parse(Spec("mode: OFFLINE\nsweep {\n  max_num_seqs: [1, 8, 32]\n  spec_method: [\"none\", \"draft\", \"ngram\"]\n"
+                      "  num_spec_tokens: [1, 2, 4, 0]   # 0 = auto\n  temperature: [0.0, 0.8]\n}\nrepeats: 2\n"
+                      "slo { ttft_ms: 500 tpot_ms: 50 }\n"));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->spec.repeats(), 2);
+  EXPECT_EQ(s->spec.workload().prompts_file(), dir_ + "/prompts.jsonl");  // relative to the spec
+  EXPECT_EQ(s->spec.max_spec_tokens(), 8);
+  const std::vector<Point> points = ExpandSweep(s->spec);
+  // none once per (seqs, T); draft and ngram with each k: 3 x 2 x (1 + 4 + 4).
+  EXPECT_EQ(points.size(), 54u);
+  int none = 0;
+  for (const Point& p : points) none += p.spec_method == "none";
+  EXPECT_EQ(none, 6);
+  std::set<std::string> keys;
+  for (const Point& p : points) keys.insert(p.Key());
+  EXPECT_EQ(keys.size(), points.size());
+}
+
+TEST_F(SpecTest, CommentsAndLayoutDoNotChangeTheHashButValuesDo) {
+  auto a = Parse(Spec("sweep { max_num_seqs: [1, 8] }\n"));
+  auto b = Parse(Spec("# a comment\nsweep {\n  max_num_seqs: 1\n  max_num_seqs: 8\n}\nrepeats: 1\n"));
+  auto c = Parse(Spec("sweep { max_num_seqs: [1, 16] }\n"));
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(a->hash, b->hash);
+  EXPECT_NE(a->hash, c->hash);
+}
+
+TEST_F(SpecTest, OnlineWithAnEndpointVariesOnlyTheClient) {
+  auto s = Parse(Spec("mode: ONLINE\nendpoint: \"grpc://127.0.0.1:1\"\nsweep { request_rate: [1, 2] temperature: [0, 1] }\n"));
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::vector<Point> points = ExpandSweep(s->spec);
+  ASSERT_EQ(points.size(), 4u);
+  EXPECT_TRUE(points[0].remote);
+  EXPECT_EQ(points[0].Key(), "temperature=0,request_rate=1,burstiness=1");
+  EXPECT_TRUE(points[0].Json()["max_num_seqs"].is_null());
+}
+
+// Ten malformed specs (and a few more), each with its line and column.
+TEST_F(SpecTest, ParserErrorsNameLineAndColumn) {
+  // Where the text parser reports them: after the token it could not take.
+  ExpectError(Spec("modell { path: \"x\" }\n"), 5, 8, "no field named \"modell\"");
+  ExpectError(Spec("sweep { max_num_seqs: [1, 8 }\n"), 5, 29, "");
+  ExpectError(Spec("repeats: \"two\"\n"), 5, 10, "Expected integer");
+  ExpectError(Spec("mode: SOMETIMES\n"), 6, 1, "Unknown enumeration value of \"SOMETIMES\"");
+  ExpectError(Spec("sweep {\n  max_num_seqs: 3000000000\n}\n"), 6, 17, "Integer out of range");
+}
+
+TEST_F(SpecTest, ValidationErrorsNameLineAndColumn) {
+  ExpectError(Spec("sweep {\n  max_num_seqs: [1, -8]\n}\n"), 6, 21, "sweep.max_num_seqs[1]: -8 is not in [1, 1024]");
+  ExpectError(Spec("sweep { spec_method: [\"none\", \"eagle\"] }\n"), 5, 31, "sweep.spec_method[1]: \"eagle\" is not one of");
+  ExpectError(Spec("sweep { temperature: [-1] }\n"), 5, 23, "sweep.temperature[0]: -1 is not in [0, 100]");
+  ExpectError(Spec("sweep { num_spec_tokens: [4, 4] }\n"), 5, 30, "sweep.num_spec_tokens[1]: 4 is listed twice");
+  ExpectError(Spec("max_spec_tokens: 4\nsweep { num_spec_tokens: [2, 6] }\n"), 6, 30, "is above max_spec_tokens (4)");
+  ExpectError(Spec("mode: ONLINE\nsweep { max_num_seqs: [8] }\n"), 6, 1, "mode: ONLINE needs sweep.request_rate");
+  ExpectError(Spec("sweep { request_rate: [4] }\n"), 5, 9, "sweep.request_rate applies to mode: ONLINE only");
+  ExpectError(Spec("mode: ONLINE\nendpoint: \"grpc://h:1\"\nsweep { request_rate: [4] max_num_seqs: [8] }\n"), 7, 27,
+              "sweep.max_num_seqs: the server at endpoint fixes it");
+    // Single values point at their field's name.
+  ExpectError(Spec("mode: ONLINE\nendpoint: \"tcp://h:1\"\nsweep { request_rate: [4] }\n"), 6, 1, "is not grpc://");
+  ExpectError(Spec("repeats: -2\n"), 5, 1, "repeats: -2");
+  ExpectError(Spec("slo {\n  ttft_ms: -5\n}\n"), 6, 3, "slo.ttft_ms");
+}
+
+TEST_F(SpecTest, ADraftMethodWithoutADraftModelNamesTheField) {
+  const std::string no_draft = "model { path: \"" + kModels + "/stories260K.bin\" }\n"
+                               "workload { prompts_file: \"prompts.jsonl\" }\n"
+                               "sweep {\n  spec_method: [\"ngram\", \"draft\"]\n}\n";
+  ExpectError(no_draft, 4, 26, "sweep.spec_method[1]: \"draft\" needs draft { path: ... }");
+}
+
+TEST_F(SpecTest, FilesMustExistAndPromptsMustParse) {
+  ExpectError("model { path: \"nope.bin\" }\n", 1, 9, "model.path: " + dir_ + "/nope.bin does not exist");
+  ExpectError("workload { num_requests: 4 }\n", 1, 1, "model.path is required");
+  const std::string model = "model { path: \"" + kModels + "/stories260K.bin\" }\n";
+  ExpectError(model + "workload { num_requests: 4 }\n", 2, 1, "workload needs prompts_file or synthetic");
+  ExpectError(model + "workload {\n  prompts_file: \"bad.jsonl\"\n}\n", 3, 3, "bad.jsonl:2");
+  ExpectError(model + "workload { synthetic { input_len: 0 output_len: 4 } }\n", 2, 12, "input_len and output_len");
+  auto missing = LoadSpec(dir_ + "/absent.textproto");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("absent.textproto: cannot read the spec"), std::string::npos);
+}
+
+TEST_F(SpecTest, ReadDoneRunsDropsATornLastLineOnly) {
+  const std::string path = dir_ + "/results.jsonl";
+  std::ofstream(path) << "{\"key\": \"a\", \"repeat\": 0}\n{\"key\": \"a\", \"repeat\": 1}\n{\"key\": \"b\", \"rep";
+  bool dropped = false;
+  auto done = ReadDoneRuns(path, &dropped);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_TRUE(dropped);
+  EXPECT_EQ(*done, (std::set<std::pair<std::string, int>>{{"a", 0}, {"a", 1}}));
+  std::ifstream in(path);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(all, "{\"key\": \"a\", \"repeat\": 0}\n{\"key\": \"a\", \"repeat\": 1}\n");  // cut off the file
+
+  std::ofstream(path) << "{\"key\": \"a\", \"repeat\": 0}\nnot json\n{\"key\": \"b\", \"repeat\": 0}\n";
+  auto bad = ReadDoneRuns(path, &dropped);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("results.jsonl:2: not a results line"), std::string::npos) << bad.status();
+}
+
+}  // namespace
+}  // namespace specula::experiments
