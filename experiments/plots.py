@@ -54,39 +54,34 @@ def _batch_series(points, value):
     return {t: series[t] for t in sorted(series, key=results.sort_value)}
 
 
-def plot_throughput(plt, points, path):
-    series = _batch_series(points, lambda p: p.get("output_tok_s"))
+def _plot_vs_batch(plt, points, value, ylabel, path, baseline=False):
+    """One subplot per temperature of value(point) against max_num_seqs, a line per label; with
+    `baseline`, the dashed line at 1.0 that "none" sits on."""
+    series = _batch_series(points, value)
     if not series:
         return False
     fig, axes = _subplots(plt, len(series))
     for ax, (t, lines) in zip(axes, series.items()):
+        if baseline:
+            ax.axhline(1.0, color="gray", linestyle="--", label="none (1.0)")
         for lab, xy in lines.items():
             ax.plot(*zip(*xy), marker="o", label=lab)
         _batch_axis(ax, [x for xy in lines.values() for x, _ in xy])
-        ax.set_ylabel("output tok/s")
+        ax.set_ylabel(ylabel)
         ax.set_title(f"temperature {results.fmt_value(t)}")
         ax.grid(alpha=0.3)
         ax.legend()
     _save(plt, fig, path)
     return True
+
+
+def plot_throughput(plt, points, path):
+    return _plot_vs_batch(plt, points, lambda p: p.get("output_tok_s"), "output tok/s", path)
 
 
 def plot_speedup(plt, points, path):
-    series = _batch_series([p for p in points if p["label"] != "none"], lambda p: p["speedup"])
-    if not series:
-        return False
-    fig, axes = _subplots(plt, len(series))
-    for ax, (t, lines) in zip(axes, series.items()):
-        ax.axhline(1.0, color="gray", linestyle="--", label="none (1.0)")
-        for lab, xy in lines.items():
-            ax.plot(*zip(*xy), marker="o", label=lab)
-        _batch_axis(ax, [x for xy in lines.values() for x, _ in xy])
-        ax.set_ylabel("speedup over none (output tok/s)")
-        ax.set_title(f"temperature {results.fmt_value(t)}")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    _save(plt, fig, path)
-    return True
+    return _plot_vs_batch(plt, [p for p in points if p["label"] != "none"], lambda p: p["speedup"],
+                          "speedup over none (output tok/s)", path, baseline=True)
 
 
 def acceptance_by_position(points):

@@ -39,16 +39,16 @@ Flags PointFlags(const Experiment& s, const Point& p) {
   return f;
 }
 
-// The spec's requests: its prompts file cycled to num_requests, or synthetic token ids.
-absl::StatusOr<std::vector<LoadRequest>> Workload(const v1::Workload& w, int32_t vocab_size) {
+// The spec's requests: its prompts file (read when the spec loaded) cycled to num_requests, or
+// synthetic token ids.
+std::vector<LoadRequest> Workload(const LoadedSpec& s, int32_t vocab_size) {
+  const v1::Workload& w = s.spec.workload();
   if (w.has_synthetic()) {
     return SyntheticDataset(w.num_requests(), w.synthetic().input_len(), w.synthetic().output_len(), vocab_size, w.seed());
   }
-  auto lines = LoadJsonlDataset(w.prompts_file(), w.max_tokens());
-  if (!lines.ok()) return lines.status();
   std::vector<LoadRequest> out;
   for (int32_t i = 0; i < w.num_requests(); ++i) {
-    out.push_back((*lines)[i % lines->size()]);
+    out.push_back(s.prompts[i % s.prompts.size()]);
     if (w.ignore_eos()) out.back().ignore_eos = true;
   }
   return out;
@@ -339,11 +339,10 @@ absl::StatusOr<nlohmann::json> RunRemote(const LoadedSpec& s, const Point& p, co
   co.temperature = p.temperature;
   auto client = ConnectLoadClient(s.spec.endpoint(), co);
   if (!client.ok()) return client.status();
-  auto requests = Workload(w, (*client)->info().vocab_size > 0 ? (*client)->info().vocab_size : 256);
-  if (!requests.ok()) return requests.status();
+  const std::vector<LoadRequest> requests = Workload(s, (*client)->info().vocab_size > 0 ? (*client)->info().vocab_size : 256);
   RunOptions ro;
   ro.on_progress = hooks.on_progress;
-  const RunResult run = RunLoad(**client, *requests, ArrivalTimes(Arrivals(w, p)), ro);
+  const RunResult run = RunLoad(**client, requests, ArrivalTimes(Arrivals(w, p)), ro);
   if (hooks.stop && hooks.stop->load()) return absl::CancelledError("interrupted");
   return Measurements(Summarize(run, {}), w.num_requests(), nullptr, false, 0, 0, nullptr);
 }
@@ -352,18 +351,18 @@ absl::StatusOr<nlohmann::json> RunRemote(const LoadedSpec& s, const Point& p, co
 
 absl::StatusOr<nlohmann::json> RunPoint(const LoadedSpec& s, const Point& p, const RunHooks& hooks) {
   if (p.remote) return RunRemote(s, p, hooks);
-  auto loaded = LoadEngine(PointFlags(s.spec, p));
+  const Flags flags = PointFlags(s.spec, p);
+  auto loaded = LoadEngine(flags);
   if (!loaded.ok()) return loaded.status();
   LoadedEngine& e = **loaded;
-  auto sc = BatchSchedulerConfig(PointFlags(s.spec, p), e);
+  auto sc = BatchSchedulerConfig(flags, e);
   if (!sc.ok()) return sc.status();
   SpecConfig spec_cfg;
   spec_cfg.proposer = e.proposer.get();
   spec_cfg.adaptive = e.adaptive;
-  auto requests = Workload(s.spec.workload(), e.model->config().vocab_size);
-  if (!requests.ok()) return requests.status();
-  if (p.online) return RunOnline(e, *sc, spec_cfg, *requests, s.spec.workload(), p, hooks);
-  return RunOffline(e, *sc, spec_cfg, *requests, s.spec.workload(), p.temperature, hooks);
+  const std::vector<LoadRequest> requests = Workload(s, e.model->config().vocab_size);
+  if (p.online) return RunOnline(e, *sc, spec_cfg, requests, s.spec.workload(), p, hooks);
+  return RunOffline(e, *sc, spec_cfg, requests, s.spec.workload(), p.temperature, hooks);
 }
 
 }  // namespace specula::experiments

@@ -14,7 +14,6 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
-#include "serving/load_gen.h"
 
 namespace specula::experiments {
 namespace {
@@ -116,6 +115,8 @@ class Locator {
   const std::string& text_;
 };
 
+constexpr int32_t kDefaultNumSpecTokens = 4;  // the sweep's k when it names none (as `generate`)
+
 bool Exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
 
 std::string Resolve(const std::string& spec_path, const std::string& p) {
@@ -126,34 +127,31 @@ std::string Resolve(const std::string& spec_path, const std::string& p) {
 
 std::string Num(double v) { return std::isinf(v) ? (v > 0 ? "inf" : "-inf") : absl::StrFormat("%g", v); }
 
-template <typename T>
-absl::Status NoDuplicates(const Locator& at, const char* field, const google::protobuf::RepeatedField<T>& values) {
+// No value of a sweep field twice; `show` writes a value as the error shows it.
+template <typename Values, typename Show>
+absl::Status NoDuplicates(const Locator& at, const char* field, const Values& values, Show show) {
   for (int i = 0; i < values.size(); ++i) {
     for (int j = 0; j < i; ++j) {
       if (values[i] == values[j]) {
         return absl::InvalidArgumentError(absl::StrCat(at.At({"sweep", field}, i), "sweep.", field, "[", i, "]: ",
-                                                       Num(values[i]), " is listed twice"));
+                                                       show(values[i]), " is listed twice"));
       }
     }
   }
   return absl::OkStatus();
 }
 
+std::string Quoted(const std::string& v) { return absl::StrCat("\"", v, "\""); }
+
 absl::Status CheckStrings(const Locator& at, const char* field, const google::protobuf::RepeatedPtrField<std::string>& values,
                           const std::set<std::string>& allowed) {
   for (int i = 0; i < values.size(); ++i) {
     if (!allowed.count(values[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(at.At({"sweep", field}, i), "sweep.", field, "[", i, "]: \"",
-                                                     values[i], "\" is not one of ", absl::StrJoin(allowed, ", ")));
-    }
-    for (int j = 0; j < i; ++j) {
-      if (values[i] == values[j]) {
-        return absl::InvalidArgumentError(absl::StrCat(at.At({"sweep", field}, i), "sweep.", field, "[", i, "]: \"",
-                                                       values[i], "\" is listed twice"));
-      }
+      return absl::InvalidArgumentError(absl::StrCat(at.At({"sweep", field}, i), "sweep.", field, "[", i, "]: ",
+                                                     Quoted(values[i]), " is not one of ", absl::StrJoin(allowed, ", ")));
     }
   }
-  return absl::OkStatus();
+  return NoDuplicates(at, field, values, Quoted);
 }
 
 // Each value of a numeric sweep field within [lo, hi].
@@ -167,10 +165,11 @@ absl::Status CheckRange(const Locator& at, const char* field, const google::prot
                                                      " is not in [", Num(lo), ", ", Num(hi), "]"));
     }
   }
-  return NoDuplicates(at, field, values);
+  return NoDuplicates(at, field, values, [](T v) { return Num(static_cast<double>(v)); });
 }
 
-absl::Status Validate(const Locator& at, Experiment& s, const std::string& spec_path) {
+// Also reads the prompts file into `prompts`.
+absl::Status Validate(const Locator& at, Experiment& s, const std::string& spec_path, std::vector<LoadRequest>* prompts) {
   auto bad = [&](std::initializer_list<const char*> fields, const std::string& msg, int index = -1) {
     return absl::InvalidArgumentError(absl::StrCat(at.At(fields, index), msg));
   };
@@ -205,6 +204,7 @@ absl::Status Validate(const Locator& at, Experiment& s, const std::string& spec_
     auto data = LoadJsonlDataset(Resolve(spec_path, w.prompts_file()), w.max_tokens() > 0 ? w.max_tokens() : 128);
     if (!data.ok()) return bad({"workload", "prompts_file"}, absl::StrCat("workload.prompts_file: ", data.status().message()));
     if (data->empty()) return bad({"workload", "prompts_file"}, "workload.prompts_file: the file holds no prompts");
+    *prompts = std::move(data).value();
   }
   if (s.repeats() < 0 || s.repeats() > 100) return bad({"repeats"}, absl::StrCat("repeats: ", s.repeats(), " is not in [1, 100]"));
   if (s.max_spec_tokens() < 0 || s.max_spec_tokens() > 64) {
@@ -279,12 +279,13 @@ void FillDefaults(Experiment& s, const std::string& spec_path) {
   if (s.max_spec_tokens() == 0) s.set_max_spec_tokens(8);
   if (!s.endpoint().empty()) return;  // the server's own settings
   v1::Sweep& sw = *s.mutable_sweep();
-  if (sw.max_num_seqs_size() == 0) sw.add_max_num_seqs(64);
-  if (sw.spec_method_size() == 0) sw.add_spec_method("none");
-  if (sw.num_spec_tokens_size() == 0) sw.add_num_spec_tokens(4);
-  if (sw.max_num_batched_tokens_size() == 0) sw.add_max_num_batched_tokens(2048);
-  if (sw.kv_cache_dtype_size() == 0) sw.add_kv_cache_dtype("bf16");
-  if (sw.quantization_size() == 0) sw.add_quantization("none");
+  const Point d;
+  if (sw.max_num_seqs_size() == 0) sw.add_max_num_seqs(d.max_num_seqs);
+  if (sw.spec_method_size() == 0) sw.add_spec_method(d.spec_method);
+  if (sw.num_spec_tokens_size() == 0) sw.add_num_spec_tokens(kDefaultNumSpecTokens);
+  if (sw.max_num_batched_tokens_size() == 0) sw.add_max_num_batched_tokens(d.max_num_batched_tokens);
+  if (sw.kv_cache_dtype_size() == 0) sw.add_kv_cache_dtype(d.kv_cache_dtype);
+  if (sw.quantization_size() == 0) sw.add_quantization(d.quantization);
 }
 
 }  // namespace
@@ -302,7 +303,7 @@ absl::StatusOr<LoadedSpec> ParseSpec(const std::string& path, const std::string&
     return absl::InvalidArgumentError(absl::StrCat(path, ":", errors.message().empty() ? "1:1: not a valid spec" : errors.message()));
   }
   const Locator at(path, &tree, out.text);
-  if (auto st = Validate(at, out.spec, path); !st.ok()) return st;
+  if (auto st = Validate(at, out.spec, path, &out.prompts); !st.ok()) return st;
   FillDefaults(out.spec, path);
   // The hash of the spec as written (paths unresolved), so that running it from another directory
   // is still the same spec.
@@ -368,55 +369,45 @@ std::string Point::Label() const {
 
 std::vector<Point> ExpandSweep(const Experiment& spec) {
   const v1::Sweep& sw = spec.sweep();
-  const bool online = spec.mode() == v1::ONLINE, remote = !spec.endpoint().empty();
-  auto or_one = [](auto values, auto fallback) {
-    using T = decltype(fallback);
-    std::vector<T> out(values.begin(), values.end());
-    if (out.empty()) out.push_back(fallback);
-    return out;
-  };
-  // Optional dimensions: one "unset" value when the mode has none.
-  std::vector<std::optional<double>> rates = {std::nullopt}, bursts = {std::nullopt};
-  if (online) {
-    rates.assign(sw.request_rate().begin(), sw.request_rate().end());
-    bursts.clear();
-    for (double b : or_one(sw.burstiness(), 1.0)) bursts.push_back(b);
-  }
-  std::vector<Point> points;
-  std::set<std::string> seen;
-  for (const std::string& method : or_one(sw.spec_method(), std::string("none"))) {
-    for (int32_t k : or_one(sw.num_spec_tokens(), int32_t{4})) {
-      for (double temperature : or_one(sw.temperature(), 0.0)) {
-        for (int32_t seqs : or_one(sw.max_num_seqs(), int32_t{64})) {
-          for (int32_t batched : or_one(sw.max_num_batched_tokens(), int32_t{2048})) {
-            for (const std::string& kv : or_one(sw.kv_cache_dtype(), std::string("bf16"))) {
-              for (const std::string& quant : or_one(sw.quantization(), std::string("none"))) {
-                for (auto rate : rates) {
-                  for (auto burst : bursts) {
-                    Point p;
-                    p.online = online;
-                    p.remote = remote;
-                    p.max_num_seqs = seqs;
-                    p.spec_method = method;
-                    if (method != "none") p.num_spec_tokens = k;
-                    p.temperature = temperature;
-                    p.max_num_batched_tokens = batched;
-                    p.kv_cache_dtype = kv;
-                    p.quantization = quant;
-                    p.request_rate = rate;
-                    p.burstiness = burst;
-                    // "none" with any k, and engine settings against an endpoint, collapse here.
-                    if (seen.insert(p.Key()).second) points.push_back(p);
-                  }
-                }
-              }
-            }
-          }
-        }
+  Point base;  // its defaults stand for the dimensions the spec leaves empty
+  base.online = spec.mode() == v1::ONLINE;
+  base.remote = !spec.endpoint().empty();
+  std::vector<Point> points = {base};
+  // Every point so far times each value of one dimension, in order: the first dimension crossed
+  // varies slowest.
+  auto cross = [&points](const auto& values, auto set) {
+    if (values.empty()) return;
+    std::vector<Point> next;
+    for (const Point& p : points) {
+      for (const auto& v : values) {
+        next.push_back(p);
+        set(next.back(), v);
       }
     }
+    points = std::move(next);
+  };
+  cross(sw.spec_method(), [](Point& p, const std::string& v) { p.spec_method = v; });
+  cross(sw.num_spec_tokens(), [](Point& p, int32_t v) { p.num_spec_tokens = v; });
+  cross(sw.temperature(), [](Point& p, double v) { p.temperature = v; });
+  cross(sw.max_num_seqs(), [](Point& p, int32_t v) { p.max_num_seqs = v; });
+  cross(sw.max_num_batched_tokens(), [](Point& p, int32_t v) { p.max_num_batched_tokens = v; });
+  cross(sw.kv_cache_dtype(), [](Point& p, const std::string& v) { p.kv_cache_dtype = v; });
+  cross(sw.quantization(), [](Point& p, const std::string& v) { p.quantization = v; });
+  if (base.online) {
+    cross(sw.request_rate(), [](Point& p, double v) { p.request_rate = v; });
+    google::protobuf::RepeatedField<double> poisson;
+    poisson.Add(1.0);
+    cross(sw.burstiness().empty() ? poisson : sw.burstiness(), [](Point& p, double v) { p.burstiness = v; });
   }
-  return points;
+  // "none" with any k, and engine settings against an endpoint, collapse to one point each.
+  std::vector<Point> unique;
+  std::set<std::string> seen;
+  for (Point& p : points) {
+    if (p.spec_method == "none") p.num_spec_tokens.reset();
+    if (p.spec_method != "none" && !p.num_spec_tokens) p.num_spec_tokens = kDefaultNumSpecTokens;
+    if (seen.insert(p.Key()).second) unique.push_back(std::move(p));
+  }
+  return unique;
 }
 
 nlohmann::json SpecJson(const Experiment& spec) {

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "experiments/experiment.pb.h"
 #include "nlohmann/json.hpp"
+#include "serving/load_gen.h"
 
 namespace specula::experiments {
 
@@ -21,6 +22,7 @@ struct LoadedSpec {
   std::string text;  // its contents
   Experiment spec;   // resolved, defaults filled
   std::string hash;  // of `spec`: a changed spec has another (comments and layout do not count)
+  std::vector<LoadRequest> prompts;  // the prompts file's lines, read once (empty: synthetic)
 };
 
 // Errors name the spec's file, line and column (1-based): "spec.textproto:7:3: sweep.max_num_seqs[1]:
