@@ -2,13 +2,12 @@
 // the sweep expands each meaningful combination once; results.jsonl's done set survives a torn line.
 #include "experiments/spec.h"
 
-#include <unistd.h>
-
 #include <fstream>
 #include <string>
 
 #include "experiments/harness.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace specula::experiments {
 namespace {
@@ -18,8 +17,9 @@ const std::string kModels = SPECULA_TEST_MODELS;
 class SpecTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "/spec_test";
-    ::mkdir(dir_.c_str(), 0755);
+    // A directory per test: ctest runs these in parallel, and one shared prompts file, truncated by a
+    // test's SetUp while another test read it, gave the wrong error (CI at c312f27).
+    dir_ = testing::MakeTempDir();
     std::ofstream(dir_ + "/prompts.jsonl") << "{\"prompt\": \"Once upon a time\"}\n{\"prompt\": \"The cat\"}\n";
     std::ofstream(dir_ + "/bad.jsonl") << "{\"prompt\": \"ok\"}\n{\"prompt\": 7}\n";
   }
