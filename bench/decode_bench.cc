@@ -73,14 +73,14 @@ class RuncDecoder {
   explicit RuncDecoder(const std::string& name) : w_(Load(name)) {
     const ModelConfig& c = w_->config;
     for (const auto& l : w_->layers) {
-      an_.push_back(l.attn_norm); wq_.push_back(l.wq); wk_.push_back(l.wk); wv_.push_back(l.wv);
-      wo_.push_back(l.wo); fn_.push_back(l.ffn_norm); wg_.push_back(l.w_gate); wu_.push_back(l.w_up);
-      wd_.push_back(l.w_down);
+      an_.push_back(l.attn_norm); wq_.push_back(l.wq.f32()); wk_.push_back(l.wk.f32()); wv_.push_back(l.wv.f32());
+      wo_.push_back(l.wo.f32()); fn_.push_back(l.ffn_norm); wg_.push_back(l.w_gate.f32());
+      wu_.push_back(l.w_up.f32()); wd_.push_back(l.w_down.f32());
     }
     rw_ = RuncWeights{c.dim, c.hidden_dim, c.num_layers, c.num_heads, c.num_kv_heads, c.vocab_size,
                       std::min(kContext, c.max_seq_len), c.rope_interleaved, c.rope_theta, c.norm_eps,
-                      w_->embed, an_.data(), wq_.data(), wk_.data(), wv_.data(), wo_.data(), fn_.data(),
-                      wg_.data(), wu_.data(), wd_.data(), w_->final_norm, w_->lm_head};
+                      w_->embed.f32(), an_.data(), wq_.data(), wk_.data(), wv_.data(), wo_.data(), fn_.data(),
+                      wg_.data(), wu_.data(), wd_.data(), w_->final_norm, w_->lm_head.f32()};
     runc_alloc(&rw_, &s_);
   }
   ~RuncDecoder() { runc_free(&s_); }

@@ -12,10 +12,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "core/dtype.h"
+#include "core/quant.h"
 
 namespace specula {
 
@@ -104,6 +107,23 @@ class Backend {
   // backend's weight-only int8). The default is UploadWeight.
   virtual absl::StatusOr<const void*> UploadMatrix(const float* host, int64_t rows, int64_t cols) {
     return UploadWeight(host, rows * cols);
+  }
+  // A matrix [rows, cols] stored as rows of GGUF blocks of `type` (core/quant.h), read only as
+  // UploadMatrix's are. The CPU backend computes on the blocks where they lie (no copy). The
+  // default dequantizes to float32 and uploads that, for backends that copy (a device).
+  virtual absl::StatusOr<const void*> UploadQuantMatrix(const void* blocks, QuantType type, int64_t rows,
+                                                        int64_t cols) {
+    if (type == QuantType::kF32) return UploadMatrix(static_cast<const float*>(blocks), rows, cols);
+    std::vector<float> host(static_cast<size_t>(rows * cols));  // [rows, cols]
+    const int64_t row_bytes = QuantRowBytes(type, cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      DequantizeRow(type, static_cast<const uint8_t*>(blocks) + r * row_bytes, cols, host.data() + r * cols);
+    }
+    absl::StatusOr<const void*> up = UploadMatrix(host.data(), rows, cols);
+    if (up.ok() && *up == host.data()) {
+      return absl::UnimplementedError(absl::StrCat(name(), ": cannot keep ", QuantTypeName(type), " weights"));
+    }
+    return up;
   }
   // Byte copies, ordered with the ops. CopyOut's data is in place once Sync() returns.
   virtual void CopyIn(void* dst, const void* host, size_t bytes) = 0;

@@ -48,25 +48,31 @@ absl::Status LlamaModel::Upload() {
   // the backend copied (packed, quantized, or on a device) is released from host memory, so that
   // the process holds one copy of the weights: at once on the host (so that the peak holds one
   // tensor twice, not the model), after the final Sync on a device.
-  std::vector<std::pair<const float*, int64_t>> copied;
-  auto keep = [&](const float* host, int64_t n, auto upload) -> const void* {
+  std::vector<std::pair<const void*, size_t>> copied;
+  auto keep = [&](const void* host, size_t bytes, auto upload) -> const void* {
     if (host == nullptr || !st.ok()) return nullptr;
     absl::StatusOr<const void*> r = upload();
     if (!r.ok()) st = r.status();
     if (r.ok() && *r != host) {
       if (be.on_device()) {
-        copied.push_back({host, n});
+        copied.push_back({host, bytes});
       } else {
-        weights_->Release(host, n);
+        weights_->Release(host, bytes);
       }
     }
     return r.ok() ? *r : nullptr;
   };
-  auto up = [&](const float* host, int64_t n) { return keep(host, n, [&] { return be.UploadWeight(host, n); }); };
+  auto up = [&](const float* host, int64_t n) {
+    return keep(host, n * sizeof(float), [&] { return be.UploadWeight(host, n); });
+  };
   // Matrices (read only by the Linear ops and the embedding lookup) may be stored in a format of
-  // the backend's own.
-  auto mat = [&](const float* host, int64_t rows, int64_t cols) {
-    return keep(host, rows * cols, [&] { return be.UploadMatrix(host, rows, cols); });
+  // the backend's own; GGUF blocks go to the backend as they are.
+  auto mat = [&](const Matrix& m, int64_t rows, int64_t cols) {
+    if (m.type == QuantType::kF32) {
+      return keep(m.data, rows * cols * sizeof(float), [&] { return be.UploadMatrix(m.f32(), rows, cols); });
+    }
+    return keep(m.data, rows * QuantRowBytes(m.type, cols),
+                [&] { return be.UploadQuantMatrix(m.data, m.type, rows, cols); });
   };
   const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim;
   embed_ = mat(weights_->embed, c.vocab_size, dim);
@@ -93,7 +99,7 @@ absl::Status LlamaModel::Upload() {
   RETURN_IF_ERROR(cos_sin_.Grow(&be, cos_sin.size() * sizeof(float)));
   be.CopyIn(cos_sin_.get(), cos_sin.data(), cos_sin.size() * sizeof(float));
   RETURN_IF_ERROR(be.Sync());
-  for (const auto& [host, n] : copied) weights_->Release(host, n);
+  for (const auto& [host, bytes] : copied) weights_->Release(host, bytes);
   return absl::OkStatus();
 }
 

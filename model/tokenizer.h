@@ -43,7 +43,11 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadLlama2cTokenizer(const std::strin
 // HF tokenizer.json; tokenizer_config.json beside it is read when present.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizer(const std::string& json_path);
 
-// `path` is a tokenizer.bin, a tokenizer.json, or a directory holding tokenizer.json.
+// The vocabulary embedded in a GGUF file (tokenizer.ggml.*): the gpt2 byte-level BPE with merges
+// and its `pre` type, or the llama SPM with scores; BOS, EOS and added tokens (model/gguf_tokenizer.cc).
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadGgufTokenizer(const std::string& gguf_path);
+
+// `path` is a tokenizer.bin, a tokenizer.json, a .gguf file, or a directory holding tokenizer.json.
 // `vocab_size` is the model's (llama2.c files do not record it).
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path,
                                                          int32_t vocab_size);

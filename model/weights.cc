@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cstring>
+#include <fstream>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +25,12 @@ bool IsDirectory(const std::string& path) {
 bool IsFile(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool IsGgufFile(const std::string& path) {
+  char magic[4] = {};
+  std::ifstream in(path, std::ios::binary);
+  return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
 }
 
 // Fills `w.layers` etc. from a name -> float view lookup. `get(name, shape)` fails with the tensor
@@ -60,13 +67,12 @@ absl::Status BindHfTensors(ModelWeights& w, Get get) {
 
 }  // namespace
 
-void ModelWeights::Release(const float* p, int64_t n) {
-  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+void ModelWeights::Release(const void* p, size_t bytes) {
   for (const MappedFile& f : files) {
     if (f.Release(p, bytes)) return;
   }
   for (std::vector<float>& v : owned) {
-    if (v.data() == p) return std::vector<float>().swap(v);
+    if (static_cast<const void*>(v.data()) == p) return std::vector<float>().swap(v);
   }
 }
 
@@ -231,6 +237,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHfModel(const std::string& dir
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const std::string& path) {
   if (IsDirectory(path)) return LoadHfModel(path);
   if (!IsFile(path)) return absl::NotFoundError(absl::StrCat(path, ": no such file or directory"));
+  if (IsGgufFile(path)) return LoadGguf(path);
   return LoadLlama2c(path);
 }
 

@@ -39,3 +39,5 @@ python3 -c "import numpy" >/dev/null 2>&1 || pip_install numpy
 python3 -c "import matplotlib" >/dev/null 2>&1 || pip_install matplotlib
 python3 -c "import grpc, grpc_tools, grpc_health, grpc_reflection, openai, prometheus_client" >/dev/null 2>&1 ||
   pip_install grpcio grpcio-tools grpcio-health-checking grpcio-reflection openai prometheus-client
+# llama.cpp's GGUF reader/writer: the dequantization reference and the F32 / Q8_0 conversions.
+python3 -c "import gguf" >/dev/null 2>&1 || pip_install gguf

@@ -48,7 +48,7 @@ TEST(MakeModelTest, NamedShapesAreRealAndWeightsAreNotDegenerate) {
   auto w = LoadHfModel(dir);
   ASSERT_TRUE(w.ok()) << w.status();
   const int64_t n = static_cast<int64_t>(c.hidden_dim) * c.dim;
-  const float* gate = (*w)->layers[0].w_gate;
+  const float* gate = (*w)->layers[0].w_gate.f32();
   double sum = 0, sq = 0;
   for (int64_t i = 0; i < n; ++i) {
     ASSERT_NE(gate[i], 0.0f);
@@ -101,8 +101,8 @@ TEST(ShardedTest, IndexedShardsLoadLikeOneFile) {
   ASSERT_TRUE(w2.ok()) << w2.status();
   EXPECT_EQ((*w2)->files.size(), 2u);
   const int64_t n = static_cast<int64_t>(c.hidden_dim) * c.dim;
-  EXPECT_TRUE(std::equal((*w1)->layers[1].w_up, (*w1)->layers[1].w_up + n, (*w2)->layers[1].w_up));
-  EXPECT_TRUE(std::equal((*w1)->embed, (*w1)->embed + int64_t{c.vocab_size} * c.dim, (*w2)->embed));
+  EXPECT_TRUE(std::equal((*w1)->layers[1].w_up.f32(), (*w1)->layers[1].w_up.f32() + n, (*w2)->layers[1].w_up.f32()));
+  EXPECT_TRUE(std::equal((*w1)->embed.f32(), (*w1)->embed.f32() + int64_t{c.vocab_size} * c.dim, (*w2)->embed.f32()));
   // A shard named in the index but absent is an error naming it.
   std::remove((sharded + "/model-00002-of-00002.safetensors").c_str());
   auto missing = LoadHfModel(sharded);

@@ -2,7 +2,7 @@
 """An independent reference for the Llama-family forward pass, in plain Python with numpy (float64).
 
 It shares no code with the engine: it reads HF directories (config.json + safetensors, f32/f16/bf16)
-and llama2.c .bin files itself, and recomputes the whole sequence at every call (no KV cache).
+and llama2.c .bin files itself, and GGUF files through the `gguf` package's reader and dequantizer, and recomputes the whole sequence at every call (no KV cache).
 
   llama_ref.py --model PATH --ids 1,2,3 --out logits.f32   # logits for every position, float32 [n, vocab]
   llama_ref.py --model PATH --ids 1,2,3 --greedy N         # prints N greedy token ids
@@ -104,6 +104,35 @@ def load_llama2c(path):
             "lm_head": lm_head}
 
 
+def load_gguf(path):
+    """A GGUF file's weights, dequantized by the `gguf` package (llama.cpp's own Python reader)."""
+    import gguf
+    r = gguf.GGUFReader(path)
+    arch = r.fields["general.architecture"].contents()
+    meta = lambda k, d=None: r.fields[k].contents() if k in r.fields else d
+    t = {}
+    for x in r.tensors:
+        # GGUF dims are innermost first; numpy's shape is the reverse.
+        t[x.name] = gguf.quants.dequantize(x.data, x.tensor_type).astype(np.float64).reshape(
+            [int(d) for d in reversed(x.shape)])
+    heads = meta(arch + ".attention.head_count")
+    dim = meta(arch + ".embedding_length")
+    m = {"dim": dim, "heads": heads, "kv_heads": meta(arch + ".attention.head_count_kv", heads),
+         "head_dim": dim // heads, "eps": meta(arch + ".attention.layer_norm_rms_epsilon"),
+         "theta": meta(arch + ".rope.freq_base", 10000.0), "interleaved": arch != "qwen2", "scaling": None,
+         "layers": [], "embed": t["token_embd.weight"], "norm": t["output_norm.weight"],
+         "lm_head": t.get("output.weight", t["token_embd.weight"])}
+    for i in range(meta(arch + ".block_count")):
+        p = "blk.%d." % i
+        m["layers"].append({
+            "attn_norm": t[p + "attn_norm.weight"], "ffn_norm": t[p + "ffn_norm.weight"],
+            "wq": t[p + "attn_q.weight"], "wk": t[p + "attn_k.weight"], "wv": t[p + "attn_v.weight"],
+            "wo": t[p + "attn_output.weight"], "bq": t.get(p + "attn_q.bias"), "bk": t.get(p + "attn_k.bias"),
+            "bv": t.get(p + "attn_v.bias"), "gate": t[p + "ffn_gate.weight"], "up": t[p + "ffn_up.weight"],
+            "down": t[p + "ffn_down.weight"]})
+    return m
+
+
 def rope_freqs(m):
     hd = m["head_dim"]
     inv = 1.0 / (m["theta"] ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
@@ -188,7 +217,12 @@ def main():
     ap.add_argument("--greedy", type=int, default=0)
     ap.add_argument("--kv-bf16", action="store_true", help="round K and V to bfloat16 (--kv-cache-dtype bf16)")
     a = ap.parse_args()
-    m = load_hf(a.model) if os.path.isdir(a.model) else load_llama2c(a.model)
+    if os.path.isdir(a.model):
+        m = load_hf(a.model)
+    elif open(a.model, "rb").read(4) == b"GGUF":
+        m = load_gguf(a.model)
+    else:
+        m = load_llama2c(a.model)
     ids = [int(t) for t in a.ids.split(",")]
     if a.greedy:
         for _ in range(a.greedy):
