@@ -10,6 +10,7 @@
 #include "core/mapped_file.h"
 #include "draft/draft_model_proposer.h"
 #include "draft/ngram_proposer.h"
+#include "draft/self_draft.h"
 #include "kernels/make_backend.h"
 #include "model/kv_cache.h"
 
@@ -19,13 +20,16 @@ const std::set<std::string> kEngineFlags = {
     "model", "tokenizer", "max-num-seqs", "max-num-batched-tokens", "num-blocks", "max-wait-ms", "max-tokens",
     "spec-method", "num-spec-tokens", "max-spec-tokens", "draft-model", "draft-tokenizer", "ngram-min",
     "ngram-max", "temperature", "top-k", "top-p", "min-p", "repetition-penalty", "seed", "block-size",
-    "device", "dtype", "gpu-memory-utilization", "quantization", "draft-quantization", "kv-cache-dtype"};
+    "device", "dtype", "gpu-memory-utilization", "quantization", "draft-quantization", "kv-cache-dtype",
+    "draft-layers", "draft-quant-type"};
 const std::set<std::string> kEngineSwitches = {"ignore-eos", "no-bos", "no-prefix-caching"};
 
-const char kEngineFlagsHelp[] = R"(  --model PATH          llama2.c .bin file, or HF directory (config.json + *.safetensors)
-  --tokenizer PATH      tokenizer.bin, tokenizer.json or a directory holding it
-                        (default: tokenizer.json in the model directory, or tokenizer.bin /
-                        tok<vocab>.bin beside a .bin model)
+const char kEngineFlagsHelp[] = R"(  --model PATH          GGUF file (llama, mistral, qwen2; F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q6_K,
+                        its tokenizer and chat template inside), llama2.c .bin file, or HF
+                        directory (config.json + *.safetensors)
+  --tokenizer PATH      tokenizer.bin, tokenizer.json, a .gguf file or a directory holding
+                        tokenizer.json (default: the GGUF file's own, tokenizer.json in the model
+                        directory, or tokenizer.bin / tok<vocab>.bin beside a .bin model)
   --max-tokens N        tokens to generate (default 256)
   --temperature T       0 = greedy (default 0)
   --top-k K             keep the K most likely tokens (default 0 = off)
@@ -55,7 +59,9 @@ Continuous batching over a paged KV cache (generate --prompts-file, serve):
 
 Speculative decoding (single prompt and batch; output is exactly what the target alone gives when
 greedy, and follows the target's distribution when sampling):
-  --spec-method M       draft (a smaller model) or ngram (prompt lookup)
+  --spec-method M       draft (a smaller model), ngram (prompt lookup), or a draft made of the
+                        target itself: layer-skip (its first --draft-layers layers, final norm and
+                        classifier) or self-quant (its weights requantized to --draft-quant-type)
   --num-spec-tokens K   draft tokens per sequence and step, or auto (default 4). auto chooses k for
                         every sequence and step, 0 included, for the most expected tokens per second
                         from each request's acceptance and a cost model of the target and the draft
@@ -67,6 +73,8 @@ greedy, and follows the target's distribution when sampling):
   --draft-quantization Q  none (default) or int8 for the draft's weights (cpu only): a draft a
                         quarter the bytes, at a small cost in acceptance and none in correctness
   --ngram-min N, --ngram-max N  n-gram sizes for --spec-method ngram (default 1 and 3)
+  --draft-layers N      layers of the layer-skip draft (default: a quarter of the target's)
+  --draft-quant-type T  q4_0 (default), q4_1 or q8_0: the self-quant draft's weight type
 )";
 
 namespace {
@@ -78,6 +86,7 @@ bool Exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
 
 std::string DefaultTokenizer(const std::string& model, int32_t vocab) {
   if (Exists(model + "/tokenizer.json")) return model + "/tokenizer.json";
+  if (model.size() > 5 && model.compare(model.size() - 5, 5, ".gguf") == 0) return model;  // its own vocabulary
   const size_t slash = model.find_last_of('/');
   const std::string dir = slash == std::string::npos ? "." : model.substr(0, slash);
   for (const std::string& name : {std::string("tokenizer.bin"), absl::StrCat("tok", vocab, ".bin")}) {
@@ -167,6 +176,13 @@ absl::StatusOr<std::unique_ptr<LoadedEngine>> LoadEngine(const Flags& flags) {
   std::unique_ptr<Proposer> proposer;
   int32_t num_spec = 0;
   const bool adaptive = f.values.count("num-spec-tokens") && f.values["num-spec-tokens"] == "auto";
+  for (const char* flag : {"draft-layers", "draft-quant-type"}) {
+    const std::string method = f.values.count("spec-method") ? f.values.at("spec-method") : "";
+    if (f.values.count(flag) && method != (std::string(flag) == "draft-layers" ? "layer-skip" : "self-quant")) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, " applies to --spec-method ",
+                                                     std::string(flag) == "draft-layers" ? "layer-skip" : "self-quant"));
+    }
+  }
   if (f.values.count("max-spec-tokens") && !adaptive) {
     return absl::InvalidArgumentError("--max-spec-tokens applies to --num-spec-tokens auto only");
   }
@@ -185,10 +201,22 @@ absl::StatusOr<std::unique_ptr<LoadedEngine>> LoadEngine(const Flags& flags) {
     if (method == "ngram") {
       if (ngram_min < 1 || ngram_max < ngram_min) return absl::InvalidArgumentError("--ngram-min/--ngram-max: need 1 <= min <= max");
       proposer = std::make_unique<NgramProposer>(ngram_min, ngram_max);
-    } else if (method == "draft") {
-      if (!f.values.count("draft-model")) return absl::InvalidArgumentError("--spec-method draft needs --draft-model PATH");
-      const std::string draft_path = f.values["draft-model"];
-      auto dw = LoadModel(draft_path);
+    } else if (method == "draft" || method == "layer-skip" || method == "self-quant") {
+      absl::StatusOr<std::unique_ptr<ModelWeights>> dw;
+      std::string draft_path = model_path;
+      if (method == "draft") {
+        if (!f.values.count("draft-model")) return absl::InvalidArgumentError("--spec-method draft needs --draft-model PATH");
+        draft_path = f.values["draft-model"];
+        dw = LoadModel(draft_path);
+      } else if (method == "layer-skip") {
+        int32_t layers = std::max(1, model.config().num_layers / 4);
+        if (auto st = GetNumber(f, "draft-layers", &layers); !st.ok()) return st;
+        dw = LayerSkipDraftWeights(model_path, layers);
+      } else {
+        auto type = ParseQuantType(f.values.count("draft-quant-type") ? f.values["draft-quant-type"] : "q4_0");
+        if (!type.ok()) return type.status();
+        dw = SelfQuantDraftWeights(model_path, *type);
+      }
       if (!dw.ok()) return dw.status();
       if ((*dw)->config.vocab_size != vocab) {
         return absl::InvalidArgumentError(absl::StrCat(draft_path, ": the draft's vocabulary (", (*dw)->config.vocab_size,
@@ -217,7 +245,8 @@ absl::StatusOr<std::unique_ptr<LoadedEngine>> LoadEngine(const Flags& flags) {
       return absl::InvalidArgumentError(
           "--spec-method synthetic is not lossless: it is only available in benchmarks and experiments");
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("--spec-method: '", method, "' is not draft or ngram"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--spec-method: '", method, "' is not draft, ngram, layer-skip or self-quant"));
     }
   }
 

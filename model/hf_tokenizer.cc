@@ -1,16 +1,21 @@
-// HF tokenizer.json with a BPE model, in two forms:
+// The BPE core (model/bpe.h) and HF tokenizer.json with a BPE model, in two forms:
 //  - byte-level (Llama 3, Qwen2, SmolLM, GPT-2): pre-tokenizer splits, bytes mapped to printable
 //    code points, merges by rank;
 //  - sentencepiece-style (Llama 2): "▁" for spaces, merges on characters, byte fallback <0xXX>.
+// The GGUF loader (gguf_tokenizer.cc) builds the same core from the file's tokenizer.ggml.* keys.
 #include <unicode/normalizer2.h>
 #include <unicode/unistr.h>
 
+#include <algorithm>
+#include <bitset>
+#include <queue>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "core/mapped_file.h"
 #include "core/status_macros.h"
+#include "model/bpe.h"
 #include "model/pretokenize.h"
 #include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -21,19 +26,70 @@ namespace {
 using json = nlohmann::json;
 const std::string kSpaceMark = "\xE2\x96\x81";  // U+2581 "▁"
 
-struct Step {  // one normalizer or pre-tokenizer step
-  std::string type;
-  std::string a, b;       // Prepend: a; Replace: a -> b; Metaspace: a = replacement
-  SplitPattern pattern{};
-  bool flag = false;      // ByteLevel: use_regex; Metaspace: split; Digits: individual
-  bool prefix = false;    // ByteLevel: add_prefix_space; Metaspace: prepend
+// Pieces are looked up by string_view, without a copy per character.
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
 };
+using PieceIds = std::unordered_map<std::string, TokenId, StringHash, std::equal_to<>>;
 
-class HfTokenizer final : public Tokenizer {
+uint64_t PairKey(TokenId left, TokenId right) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+}
+
+// The byte of a "<0xXX>" piece, or -1.
+int ByteFallbackValue(const std::string& piece) {
+  if (piece.size() != 6 || piece.compare(0, 3, "<0x") != 0 || piece[5] != '>') return -1;
+  int v = 0;
+  for (int k = 3; k < 5; ++k) {
+    const char ch = piece[k];
+    const int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
+                                                    : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+    if (d < 0) return -1;
+    v = v * 16 + d;
+  }
+  return v;
+}
+
+class BpeTokenizer final : public Tokenizer {
  public:
-  static absl::StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& path);
+  explicit BpeTokenizer(BpeModel m) : m_(std::move(m)) {
+    bos_id_ = m_.bos_id;
+    eos_ids_ = m_.eos_ids;
+    add_bos_default_ = m_.add_bos_default;
+    for (size_t i = 0; i < m_.pieces.size(); ++i) {
+      ids_.emplace(m_.pieces[i], static_cast<TokenId>(i));
+      if (m_.kinds[i] != BpeTokenKind::kNormal && !m_.pieces[i].empty()) {
+        added_.push_back(static_cast<TokenId>(i));
+        added_first_byte_[static_cast<uint8_t>(m_.pieces[i][0])] = true;
+      }
+    }
+    // Longest first, so that the first hit at a position is the longest one.
+    std::stable_sort(added_.begin(), added_.end(),
+                     [&](TokenId a, TokenId b) { return m_.pieces[a].size() > m_.pieces[b].size(); });
+    for (const BpeMerge& mg : m_.merges) merges_.emplace(PairKey(mg.left, mg.right), std::make_pair(mg.cost, mg.merged));
+    m_.merges.clear();
+    m_.merges.shrink_to_fit();
+    for (const BpeStep& s : m_.pre_tokenizers) byte_level_ |= s.type == "ByteLevel";
+    if (byte_level_) {
+      byte_to_unicode_ = ByteToUnicode();
+      for (int b = 0; b < 256; ++b) unicode_to_byte_[byte_to_unicode_[b]] = static_cast<uint8_t>(b);
+    } else {
+      // Sentencepiece-style: the "▁" prefix added on encode is stripped again on decode.
+      for (const BpeStep& s : m_.normalizers) strip_leading_space_ |= s.type == "Prepend";
+      for (const BpeStep& s : m_.pre_tokenizers) strip_leading_space_ |= s.type == "Metaspace" && s.prefix;
+    }
+    byte_value_.assign(m_.pieces.size(), -1);
+    std::fill(std::begin(byte_token_), std::end(byte_token_), -1);
+    for (size_t i = 0; i < m_.pieces.size(); ++i) {
+      const int b = ByteFallbackValue(m_.pieces[i]);
+      if (b < 0) continue;
+      if (!byte_level_) byte_value_[i] = static_cast<int16_t>(b);
+      if (byte_token_[b] < 0) byte_token_[b] = static_cast<TokenId>(i);
+    }
+  }
 
-  int32_t vocab_size() const override { return static_cast<int32_t>(pieces_.size()); }
+  int32_t vocab_size() const override { return static_cast<int32_t>(m_.pieces.size()); }
 
   std::vector<TokenId> Encode(std::string_view text, bool add_bos) const override {
     std::vector<TokenId> out;
@@ -41,20 +97,22 @@ class HfTokenizer final : public Tokenizer {
     // Added tokens are matched first, longest at the leftmost position; the rest is tokenized.
     size_t i = 0, plain = 0;
     while (i < text.size()) {
-      const AddedToken* hit = nullptr;
-      for (const auto& a : added_) {
-        if (text.compare(i, a.content.size(), a.content) == 0 &&
-            (hit == nullptr || a.content.size() > hit->content.size())) {
-          hit = &a;
+      TokenId hit = -1;
+      if (added_first_byte_[static_cast<uint8_t>(text[i])]) {
+        for (TokenId a : added_) {
+          if (text.compare(i, m_.pieces[a].size(), m_.pieces[a]) == 0) {
+            hit = a;
+            break;
+          }
         }
       }
-      if (hit == nullptr) {
+      if (hit < 0) {
         ++i;
         continue;
       }
       EncodeSegment(text.substr(plain, i - plain), &out);
-      out.push_back(hit->id);
-      i += hit->content.size();
+      out.push_back(hit);
+      i += m_.pieces[hit].size();
       plain = i;
     }
     EncodeSegment(text.substr(plain), &out);
@@ -62,8 +120,10 @@ class HfTokenizer final : public Tokenizer {
   }
 
   std::string DecodeToken(TokenId prev, TokenId id) const override {
-    if (id < 0 || id >= vocab_size() || special_[id]) return "";
-    const std::string& piece = pieces_[id];
+    if (id < 0 || id >= vocab_size()) return "";
+    const std::string& piece = m_.pieces[id];
+    if (m_.kinds[id] == BpeTokenKind::kSpecial) return "";
+    if (m_.kinds[id] == BpeTokenKind::kAdded) return piece;  // matched literally on encode
     if (byte_level_) {
       std::string out;
       for (size_t i = 0; i < piece.size();) {
@@ -72,37 +132,31 @@ class HfTokenizer final : public Tokenizer {
         if (it != unicode_to_byte_.end()) {
           out += static_cast<char>(it->second);
         } else {
-          out += piece.substr(i, len);  // an added token's literal text
+          out += piece.substr(i, len);
         }
         i += len;
       }
       return out;
     }
-    if (piece.size() == 6 && piece.rfind("<0x", 0) == 0 && piece[5] == '>') {
-      return std::string(1, static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16)));
-    }
+    if (byte_value_[id] >= 0) return std::string(1, static_cast<char>(byte_value_[id]));
     std::string out = absl::StrReplaceAll(piece, {{kSpaceMark, " "}});
-    const bool at_start = prev < 0 || (prev < vocab_size() && special_[prev]);
+    // Encode prepends "▁" to the text and to each stretch after an added token.
+    const bool at_start = prev < 0 || (prev < vocab_size() && m_.kinds[prev] != BpeTokenKind::kNormal);
     if (strip_leading_space_ && at_start && !out.empty() && out[0] == ' ') out.erase(0, 1);
     return out;
   }
 
  private:
-  struct AddedToken {
-    std::string content;
-    TokenId id;
-  };
-
   void EncodeSegment(std::string_view seg, std::vector<TokenId>* out) const {
     if (seg.empty()) return;
     std::string s(seg);
-    for (const Step& n : normalizers_) {
+    for (const BpeStep& n : m_.normalizers) {
       if (n.type == "Prepend") s = n.a + s;
       if (n.type == "Replace") s = absl::StrReplaceAll(s, {{n.a, n.b}});
       if (n.type == "NFC" || n.type == "NFKC") s = Normalize(s, n.type == "NFKC");
     }
     std::vector<std::string> words{s};
-    for (const Step& p : pre_tokenizers_) {
+    for (const BpeStep& p : m_.pre_tokenizers) {
       std::vector<std::string> next;
       for (const std::string& w : words) {
         if (p.type == "Split") {
@@ -153,72 +207,95 @@ class HfTokenizer final : public Tokenizer {
     return out.find("\xEF\xBF\xBD") != std::string::npos && s.find("\xEF\xBF\xBD") == std::string::npos ? s : out;
   }
 
-  void Bpe(const std::string& word, std::vector<TokenId>* out) const {
+  // Merges the characters of `word` pair by pair, cheapest merge first, with a priority queue
+  // over a linked list of symbols (as HF tokenizers and llama.cpp do): O(n log n), so a long
+  // sentencepiece text (one word) stays fast.
+  void Bpe(std::string_view word, std::vector<TokenId>* out) const {
     if (word.empty()) return;
-    if (ignore_merges_) {
+    if (m_.ignore_merges) {
       if (auto it = ids_.find(word); it != ids_.end()) {
         out->push_back(it->second);
         return;
       }
     }
-    std::vector<std::string> syms;
+    struct Symbol {
+      uint32_t start, len;  // bytes of `word`; len 0 once merged into its left neighbour
+      TokenId id;           // -1: not in the vocabulary (never merges)
+      int32_t prev, next;   // neighbours, -1 at the ends
+    };
+    std::vector<Symbol> syms;
     for (size_t i = 0; i < word.size();) {
       const size_t len = Utf8Len(word, i);
-      syms.push_back(word.substr(i, len));
+      auto it = ids_.find(word.substr(i, len));
+      const int32_t k = static_cast<int32_t>(syms.size());
+      syms.push_back({static_cast<uint32_t>(i), static_cast<uint32_t>(len), it == ids_.end() ? -1 : it->second,
+                      k - 1, k + 1});
       i += len;
     }
-    std::string key;
-    while (syms.size() > 1) {
-      int32_t best_rank = INT32_MAX;
-      size_t best = 0;
-      for (size_t i = 0; i + 1 < syms.size(); ++i) {
-        key = syms[i];
-        key += '\x01';
-        key += syms[i + 1];
-        auto it = merge_rank_.find(key);
-        if (it != merge_rank_.end() && it->second < best_rank) {
-          best_rank = it->second;
-          best = i;
-        }
-      }
-      if (best_rank == INT32_MAX) break;
-      syms[best] += syms[best + 1];
-      syms.erase(syms.begin() + static_cast<ptrdiff_t>(best) + 1);
+    syms.back().next = -1;
+    struct Candidate {
+      double cost;
+      int32_t left, right;
+      uint32_t left_len, right_len;  // a candidate is stale once either side has changed
+      TokenId merged;
+    };
+    auto later = [](const Candidate& a, const Candidate& b) {
+      return a.cost != b.cost ? a.cost > b.cost : a.left > b.left;
+    };
+    std::priority_queue<Candidate, std::vector<Candidate>, decltype(later)> queue(later);
+    auto consider = [&](int32_t l) {
+      if (l < 0 || syms[l].next < 0) return;
+      const Symbol& a = syms[l];
+      const Symbol& b = syms[a.next];
+      if (a.id < 0 || b.id < 0) return;
+      auto it = merges_.find(PairKey(a.id, b.id));
+      if (it != merges_.end()) queue.push({it->second.first, l, a.next, a.len, b.len, it->second.second});
+    };
+    for (int32_t i = 0; i + 1 < static_cast<int32_t>(syms.size()); ++i) consider(i);
+    while (!queue.empty()) {
+      const Candidate c = queue.top();
+      queue.pop();
+      Symbol& l = syms[c.left];
+      Symbol& r = syms[c.right];
+      if (l.len != c.left_len || l.next != c.right || r.len != c.right_len) continue;
+      l.len += r.len;
+      l.id = c.merged;
+      r.len = 0;
+      l.next = r.next;
+      if (r.next >= 0) syms[r.next].prev = c.left;
+      consider(l.prev);
+      consider(c.left);
     }
-    for (const std::string& s : syms) {
-      if (auto it = ids_.find(s); it != ids_.end()) {
-        out->push_back(it->second);
-      } else if (byte_fallback_) {
-        for (unsigned char ch : s) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "<0x%02X>", ch);
-          auto b = ids_.find(buf);
-          if (b != ids_.end()) {
-            out->push_back(b->second);
-          } else if (unk_id_ >= 0) {
-            out->push_back(unk_id_);
+    for (int32_t i = 0; i >= 0; i = syms[i].next) {
+      const Symbol& s = syms[i];
+      if (s.id >= 0) {
+        out->push_back(s.id);
+      } else if (m_.byte_fallback) {
+        for (size_t k = s.start; k < s.start + s.len; ++k) {
+          const TokenId b = byte_token_[static_cast<uint8_t>(word[k])];
+          if (b >= 0) {
+            out->push_back(b);
+          } else if (m_.unk_id >= 0) {
+            out->push_back(m_.unk_id);
           }
         }
-      } else if (unk_id_ >= 0) {
-        out->push_back(unk_id_);
+      } else if (m_.unk_id >= 0) {
+        out->push_back(m_.unk_id);
       }
     }
   }
 
-  std::vector<std::string> pieces_;  // [vocab] token text as stored in tokenizer.json
-  std::vector<bool> special_;        // [vocab]
-  std::unordered_map<std::string, TokenId> ids_;
-  std::unordered_map<std::string, int32_t> merge_rank_;  // "a\x01b" -> rank
-  std::vector<AddedToken> added_;
-  std::vector<Step> normalizers_, pre_tokenizers_;
+  BpeModel m_;  // merges moved into merges_
+  PieceIds ids_;
+  std::unordered_map<uint64_t, std::pair<double, TokenId>> merges_;  // (left, right) -> (cost, merged)
+  std::vector<TokenId> added_;  // matched in the text, longest first
+  std::bitset<256> added_first_byte_;
   std::vector<std::string> byte_to_unicode_;
   std::unordered_map<std::string, uint8_t> unicode_to_byte_;
+  std::vector<int16_t> byte_value_;  // [vocab] sentencepiece-style "<0xXX>" pieces: the byte, else -1
+  TokenId byte_token_[256];          // the "<0xXX>" token of each byte, or -1
   bool byte_level_ = false;
-  bool byte_fallback_ = false;
-  bool ignore_merges_ = false;
   bool strip_leading_space_ = false;
-  TokenId unk_id_ = -1;
-
 };
 
 absl::Status Unsupported(const std::string& path, const std::string& field, const std::string& what) {
@@ -228,7 +305,7 @@ absl::Status Unsupported(const std::string& path, const std::string& field, cons
 
 // Flattens a normalizer or pre_tokenizer object (Sequence or single) into steps.
 absl::Status ParseSteps(const json& j, const std::string& path, const std::string& field,
-                        std::vector<Step>* out) {
+                        std::vector<BpeStep>* out) {
   if (j.is_null()) return absl::OkStatus();
   if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": field '", field, "' has no type"));
@@ -244,7 +321,7 @@ absl::Status ParseSteps(const json& j, const std::string& path, const std::strin
     }
     return absl::OkStatus();
   }
-  Step s;
+  BpeStep s;
   s.type = type;
   if (type == "Prepend") {
     s.a = j.value("prepend", "");
@@ -284,13 +361,14 @@ std::string TokenContent(const json& j) {
   return "";
 }
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> HfTokenizer::Load(const std::string& path) {
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJson(const std::string& path) {
   ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
   json j = json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a valid JSON object"));
   }
-  auto t = std::make_unique<HfTokenizer>();
+  BpeModel t;
+  PieceIds ids;
   const json& model = j.value("model", json::object());
   const std::string type = model.value("type", "");
   if (type != "BPE") return Unsupported(path, "model.type", type.empty() ? "(missing)" : type);
@@ -305,12 +383,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> HfTokenizer::Load(const std::string& 
     if (id < 0 || id > 10'000'000) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": token '", piece, "' has id ", id));
     }
-    if (static_cast<size_t>(id) >= t->pieces_.size()) {
-      t->pieces_.resize(id + 1);
-      t->special_.resize(id + 1, false);
+    if (static_cast<size_t>(id) >= t.pieces.size()) {
+      t.pieces.resize(id + 1);
+      t.kinds.resize(id + 1, BpeTokenKind::kNormal);
     }
-    t->pieces_[id] = piece;
-    t->ids_.emplace(piece, static_cast<TokenId>(id));
+    t.pieces[id] = piece;
+    ids.emplace(piece, static_cast<TokenId>(id));
     return absl::OkStatus();
   };
   for (auto& [piece, id] : model["vocab"].items()) {
@@ -330,53 +408,53 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> HfTokenizer::Load(const std::string& 
       }
       a = m.substr(0, sp);
       b = m.substr(sp + 1);
-    } else if (merges[r].is_array() && merges[r].size() == 2) {
+    } else if (merges[r].is_array() && merges[r].size() == 2 && merges[r][0].is_string() && merges[r][1].is_string()) {
       a = merges[r][0];
       b = merges[r][1];
     } else {
       return absl::InvalidArgumentError(absl::StrCat(path, ": field 'model.merges[", r, "]' is malformed"));
     }
-    t->merge_rank_.emplace(a + '\x01' + b, static_cast<int32_t>(r));
+    // As HF tokenizers: both sides and the result must be in the vocabulary.
+    BpeMerge mg;
+    mg.cost = static_cast<double>(r);
+    for (auto [piece, dst] : {std::pair{a, &mg.left}, {b, &mg.right}, {a + b, &mg.merged}}) {
+      auto it = ids.find(piece);
+      if (it == ids.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": field 'model.merges[", r, "]' names '", piece,
+                                                       "', which is not in model.vocab"));
+      }
+      *dst = it->second;
+    }
+    t.merges.push_back(mg);
   }
-  t->byte_fallback_ = model.value("byte_fallback", false);
-  t->ignore_merges_ = model.value("ignore_merges", false);
+  t.byte_fallback = model.value("byte_fallback", false);
+  t.ignore_merges = model.value("ignore_merges", false);
   if (const std::string unk = TokenContent(model.value("unk_token", json())); !unk.empty()) {
-    if (auto it = t->ids_.find(unk); it != t->ids_.end()) t->unk_id_ = it->second;
+    if (auto it = ids.find(unk); it != ids.end()) t.unk_id = it->second;
   }
   for (const auto& a : j.value("added_tokens", json::array())) {
     if (!a.contains("id") || !a["id"].is_number_integer() || TokenContent(a).empty()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": field 'added_tokens' has a bad entry"));
     }
     RETURN_IF_ERROR(put(TokenContent(a), a["id"].get<int64_t>()));
-    t->added_.push_back({TokenContent(a), a["id"].get<TokenId>()});
-    t->special_[a["id"].get<int64_t>()] = a.value("special", false);
+    t.kinds[a["id"].get<int64_t>()] = a.value("special", false) ? BpeTokenKind::kSpecial : BpeTokenKind::kAdded;
   }
-  for (size_t i = 0; i < t->pieces_.size(); ++i) {
-    if (t->pieces_[i].empty()) {
+  for (size_t i = 0; i < t.pieces.size(); ++i) {
+    if (t.pieces[i].empty()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": token id ", i, " is missing from the vocabulary"));
     }
   }
-  RETURN_IF_ERROR(ParseSteps(j.value("normalizer", json()), path, "normalizer", &t->normalizers_));
-  RETURN_IF_ERROR(ParseSteps(j.value("pre_tokenizer", json()), path, "pre_tokenizer", &t->pre_tokenizers_));
-  for (const Step& s : t->pre_tokenizers_) t->byte_level_ |= s.type == "ByteLevel";
-  if (t->byte_level_) {
-    t->byte_to_unicode_ = ByteToUnicode();
-    for (int b = 0; b < 256; ++b) t->unicode_to_byte_[t->byte_to_unicode_[b]] = static_cast<uint8_t>(b);
-  } else {
-    // Sentencepiece-style: the prefix "▁" added on encode is stripped again on decode.
-    for (const Step& s : t->normalizers_) t->strip_leading_space_ |= s.type == "Prepend";
-    for (const Step& s : t->pre_tokenizers_) t->strip_leading_space_ |= s.type == "Metaspace" && s.prefix;
-  }
+  RETURN_IF_ERROR(ParseSteps(j.value("normalizer", json()), path, "normalizer", &t.normalizers));
+  RETURN_IF_ERROR(ParseSteps(j.value("pre_tokenizer", json()), path, "pre_tokenizer", &t.pre_tokenizers));
 
   // BOS/EOS: tokenizer_config.json beside tokenizer.json, else the post_processor template.
-  t->add_bos_default_ = false;
   const json& post = j.value("post_processor", json());
   if (post.is_object() && post.value("type", "") == "TemplateProcessing" && post.contains("single") &&
       post["single"].is_array() && !post["single"].empty() && post["single"][0].contains("SpecialToken")) {
     const std::string bos = post["single"][0]["SpecialToken"].value("id", "");
-    if (auto it = t->ids_.find(bos); it != t->ids_.end()) {
-      t->bos_id_ = it->second;
-      t->add_bos_default_ = true;
+    if (auto it = ids.find(bos); it != ids.end()) {
+      t.bos_id = it->second;
+      t.add_bos_default = true;
     }
   }
   const std::string dir = path.substr(0, path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/') + 1);
@@ -386,30 +464,34 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> HfTokenizer::Load(const std::string& 
       return absl::InvalidArgumentError(absl::StrCat(dir, "tokenizer_config.json: not a valid JSON object"));
     }
     if (const std::string bos = TokenContent(cfg.value("bos_token", json())); !bos.empty()) {
-      auto it = t->ids_.find(bos);
-      if (it == t->ids_.end()) {
+      auto it = ids.find(bos);
+      if (it == ids.end()) {
         return absl::InvalidArgumentError(absl::StrCat(dir, "tokenizer_config.json: field 'bos_token' '", bos, "' is not in the vocabulary"));
       }
-      t->bos_id_ = it->second;
+      t.bos_id = it->second;
     }
     if (const std::string eos = TokenContent(cfg.value("eos_token", json())); !eos.empty()) {
-      auto it = t->ids_.find(eos);
-      if (it == t->ids_.end()) {
+      auto it = ids.find(eos);
+      if (it == ids.end()) {
         return absl::InvalidArgumentError(absl::StrCat(dir, "tokenizer_config.json: field 'eos_token' '", eos, "' is not in the vocabulary"));
       }
-      t->eos_ids_ = {it->second};
+      t.eos_ids = {it->second};
     }
     if (cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean()) {
-      t->add_bos_default_ = cfg["add_bos_token"].get<bool>() && t->bos_id_ >= 0;
+      t.add_bos_default = cfg["add_bos_token"].get<bool>() && t.bos_id >= 0;
     }
   }
-  return std::unique_ptr<Tokenizer>(std::move(t));
+  return MakeBpeTokenizer(std::move(t));
 }
 
 }  // namespace
 
+std::unique_ptr<Tokenizer> MakeBpeTokenizer(BpeModel model) {
+  return std::make_unique<BpeTokenizer>(std::move(model));
+}
+
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizer(const std::string& path) {
-  return HfTokenizer::Load(path);
+  return LoadJson(path);
 }
 
 }  // namespace specula

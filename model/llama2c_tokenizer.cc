@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cstring>
+#include <fstream>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
@@ -155,6 +156,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path
   }
   if (S_ISDIR(st.st_mode)) return LoadHfTokenizer(path + "/tokenizer.json");
   if (path.size() >= 5 && path.substr(path.size() - 5) == ".json") return LoadHfTokenizer(path);
+  if (path.size() >= 5 && path.substr(path.size() - 5) == ".gguf") return LoadGgufTokenizer(path);
+  // A GGUF file by another name: its first bytes are the magic "GGUF".
+  char magic[4] = {};
+  if (std::ifstream in(path, std::ios::binary); in.read(magic, sizeof(magic)) && std::memcmp(magic, "GGUF", 4) == 0) {
+    return LoadGgufTokenizer(path);
+  }
   return LoadLlama2cTokenizer(path, vocab_size);
 }
 

@@ -110,6 +110,39 @@ size_t MatchLlama3(const std::vector<Cp>& c, size_t i, size_t max_digits) {
   return TrailingSpace(c, i);
 }
 
+// The patterns that do not cover the text: the match length at i, or 0 (no match starts there).
+bool IsPunctuationRun(int32_t c) {
+  if (c < 0) return false;
+  if ((U_GET_GC_MASK(c) & U_GC_P_MASK) != 0) return true;
+  return c == '$' || c == '+' || c == '<' || c == '=' || c == '>' || c == '^' || c == '~' || c == '|';
+}
+
+size_t MatchRun(const std::vector<Cp>& c, size_t i, bool (*pred)(int32_t)) {
+  size_t j = i;
+  while (j < c.size() && pred(c[j].cp)) ++j;
+  return j - i;
+}
+
+size_t MatchThreeDigits(const std::vector<Cp>& c, size_t i) {
+  if (i + 3 > c.size()) return 0;
+  for (size_t k = i; k < i + 3; ++k) {
+    if (c[k].cp < '0' || c[k].cp > '9') return 0;
+  }
+  return 3;
+}
+
+size_t Match(const std::vector<Cp>& c, size_t i, SplitPattern pattern) {
+  switch (pattern) {
+    case SplitPattern::kGpt2: return MatchGpt2(c, i);
+    case SplitPattern::kLlama3: return MatchLlama3(c, i, 3);
+    case SplitPattern::kQwen2: return MatchLlama3(c, i, 1);
+    case SplitPattern::kPunctuation: return MatchRun(c, i, IsPunctuationRun);
+    case SplitPattern::kNumbers: return MatchRun(c, i, IsN);
+    case SplitPattern::kThreeDigits: return MatchThreeDigits(c, i);
+  }
+  return 0;
+}
+
 }  // namespace
 
 std::string Utf8(int32_t cp) {
@@ -159,6 +192,12 @@ bool ParseSplitPattern(const std::string& regex, SplitPattern* out) {
     *out = SplitPattern::kLlama3;
   } else if (regex == kLlama3Head + R"(\p{N})" + kLlama3Tail) {
     *out = SplitPattern::kQwen2;
+  } else if (regex == R"([\p{P}\$\+<=>\^~\|]+)") {
+    *out = SplitPattern::kPunctuation;
+  } else if (regex == R"(\p{N}+)") {
+    *out = SplitPattern::kNumbers;
+  } else if (regex == R"([0-9][0-9][0-9])") {
+    *out = SplitPattern::kThreeDigits;
   } else {
     return false;
   }
@@ -167,32 +206,40 @@ bool ParseSplitPattern(const std::string& regex, SplitPattern* out) {
 
 std::vector<std::string> SplitWithPattern(std::string_view text, SplitPattern pattern) {
   const std::vector<Cp> c = Decode(text);
+  auto offset = [&](size_t k) { return k < c.size() ? c[k].offset : text.size(); };
   std::vector<std::string> out;
+  size_t unmatched = c.size();  // start of the run no match covers, or c.size() when none is open
+  auto flush = [&](size_t end) {
+    if (unmatched < end) out.emplace_back(text.substr(offset(unmatched), offset(end) - offset(unmatched)));
+    unmatched = c.size();
+  };
   for (size_t i = 0; i < c.size();) {
-    size_t n = pattern == SplitPattern::kGpt2     ? MatchGpt2(c, i)
-               : pattern == SplitPattern::kLlama3 ? MatchLlama3(c, i, 3)
-                                                  : MatchLlama3(c, i, 1);
-    if (n == 0) n = 1;
-    const size_t end = i + n < c.size() ? c[i + n].offset : text.size();
-    out.emplace_back(text.substr(c[i].offset, end - c[i].offset));
+    const size_t n = Match(c, i, pattern);
+    if (n == 0) {  // a regex search moves on by one character
+      if (unmatched == c.size()) unmatched = i;
+      ++i;
+      continue;
+    }
+    flush(i);
+    out.emplace_back(text.substr(offset(i), offset(i + n) - offset(i)));
     i += n;
   }
+  flush(c.size());
   return out;
 }
 
 std::vector<std::string> SplitDigits(std::string_view text) {
+  const std::vector<Cp> c = Decode(text);
   std::vector<std::string> out;
-  std::string cur;
-  for (char ch : text) {
-    if (ch >= '0' && ch <= '9') {
-      if (!cur.empty()) out.push_back(std::move(cur));
-      cur.clear();
-      out.emplace_back(1, ch);
-    } else {
-      cur += ch;
-    }
+  size_t start = 0;  // byte offset of the pending non-numeric run
+  for (const Cp& cp : c) {
+    if (!IsN(cp.cp)) continue;
+    if (cp.offset > start) out.emplace_back(text.substr(start, cp.offset - start));
+    const size_t len = Utf8Len(text, cp.offset);
+    out.emplace_back(text.substr(cp.offset, len));
+    start = cp.offset + len;
   }
-  if (!cur.empty()) out.push_back(std::move(cur));
+  if (start < text.size()) out.emplace_back(text.substr(start));
   return out;
 }
 

@@ -54,6 +54,7 @@ struct ModelWeights {
   // Backing storage the views point into.
   std::vector<MappedFile> files;
   std::vector<std::vector<float>> owned;
+  std::vector<std::vector<uint8_t>> owned_blocks;  // requantized matrices (self-quant drafts)
 
   // The tensor at `p` (`bytes` long) is no longer read from here (a backend copied it): its mapped
   // pages leave resident memory, or its converted buffer is freed.

@@ -37,7 +37,12 @@ pip_install() {
 python3 -c "import numpy" >/dev/null 2>&1 || pip_install numpy
 # The experiment report's plots (`specula experiment report`).
 python3 -c "import matplotlib" >/dev/null 2>&1 || pip_install matplotlib
+# The reference renderer of the chat template tests (what transformers' apply_chat_template uses).
+python3 -c "import jinja2" >/dev/null 2>&1 || pip_install jinja2
 python3 -c "import grpc, grpc_tools, grpc_health, grpc_reflection, openai, prometheus_client" >/dev/null 2>&1 ||
   pip_install grpcio grpcio-tools grpcio-health-checking grpcio-reflection openai prometheus-client
 # llama.cpp's GGUF reader/writer: the dequantization reference and the F32 / Q8_0 conversions.
 python3 -c "import gguf" >/dev/null 2>&1 || pip_install gguf
+# The GGUF tokenizer tests' reference: transformers' GGUF tokenizer conversion on HF tokenizers (no torch).
+python3 -c "import transformers, tokenizers, gguf" >/dev/null 2>&1 || pip_install transformers tokenizers gguf
+bash "$(dirname "$0")/fetch_models.sh"

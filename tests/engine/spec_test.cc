@@ -10,6 +10,7 @@
 
 #include "draft/draft_model_proposer.h"
 #include "draft/ngram_proposer.h"
+#include "draft/self_draft.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "model/make_model.h"
@@ -182,6 +183,33 @@ TEST_F(SpecGreedyTest, Int8DraftEqualsPlainGreedy) {
   EXPECT_GT(rate[1], 0.9 * rate[0]);
 }
 
+// Drafts made of the target itself (--spec-method layer-skip, self-quant): the same output, one
+// step at a time, batched, with preemption and with auto k.
+TEST_F(SpecGreedyTest, SelfDraftsEqualPlainGreedy) {
+  const std::string path = testing::TinyStoriesDir() + "/stories260K.bin";
+  for (int method = 0; method < 2; ++method) {
+    auto w = method == 0 ? LayerSkipDraftWeights(path, 2) : SelfQuantDraftWeights(path, QuantType::kQ4_0);
+    ASSERT_TRUE(w.ok()) << w.status();
+    if (method == 1) EXPECT_EQ((*w)->layers[0].wq.type, QuantType::kQ4_0);
+    LlamaModel draft(std::move(w).value(), MakeCpuBackend());
+    ASSERT_TRUE(draft.status().ok()) << draft.status();
+    const char* name = method == 0 ? "layer-skip 2 of 5" : "self-quant q4_0";
+    DraftModelProposer single(&draft, 16, 64), batched(&draft, 16, 512), tight(&draft, 16, 512), adaptive(&draft, 16, 512);
+    ExpectEqualsPlain(single, 4, 1, 64, false, name);
+    ExpectEqualsPlain(batched, 4, 32, 512, false, name);
+    ExpectEqualsPlain(tight, 4, 32, 24, true, name);
+    ExpectEqualsPlain(adaptive, -8, 32, 512, false, name);
+  }
+  for (int32_t bad : {0, 5}) {
+    auto w = LayerSkipDraftWeights(path, bad);
+    ASSERT_FALSE(w.ok());
+    EXPECT_NE(w.status().message().find("--draft-layers must be in [1, 4]"), std::string::npos) << w.status();
+  }
+  auto k6 = SelfQuantDraftWeights(path, QuantType::kQ6_K);
+  ASSERT_FALSE(k6.ok());
+  EXPECT_NE(k6.status().message().find("Q6_K is not supported"), std::string::npos) << k6.status();
+}
+
 TEST_F(SpecGreedyTest, NgramEqualsPlainGreedy) {
   for (int32_t k : Ks()) {
     NgramProposer p(1, 3);
@@ -322,6 +350,27 @@ TEST(SpecLosslessTest, TinyRandomModelsFollowTargetDistribution) {
   const Lossless broken = SampleAndTest(*target, *draft, prompt, 3, 2, sp, Samples(), /*synthetic_alpha=*/1.0);
   std::printf("[lossless] tiny, always-accept verifier: p = %.3g (dof %d)\n", broken.p_value, broken.dof);
   EXPECT_LT(broken.p_value, 0.001);
+}
+
+// Self drafts sample the target's distribution too (they propose, the verifier decides).
+TEST(SpecLosslessTest, SelfDraftsFollowTargetDistribution) {
+  ModelConfig tc = *NamedShape("tiny");
+  tc.vocab_size = 12;
+  const std::string td = testing::MakeTempDir();
+  ASSERT_TRUE(WriteRandomModel(tc, td, DType::kF32, 1).ok());
+  auto target = Load(td);
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  const std::vector<TokenId> prompt = {3, 7, 1};
+  for (int method = 0; method < 2; ++method) {
+    auto w = method == 0 ? LayerSkipDraftWeights(td, 1) : SelfQuantDraftWeights(td, QuantType::kQ4_0);
+    ASSERT_TRUE(w.ok()) << w.status();
+    LlamaModel draft(std::move(w).value(), MakeCpuBackend());
+    const Lossless r = SampleAndTest(*target, draft, prompt, 3, 2, sp, Samples());
+    std::printf("[lossless] tiny, %s draft, T=1, 3 tokens, k=2: p = %.4f (dof %d)\n",
+                method == 0 ? "layer-skip 1 of 2" : "self-quant q4_0", r.p_value, r.dof);
+    EXPECT_GT(r.p_value, 0.001);
+  }
 }
 
 TEST(SpecLosslessTest, RealPairFollowsTargetDistribution) {

@@ -1,0 +1,152 @@
+// LinearQuant (kernels/cpu/quant_gemm.h) at SmolLM2-135M's shapes, in GB/s of weights read,
+// against this machine's memory bandwidth measured in the same run:
+//
+//  BM_StreamSum                  GB/s of a float sum over 1 GiB, every thread: the read bound.
+//  BM_Linear/type:T/shape:S/tokens:M/cold:C
+//                                y[M, n] = x[M, k] w^T for the weight type T (QuantType id, 0 =
+//                                f32 through StreamGemm, the float path), shape S of kShapes below.
+//                                cold:0 multiplies one matrix over and over (it stays in L2 or the
+//                                LLC); cold:1 goes round a 1 GiB set of copies of it, so that every
+//                                call reads its weights from memory as a decode step does on a
+//                                model larger than the LLC. Q4_K and Q6_K need k % 256 == 0: only
+//                                576x1536 (their rows of 576 are not a whole number of superblocks).
+//
+//   OMP_NUM_THREADS=2 build/release/bench/quant_gemm_bench
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/quant.h"
+#include "kernels/cpu/quant_gemm.h"
+#include "kernels/cpu/stream_gemm.h"
+
+namespace specula {
+namespace {
+
+constexpr int64_t kColdBytes = int64_t{1} << 30;
+
+struct Shape {
+  int32_t n, k;
+  const char* what;
+};
+const Shape kShapes[] = {{576, 576, "q/o"}, {192, 576, "k/v"}, {1536, 576, "gate/up"},
+                         {576, 1536, "down"}, {49152, 576, "lm head"}};
+
+// Random blocks with sane f16 scales (random bytes there could be inf or NaN).
+std::vector<uint8_t> RandomWeights(QuantType type, int64_t n, int64_t k) {
+  std::mt19937_64 rng(1);
+  std::vector<uint8_t> bytes(static_cast<size_t>(QuantRowBytes(type, k) * n));
+  for (size_t i = 0; i + 8 <= bytes.size(); i += 8) {
+    const uint64_t r = rng();
+    std::memcpy(&bytes[i], &r, 8);
+  }
+  std::uniform_real_distribution<float> scale(0.001f, 0.05f), value(-1.0f, 1.0f);
+  const auto put = [&](size_t at, uint16_t h) { std::memcpy(&bytes[at], &h, 2); };
+  const size_t block = static_cast<size_t>(QuantBlockBytes(type));
+  for (size_t b = 0; b < bytes.size(); b += block) {
+    switch (type) {
+      case QuantType::kQ4_1:
+      case QuantType::kQ4_K:
+        put(b, F32ToF16(scale(rng)));
+        put(b + 2, F32ToF16(scale(rng)));
+        break;
+      case QuantType::kQ4_0:
+      case QuantType::kQ8_0: put(b, F32ToF16(scale(rng))); break;
+      case QuantType::kQ6_K: put(b + offsetof(BlockQ6_K, d), F32ToF16(scale(rng))); break;
+      case QuantType::kF16: put(b, F32ToF16(value(rng))); break;
+      case QuantType::kBF16: put(b, F32ToBf16(value(rng))); break;
+      case QuantType::kF32: {
+        const float f = value(rng);
+        std::memcpy(&bytes[b], &f, 4);
+        break;
+      }
+      default: break;
+    }
+  }
+  return bytes;
+}
+
+void BM_StreamSum(benchmark::State& state) {
+  std::vector<float> a(static_cast<size_t>(kColdBytes / 4));
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i & 1023);  // pages on every thread's node
+  for (auto _ : state) {
+    float sum = 0.0f;
+#pragma omp parallel for simd schedule(static) reduction(+ : sum)
+    for (size_t i = 0; i < a.size(); ++i) sum += a[i];
+    benchmark::DoNotOptimize(sum);
+  }
+  state.SetBytesProcessed(state.iterations() * kColdBytes);
+}
+BENCHMARK(BM_StreamSum)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
+
+void BM_Linear(benchmark::State& state) {
+  const auto type = static_cast<QuantType>(state.range(0));
+  const Shape s = kShapes[state.range(1)];
+  const int32_t m = static_cast<int32_t>(state.range(2));
+  const bool cold = state.range(3) != 0;
+  if (s.k % QuantBlockSize(type) != 0) return state.SkipWithError("k is not a whole number of blocks");
+  const std::vector<uint8_t> one = RandomWeights(type, s.n, s.k);
+  const int64_t copies = cold ? std::max<int64_t>(2, kColdBytes / static_cast<int64_t>(one.size())) : 1;
+  std::vector<uint8_t> all(one.size() * copies);
+  for (int64_t c = 0; c < copies; ++c) std::memcpy(all.data() + c * one.size(), one.data(), one.size());
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(m) * s.k), y(static_cast<size_t>(m) * s.n);  // [m, k], [m, n]
+  for (float& v : x) v = normal(rng);
+  int64_t c = 0;
+  for (auto _ : state) {
+    const uint8_t* w = all.data() + c * one.size();
+    if (type == QuantType::kF32) {
+      cpu::StreamGemm(x.data(), m, s.k, reinterpret_cast<const float*>(w), nullptr, s.n, y.data(), nullptr);
+    } else {
+      cpu::LinearQuant(x.data(), cpu::QuantMatrix{w, type, s.n, s.k}, nullptr, m, s.n, s.k, y.data());
+    }
+    benchmark::DoNotOptimize(y.data());
+    c = (c + 1) % copies;
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(one.size()));
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * m * s.n * s.k * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(QuantTypeName(type)) + " " + s.what);
+}
+
+void DecodeArgs(benchmark::internal::Benchmark* b) {
+  for (QuantType t : {QuantType::kQ4_0, QuantType::kQ4_1, QuantType::kQ8_0, QuantType::kQ4_K, QuantType::kQ6_K,
+                      QuantType::kF16, QuantType::kBF16, QuantType::kF32}) {
+    for (int s = 0; s < 5; ++s) {
+      if (kShapes[s].k % QuantBlockSize(t) != 0) continue;
+      for (int cold : {0, 1}) b->Args({static_cast<int64_t>(t), s, 1, cold});
+    }
+  }
+}
+BENCHMARK(BM_Linear)
+    ->ArgNames({"type", "shape", "tokens", "cold"})
+    ->Apply(DecodeArgs)
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+// Verification runs and prefill chunks: the weights are unpacked once per 8 tokens.
+void BatchArgs(benchmark::internal::Benchmark* b) {
+  for (QuantType t : {QuantType::kQ4_1, QuantType::kQ8_0, QuantType::kF32}) {
+    for (int s : {0, 2, 3}) {
+      for (int m : {8, 64}) b->Args({static_cast<int64_t>(t), s, m, 0});
+    }
+  }
+}
+BENCHMARK(BM_Linear)
+    ->ArgNames({"type", "shape", "tokens", "cold"})
+    ->Apply(BatchArgs)
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+}  // namespace
+}  // namespace specula
+
+BENCHMARK_MAIN();

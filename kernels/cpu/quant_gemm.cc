@@ -1,0 +1,650 @@
+// How a quantized product runs (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K).
+//
+// Groups. Every weight type is a sequence of groups of values with one scale each (and an offset
+// or a min): the blocks of 32 of Q4_0, Q4_1 and Q8_0, the sub-blocks of 32 of Q4_K and of 16 of
+// Q6_K. Each row of x is quantized once per call to int8 with one float scale per group of the same
+// size: finer than llama.cpp's Q8_K (one scale per 256 values for the K types), and free here since
+// every group's integer dot product gets its own float multiply anyway.
+//
+// Units. A weight row goes 4 * kV groups at a time (kV: 128-bit lanes per vector, 4 with AVX-512,
+// 2 with AVX2). A unit's weights are unpacked to unsigned bytes in 4 vectors (x 2 halves for groups
+// of 32) whose 128-bit lanes each hold 16 values of one group: vector s, lane t holds group
+// kV s + t. The activations are stored in the same arrangement, so that u8 x s8 dot products
+// (vpdpbusd with VNNI, else vpmaddubsw + vpmaddwd) leave 4 int32 partial sums of each group in one
+// lane. Two rounds of in-lane shuffles (Reduce) turn the 4 accumulators into one vector holding
+// each group's exact integer dot product in its own 32-bit lane (lane 4t + s), which is converted
+// to float and scaled once: one FMA per 16 groups with the weight scales in the same lane order,
+// instead of a broadcast and a horizontal sum per block. The weight scales of a unit come in with
+// one gather (Q4_0, Q4_1, Q8_0) or one byte shuffle of the scale bytes (K types).
+//
+// Per group (w: the weight values as stored, x: the activation's int8 values, dx: its scale,
+// idot = sum w x, sum = sum x):
+//   Q4_0: y += d  * (dx * (idot - 8 sum))           Q4_1: y += d * (dx * idot) + m * (dx * sum)
+//   Q8_0: y += d  * (dx * idot)                     Q4_K: y += (d sc) * (dx * idot) - (dmin mn) * (dx * sum)
+//   Q6_K: y += (d sc) * (dx * (idot - 32 sum))
+// (Q8_0 with VNNI: vpdpbusd wants unsigned weights, so they go in as w + 128 and idot - 128 sum.)
+//
+// Tokens. A unit is unpacked once for up to 8 tokens; more tokens go through tiles of kTileRows
+// weight rows, which stay in L1 while the blocks of 8 tokens go through them. A token's output is
+// the same sequence of operations whatever the block of tokens around it: results do not depend on
+// m (nor on the number of threads).
+#include "kernels/cpu/quant_gemm.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/cpu/stream_gemm.h"
+
+namespace specula::cpu {
+namespace {
+
+// --- F16 and BF16: the float row-major path, weights converted in registers ----------------------
+// StreamGemm's tiles load weights through VLoadW, found for these element types by argument-dependent
+// lookup; the scalar multiply serves its non-SIMD build.
+struct F16W {
+  uint16_t bits;
+};
+struct Bf16W {
+  uint16_t bits;
+};
+inline float operator*(F16W w, float x) { return F16ToF32(w.bits) * x; }
+inline float operator*(Bf16W w, float x) { return Bf16ToF32(w.bits) * x; }
+#if defined(__AVX512F__)
+inline Vec VLoadW(const F16W* p) {
+  return _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline Vec VLoadW(const Bf16W* p) { return Simd16::Load(reinterpret_cast<const Bf16*>(p)); }
+#elif defined(SPECULA_AVX2)
+inline Vec VLoadW(const F16W* p) {
+#if defined(__F16C__)
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+  alignas(32) float t[8];
+  for (int i = 0; i < 8; ++i) t[i] = F16ToF32(p[i].bits);
+  return _mm256_load_ps(t);
+#endif
+}
+inline Vec VLoadW(const Bf16W* p) { return Simd8::Load(reinterpret_cast<const Bf16*>(p)); }
+#endif
+
+// One token: StreamGemm's tiles of rows (DotTile's sums, the same bits as for more tokens) with a
+// software prefetch of the rows 8 KB ahead, as for the quantized rows (kPrefetchBytes below):
+// without it an F16 matrix came from memory at half the read bandwidth.
+template <typename W>
+void GemvFloat(const float* x, const W* w, const float* bias, int32_t n, int32_t k, float* y) {
+  constexpr int32_t kR = TileRows<1>();
+  constexpr int64_t kAhead = 8192 / sizeof(W);
+  const int64_t size = static_cast<int64_t>(n) * k;
+#pragma omp parallel for schedule(static) if (size >= (1 << 16))
+  for (int32_t r0 = 0; r0 < n; r0 += kR) {
+    const W* rows = w + static_cast<int64_t>(r0) * k;
+    const int32_t count = std::min(kR, n - r0);
+    if ((r0 + count) * static_cast<int64_t>(k) + kAhead <= size) {
+      for (int64_t o = 0; o < count * static_cast<int64_t>(k); o += 64 / static_cast<int64_t>(sizeof(W))) {
+        _mm_prefetch(reinterpret_cast<const char*>(rows + kAhead + o), _MM_HINT_T0);
+      }
+    }
+    float out[kR][1];
+    if (count == kR) {
+      DotTile<1, kR>(rows, x, k, out);
+    } else {
+      for (int32_t r = 0; r < count; ++r) DotTile<1, 1>(rows + static_cast<int64_t>(r) * k, x, k, &out[r]);
+    }
+    for (int32_t r = 0; r < count; ++r) y[r0 + r] = out[r][0] + (bias != nullptr ? bias[r0 + r] : 0.0f);
+  }
+}
+
+// --- The vector layer of the quantized kernels ----------------------------------------------------
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define SPECULA_QUANT_WIDTH 512
+#elif defined(SPECULA_AVX2) && defined(__F16C__)
+#define SPECULA_QUANT_WIDTH 256
+#endif
+
+#if defined(SPECULA_QUANT_WIDTH)
+#if defined(__AVX512VNNI__) && SPECULA_QUANT_WIDTH == 512
+constexpr bool kVnni = true;
+#else
+constexpr bool kVnni = false;
+#endif
+
+#if SPECULA_QUANT_WIDTH == 512
+using IVec = __m512i;
+using FVec = __m512;
+constexpr int kV = 4;  // 128-bit lanes per vector
+inline IVec LoadI(const void* p) { return _mm512_loadu_si512(p); }
+inline IVec ZeroI() { return _mm512_setzero_si512(); }
+inline IVec Bytes(char b) { return _mm512_set1_epi8(b); }
+inline IVec And(IVec a, IVec b) { return _mm512_and_si512(a, b); }
+inline IVec Or(IVec a, IVec b) { return _mm512_or_si512(a, b); }
+inline IVec Xor(IVec a, IVec b) { return _mm512_xor_si512(a, b); }
+inline IVec Shr4(IVec v) { return _mm512_maskz_srli_epi16(0xFFFFFFFF, v, 4); }  // then masked: nibbles of each byte
+inline IVec Sub32(IVec a, IVec b) { return _mm512_sub_epi32(a, b); }
+inline IVec Abs8(IVec v) { return _mm512_abs_epi8(v); }
+// x negated where w < 0 (vpsignb has no 512-bit form; where w == 0, |w| = 0 cancels x anyway).
+inline IVec Sign8(IVec x, IVec w) { return _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), ZeroI(), x); }
+inline IVec Maddubs(IVec u, IVec x) { return _mm512_maddubs_epi16(u, x); }
+inline IVec Add16(IVec a, IVec b) { return _mm512_add_epi16(a, b); }
+inline IVec Madd1(IVec v, IVec acc) { return _mm512_add_epi32(acc, _mm512_madd_epi16(v, _mm512_set1_epi16(1))); }
+inline FVec ToF(IVec v) { return _mm512_maskz_cvtepi32_ps(0xFFFF, v); }
+inline FVec LoadF(const float* p) { return _mm512_loadu_ps(p); }
+inline FVec ZeroF() { return _mm512_setzero_ps(); }
+inline FVec SetF(float a) { return _mm512_set1_ps(a); }
+inline FVec MulF(FVec a, FVec b) { return _mm512_mul_ps(a, b); }
+inline FVec FmaF(FVec a, FVec b, FVec c) { return _mm512_fmadd_ps(a, b, c); }
+inline float SumF(FVec v) { return Simd16::Sum(v); }
+// Lanes 4t + s of a unit's group vectors hold group 4s + t of the superblock (pairs): lane t of
+// vector s. The K types' scale bytes are in group order: this shuffle puts them in lane order.
+inline __m128i LaneOrder() { return _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15); }
+inline FVec BytesToF(__m128i b) { return ToF(_mm512_maskz_cvtepu8_epi32(0xFFFF, b)); }
+inline FVec SBytesToF(__m128i b) { return ToF(_mm512_maskz_cvtepi8_epi32(0xFFFF, b)); }
+// Q4_K: lanes of the unit's first superblock (vectors 0 and 1) take a0, of the second a1.
+inline FVec PerSuper(float a0, float a1) { return _mm512_mask_blend_ps(0xCCCC, SetF(a0), SetF(a1)); }
+// 4 int32 accumulators with 4 partial sums of group (s, t) in lane t of a[s] -> lane 4t + s. (The
+// AVX-512 intrinsics in their maskz forms here and below: GCC 12's plain ones trip
+// -Wmaybe-uninitialized, bug 105593.)
+inline IVec Reduce(const IVec a[4]) {
+  const __m512 r01 = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_maskz_unpacklo_epi64(0xFF, a[0], a[1]),
+                                                          _mm512_maskz_unpackhi_epi64(0xFF, a[0], a[1])));
+  const __m512 r23 = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_maskz_unpacklo_epi64(0xFF, a[2], a[3]),
+                                                          _mm512_maskz_unpackhi_epi64(0xFF, a[2], a[3])));
+  return _mm512_add_epi32(_mm512_castps_si512(_mm512_maskz_shuffle_ps(0xFFFF, r01, r23, _MM_SHUFFLE(2, 0, 2, 0))),
+                          _mm512_castps_si512(_mm512_maskz_shuffle_ps(0xFFFF, r01, r23, _MM_SHUFFLE(3, 1, 3, 1))));
+}
+// [lo, hi] (a shuffle: the insert intrinsics are among GCC 12's warning ones).
+inline IVec Concat(__m256i lo, __m256i hi) {
+  return reinterpret_cast<IVec>(__builtin_shufflevector(reinterpret_cast<__v4di>(lo), reinterpret_cast<__v4di>(hi), 0, 1,
+                                                        2, 3, 4, 5, 6, 7));
+}
+// Lane t of the result: 16 bytes at p + t * stride (zero for t >= valid unless kFull).
+template <bool kFull>
+inline IVec LoadLanes(const uint8_t* p, int64_t stride, int valid) {
+  __m128i l[4];
+  for (int t = 0; t < 4; ++t) {
+    l[t] = kFull || t < valid ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + t * stride)) : _mm_setzero_si128();
+  }
+  return Concat(_mm256_set_m128i(l[1], l[0]), _mm256_set_m128i(l[3], l[2]));
+}
+#else  // 256
+using IVec = __m256i;
+using FVec = __m256;
+constexpr int kV = 2;
+inline IVec LoadI(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline IVec ZeroI() { return _mm256_setzero_si256(); }
+inline IVec Bytes(char b) { return _mm256_set1_epi8(b); }
+inline IVec And(IVec a, IVec b) { return _mm256_and_si256(a, b); }
+inline IVec Or(IVec a, IVec b) { return _mm256_or_si256(a, b); }
+inline IVec Xor(IVec a, IVec b) { return _mm256_xor_si256(a, b); }
+inline IVec Shr4(IVec v) { return _mm256_srli_epi16(v, 4); }
+inline IVec Sub32(IVec a, IVec b) { return _mm256_sub_epi32(a, b); }
+inline IVec Abs8(IVec v) { return _mm256_abs_epi8(v); }
+inline IVec Sign8(IVec x, IVec w) { return _mm256_sign_epi8(x, w); }
+inline IVec Maddubs(IVec u, IVec x) { return _mm256_maddubs_epi16(u, x); }
+inline IVec Add16(IVec a, IVec b) { return _mm256_add_epi16(a, b); }
+inline IVec Madd1(IVec v, IVec acc) { return _mm256_add_epi32(acc, _mm256_madd_epi16(v, _mm256_set1_epi16(1))); }
+inline FVec ToF(IVec v) { return _mm256_cvtepi32_ps(v); }
+inline FVec LoadF(const float* p) { return _mm256_loadu_ps(p); }
+inline FVec ZeroF() { return _mm256_setzero_ps(); }
+inline FVec SetF(float a) { return _mm256_set1_ps(a); }
+inline FVec MulF(FVec a, FVec b) { return _mm256_mul_ps(a, b); }
+inline FVec FmaF(FVec a, FVec b, FVec c) { return _mm256_fmadd_ps(a, b, c); }
+inline float SumF(FVec v) { return HorizontalSum(v); }
+inline __m128i LaneOrder() { return _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, -1, -1, -1, -1, -1, -1, -1, -1); }
+inline FVec BytesToF(__m128i b) { return ToF(_mm256_cvtepu8_epi32(b)); }
+inline FVec SBytesToF(__m128i b) { return ToF(_mm256_cvtepi8_epi32(b)); }
+inline FVec PerSuper(float a0, float) { return SetF(a0); }
+inline IVec Reduce(const IVec a[4]) {
+  const __m256 r01 = _mm256_castsi256_ps(
+      _mm256_add_epi32(_mm256_unpacklo_epi64(a[0], a[1]), _mm256_unpackhi_epi64(a[0], a[1])));
+  const __m256 r23 = _mm256_castsi256_ps(
+      _mm256_add_epi32(_mm256_unpacklo_epi64(a[2], a[3]), _mm256_unpackhi_epi64(a[2], a[3])));
+  return _mm256_add_epi32(_mm256_castps_si256(_mm256_shuffle_ps(r01, r23, _MM_SHUFFLE(2, 0, 2, 0))),
+                          _mm256_castps_si256(_mm256_shuffle_ps(r01, r23, _MM_SHUFFLE(3, 1, 3, 1))));
+}
+template <bool kFull>
+inline IVec LoadLanes(const uint8_t* p, int64_t stride, int valid) {
+  __m128i l[2];
+  for (int t = 0; t < 2; ++t) {
+    l[t] = kFull || t < valid ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + t * stride)) : _mm_setzero_si128();
+  }
+  return _mm256_set_m128i(l[1], l[0]);
+}
+#endif
+
+constexpr int kUnitGroups = 4 * kV;  // groups per unit
+constexpr int kVecBytes = 16 * kV;
+// The group of a unit in lane l of its group vectors.
+constexpr int LaneGroup(int l) { return kV * (l % 4) + l / 4; }
+
+inline float HalfToF(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// One unit of a weight row, unpacked.
+struct Unit {
+  IVec w[4][2];     // unsigned weight bytes, vector s, half h: lane t holds group kV s + t
+  IVec sign[4][2];  // Q8_0 without VNNI: the signed weights, whose signs go onto the activations
+  FVec a, b;        // per group, in lane order: the scale and the min coefficient (table above)
+};
+
+#if SPECULA_QUANT_WIDTH == 512
+// kLaneMasks[ng]: the lanes of a unit's group vectors that hold groups below ng.
+constexpr auto kLaneMasks = [] {
+  std::array<__mmask16, kUnitGroups + 1> masks{};
+  for (int ng = 0; ng <= kUnitGroups; ++ng) {
+    for (int l = 0; l < kUnitGroups; ++l) masks[ng] |= static_cast<__mmask16>((LaneGroup(l) < ng ? 1 : 0) << l);
+  }
+  return masks;
+}();
+#endif
+
+// The f16 scale d (and Q4_1's min m, the next 2 bytes) of each block of a unit of blocks of
+// kBytes, in lane order; blocks past `ng` give 0.
+template <int kBytes, bool kFull>
+inline void BlockScales(const uint8_t* blk, int ng, FVec* d, FVec* m) {
+#if SPECULA_QUANT_WIDTH == 512
+  // One gather of the first 4 bytes of the 16 blocks (kept inside each block).
+  const __m512i idx = _mm512_setr_epi32(0 * kBytes, 4 * kBytes, 8 * kBytes, 12 * kBytes, 1 * kBytes, 5 * kBytes,
+                                        9 * kBytes, 13 * kBytes, 2 * kBytes, 6 * kBytes, 10 * kBytes, 14 * kBytes,
+                                        3 * kBytes, 7 * kBytes, 11 * kBytes, 15 * kBytes);
+  const __m512i words = _mm512_mask_i32gather_epi32(ZeroI(), kFull ? 0xFFFF : kLaneMasks[ng], idx, blk, 1);
+  *d = _mm512_maskz_cvtph_ps(0xFFFF, _mm512_maskz_cvtepi32_epi16(0xFFFF, words));
+  if (m != nullptr) *m = _mm512_maskz_cvtph_ps(0xFFFF, _mm512_maskz_cvtepi32_epi16(0xFFFF, _mm512_maskz_srli_epi32(0xFFFF, words, 16)));
+#else
+  // Scalar loads: AVX2 gathers are slow on several of the CPUs this path is for.
+  alignas(16) uint16_t dh[8] = {}, mh[8] = {};
+  for (int l = 0; l < 8; ++l) {
+    if (kFull || LaneGroup(l) < ng) {
+      std::memcpy(&dh[l], blk + LaneGroup(l) * kBytes, 2);
+      std::memcpy(&mh[l], blk + LaneGroup(l) * kBytes + 2, 2);
+    }
+  }
+  *d = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dh)));
+  if (m != nullptr) *m = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(mh)));
+#endif
+}
+
+// Q4_0 and Q4_1: 16 bytes of nibbles per block at offset kQs of kBytes, value j in the low nibble of
+// byte j, value j + 16 in its high nibble: the two halves of the group.
+template <int kBytes, int kQs, bool kFull, int kAccs>
+inline void UnpackNibbleBlocks(const uint8_t* blk, int ng, Unit* u) {
+  for (int s = 0; s < kAccs; ++s) {
+    const IVec v = LoadLanes<kFull>(blk + static_cast<int64_t>(kV * s) * kBytes + kQs, kBytes, ng - kV * s);
+    u->w[s][0] = And(v, Bytes(0x0F));
+    u->w[s][1] = And(Shr4(v), Bytes(0x0F));
+  }
+}
+
+// The weight types. kGroup: values per group; kH: 16-byte halves per group; kOffset: the weight's
+// zero point (c in idot - c sum); kMin: a min term; kSigned: int8 weights (Q8_0); kSmall: weights
+// below 16, so that two vpmaddubsw results add in int16 without saturating. Prepare<kFull, kAccs>
+// unpacks a unit: a full one, or the partial last one of a row (ng groups), of which only the
+// first kAccs = ceil(ng / kV) vectors are filled (and used: a row of 18 blocks, SmolLM2's 576, ends
+// in 2 blocks, which cost a quarter of a unit instead of a whole one).
+struct Q4_0Kernel {
+  static constexpr int kGroup = 32, kH = 2, kOffset = 8;
+  static constexpr bool kMin = false, kSigned = false, kSmall = true;
+  template <bool kFull, int kAccs>
+  static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
+    const uint8_t* blk = row + unit * kUnitGroups * static_cast<int64_t>(sizeof(BlockQ4_0));
+    UnpackNibbleBlocks<sizeof(BlockQ4_0), offsetof(BlockQ4_0, qs), kFull, kAccs>(blk, ng, u);
+    BlockScales<sizeof(BlockQ4_0), kFull>(blk, ng, &u->a, nullptr);
+  }
+};
+
+struct Q4_1Kernel {
+  static constexpr int kGroup = 32, kH = 2, kOffset = 0;
+  static constexpr bool kMin = true, kSigned = false, kSmall = true;
+  template <bool kFull, int kAccs>
+  static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
+    const uint8_t* blk = row + unit * kUnitGroups * static_cast<int64_t>(sizeof(BlockQ4_1));
+    UnpackNibbleBlocks<sizeof(BlockQ4_1), offsetof(BlockQ4_1, qs), kFull, kAccs>(blk, ng, u);
+    BlockScales<sizeof(BlockQ4_1), kFull>(blk, ng, &u->a, &u->b);
+  }
+};
+
+struct Q8_0Kernel {
+  static constexpr int kGroup = 32, kH = 2, kOffset = kVnni ? 128 : 0;
+  static constexpr bool kMin = false, kSigned = true, kSmall = false;
+  template <bool kFull, int kAccs>
+  static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
+    constexpr int kBytes = sizeof(BlockQ8_0);
+    const uint8_t* blk = row + unit * kUnitGroups * static_cast<int64_t>(kBytes);
+    for (int s = 0; s < kAccs; ++s) {
+      __m256i q[kV];  // the 32 values of block kV s + t
+      for (int t = 0; t < kV; ++t) {
+        q[t] = kFull || kV * s + t < ng
+                   ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (kV * s + t) * kBytes + 2))
+                   : _mm256_setzero_si256();
+      }
+#if SPECULA_QUANT_WIDTH == 512
+      const __m512i q01 = Concat(q[0], q[1]), q23 = Concat(q[2], q[3]);
+      const IVec h[2] = {_mm512_maskz_shuffle_i64x2(0xFF, q01, q23, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_maskz_shuffle_i64x2(0xFF, q01, q23, _MM_SHUFFLE(3, 1, 3, 1))};
+#else
+      const IVec h[2] = {_mm256_permute2x128_si256(q[0], q[1], 0x20), _mm256_permute2x128_si256(q[0], q[1], 0x31)};
+#endif
+      for (int i = 0; i < 2; ++i) {
+        if constexpr (kVnni) {
+          u->w[s][i] = Xor(h[i], Bytes(static_cast<char>(0x80)));  // w + 128
+        } else {
+          u->w[s][i] = Abs8(h[i]);
+          u->sign[s][i] = h[i];
+        }
+      }
+    }
+    BlockScales<kBytes, kFull>(blk, ng, &u->a, nullptr);
+  }
+};
+
+// Q4_K's 6-bit scales and mins of sub-blocks 0..7 (Q4KScaleMin) as bytes in 4 words: sc[0..3],
+// sc[4..7], mn[0..3], mn[4..7]. The high 2 bits of sub-blocks 4..7 sit in the top of bytes 0..7.
+inline void Q4KScaleWords(const uint8_t* scales, uint32_t* sc, uint32_t* mn) {
+  uint32_t w[3];
+  std::memcpy(w, scales, sizeof(w));
+  sc[0] = w[0] & 0x3F3F3F3Fu;
+  sc[1] = (w[2] & 0x0F0F0F0Fu) | ((w[0] >> 2) & 0x30303030u);
+  mn[0] = w[1] & 0x3F3F3F3Fu;
+  mn[1] = ((w[2] >> 4) & 0x0F0F0F0Fu) | ((w[1] >> 2) & 0x30303030u);
+}
+
+// A unit is kV / 2 superblocks: 8 groups of 32 each, the low nibbles of 32 bytes one sub-block and
+// their high nibbles the next.
+struct Q4KKernel {
+  static constexpr int kGroup = 32, kH = 2, kOffset = 0;
+  static constexpr bool kMin = true, kSigned = false, kSmall = true;
+  template <bool kFull, int kAccs>
+  static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
+    constexpr int kSupers = kV / 2, kBytes = sizeof(BlockQ4_K);
+    const uint8_t* sb = row + unit * kSupers * kBytes;
+    alignas(16) uint32_t sc[4] = {}, mn[4] = {};
+    float d[2] = {}, dmin[2] = {};
+    for (int b = 0; b < kSupers; ++b) {
+      if (!kFull && b * 8 >= ng) {  // a row of an odd number of superblocks (AVX-512)
+        for (int s = 4 / kSupers * b; s < 4 / kSupers * (b + 1); ++s) u->w[s][0] = u->w[s][1] = ZeroI();
+        continue;
+      }
+      const uint8_t* p = sb + b * kBytes;
+      d[b] = HalfToF(p + offsetof(BlockQ4_K, d));
+      dmin[b] = HalfToF(p + offsetof(BlockQ4_K, dmin));
+      Q4KScaleWords(p + offsetof(BlockQ4_K, scales), sc + 2 * b, mn + 2 * b);
+      const uint8_t* q = p + offsetof(BlockQ4_K, qs);
+#if SPECULA_QUANT_WIDTH == 512
+      // 64 bytes: sub-blocks 4c (low nibbles, lanes 0-1), 4c + 2 (lanes 2-3), 4c + 1 and 4c + 3 (high).
+      const __m512i lo_half = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);  // values 0..15 of each
+      const __m512i hi_half = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+      for (int c = 0; c < 2; ++c) {
+        const IVec v = LoadI(q + 64 * c), lo = And(v, Bytes(0x0F)), hi = And(Shr4(v), Bytes(0x0F));
+        u->w[2 * b + c][0] = _mm512_permutex2var_epi64(lo, lo_half, hi);
+        u->w[2 * b + c][1] = _mm512_permutex2var_epi64(lo, hi_half, hi);
+      }
+#else
+      for (int s = 0; s < 4; ++s) {  // 32 bytes: sub-block 2s (low nibbles), 2s + 1 (high)
+        const IVec v = LoadI(q + 32 * s), lo = And(v, Bytes(0x0F)), hi = And(Shr4(v), Bytes(0x0F));
+        u->w[s][0] = _mm256_permute2x128_si256(lo, hi, 0x20);
+        u->w[s][1] = _mm256_permute2x128_si256(lo, hi, 0x31);
+      }
+#endif
+    }
+    const __m128i order = LaneOrder();
+    u->a = MulF(BytesToF(_mm_shuffle_epi8(_mm_load_si128(reinterpret_cast<const __m128i*>(sc)), order)),
+                PerSuper(d[0], d[1]));
+    u->b = MulF(BytesToF(_mm_shuffle_epi8(_mm_load_si128(reinterpret_cast<const __m128i*>(mn)), order)),
+                PerSuper(-dmin[0], -dmin[1]));
+  }
+};
+
+// A unit is 16 groups of 16 (AVX-512: a superblock; AVX2: half of one). 6-bit values: low nibbles
+// in ql, 2 high bits in qh; in each half of 128, ql[l] and ql[l + 32] hold values l, l + 32 (low
+// nibbles) and l + 64, l + 96 (high), qh[l] their high bits in bit pairs 0, 2, 4, 6.
+struct Q6KKernel {
+  static constexpr int kGroup = 16, kH = 1, kOffset = 32;
+  static constexpr bool kMin = false, kSigned = false, kSmall = false;
+  template <bool kFull, int kAccs>
+  static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
+    constexpr int kHalves = 2 / (kV / 2);  // units per superblock
+    const uint8_t* p = row + unit / kHalves * static_cast<int64_t>(sizeof(BlockQ6_K));
+    const uint8_t* ql = p + offsetof(BlockQ6_K, ql);
+    const uint8_t* qh = p + offsetof(BlockQ6_K, qh);
+    const IVec low = Bytes(0x0F), high = Bytes(0x30);
+#if SPECULA_QUANT_WIDTH == 512
+    const __m512i shl = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), shr = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+    for (int n = 0; n < 2; ++n) {
+      const IVec l = LoadI(ql + 64 * n);
+      const __m256i h256 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * n));
+      const IVec h = Concat(h256, h256);
+      u->w[2 * n][0] = Or(And(l, low), And(_mm512_maskz_sllv_epi64(0xFF, h, shl), high));  // values 0..63 of the half
+      u->w[2 * n + 1][0] = Or(And(Shr4(l), low), And(_mm512_maskz_srlv_epi64(0xFF, h, shr), high));  // 64..127
+    }
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + offsetof(BlockQ6_K, scales)));
+#else
+    const int n = static_cast<int>(unit % 2);
+    const IVec l0 = LoadI(ql + 64 * n), l1 = LoadI(ql + 64 * n + 32), h = LoadI(qh + 32 * n);
+    u->w[0][0] = Or(And(l0, low), And(_mm256_slli_epi16(h, 4), high));
+    u->w[1][0] = Or(And(l1, low), And(_mm256_slli_epi16(h, 2), high));
+    u->w[2][0] = Or(And(Shr4(l0), low), And(h, high));
+    u->w[3][0] = Or(And(Shr4(l1), low), And(_mm256_srli_epi16(h, 2), high));
+    const __m128i sc = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + offsetof(BlockQ6_K, scales) + 8 * n));
+#endif
+    u->a = MulF(SBytesToF(_mm_shuffle_epi8(sc, LaneOrder())), SetF(HalfToF(p + offsetof(BlockQ6_K, d))));
+  }
+};
+
+// The activations of one call: each row of x quantized per group of G values (round to nearest,
+// scale amax / 127), the bytes arranged like the unpacked weights, the per-group terms in lane
+// order. Groups past k (the rest of the last unit) are zero.
+struct Acts {
+  const int8_t* qs;    // [m, units * kUnitGroups * G]
+  const float* d;      // [m, units * kUnitGroups]: each group's scale
+  const float* ds;     // [m, units * kUnitGroups]: d * sum(q) (the min term)
+  const int32_t* off;  // [m, units * kUnitGroups]: kOffset * sum(q) (the zero-point term)
+  int64_t units;
+};
+
+template <class T>
+Acts QuantizeActs(const float* x, int32_t m, int32_t k) {
+  constexpr int kG = T::kGroup, kUnitBytes = kUnitGroups * kG;
+  const int64_t units = (k + kUnitBytes - 1) / kUnitBytes, groups = units * kUnitGroups;
+  const auto round64 = [](int64_t b) { return (b + 63) / 64 * 64; };
+  const int64_t qs_bytes = round64(m * units * kUnitBytes), f_bytes = round64(m * groups * 4);
+  thread_local std::vector<uint8_t> buf;  // the caller's scratch, read by every thread of the call
+  buf.resize(static_cast<size_t>(qs_bytes + 3 * f_bytes + 64));
+  uint8_t* base = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
+  auto* qs = reinterpret_cast<int8_t*>(base);
+  auto* d = reinterpret_cast<float*>(base + qs_bytes);
+  auto* ds = reinterpret_cast<float*>(base + qs_bytes + f_bytes);
+  auto* off = reinterpret_cast<int32_t*>(base + qs_bytes + 2 * f_bytes);
+#pragma omp parallel for schedule(static) if (static_cast<int64_t>(m) * k >= (1 << 16))
+  for (int32_t i = 0; i < m; ++i) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t u = g / kUnitGroups;
+      const int gu = static_cast<int>(g % kUnitGroups), s = gu / kV, t = gu % kV;
+      const int64_t lane = i * groups + u * kUnitGroups + 4 * t + s;
+      int8_t* q = qs + (i * units + u) * kUnitBytes + (s * T::kH * kV + t) * 16;  // half h at + h * kVecBytes
+      int8_t v[kG] = {};
+      int32_t sum = 0;
+      float scale = 0.0f;
+      if (g * kG < k) {
+        const float* xg = x + static_cast<int64_t>(i) * k + g * kG;
+        float amax = 0.0f;
+#pragma omp simd reduction(max : amax)
+        for (int j = 0; j < kG; ++j) amax = std::max(amax, std::fabs(xg[j]));
+        scale = amax / 127.0f;
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int j = 0; j < kG; ++j) {
+          const int32_t r = static_cast<int32_t>(std::nearbyint(xg[j] * inv));
+          v[j] = static_cast<int8_t>(r);
+          sum += r;
+        }
+      }
+      for (int h = 0; h < T::kH; ++h) std::memcpy(q + h * kVecBytes, v + 16 * h, 16);
+      d[lane] = scale;
+      ds[lane] = scale * static_cast<float>(sum);
+      off[lane] = T::kOffset * sum;
+    }
+  }
+  return Acts{qs, d, ds, off, units};
+}
+
+// The unit's group dot products with one token's activations, lane 4t + s.
+template <class T, int kAccs>
+inline __attribute__((always_inline)) IVec UnitDot(const Unit& w, const int8_t* xq) {
+  IVec acc[4] = {ZeroI(), ZeroI(), ZeroI(), ZeroI()};
+  for (int s = 0; s < kAccs; ++s) {
+    IVec x[T::kH];
+    for (int h = 0; h < T::kH; ++h) {
+      x[h] = LoadI(xq + (s * T::kH + h) * kVecBytes);
+      if constexpr (T::kSigned && !kVnni) x[h] = Sign8(x[h], w.sign[s][h]);
+    }
+#if SPECULA_QUANT_WIDTH == 512 && defined(__AVX512VNNI__)
+    acc[s] = _mm512_dpbusd_epi32(ZeroI(), w.w[s][0], x[0]);
+    if constexpr (T::kH == 2) acc[s] = _mm512_dpbusd_epi32(acc[s], w.w[s][1], x[1]);
+#else
+    if constexpr (T::kH == 2 && T::kSmall) {  // pairs of products below 2 * 15 * 127: add in int16
+      acc[s] = Madd1(Add16(Maddubs(w.w[s][0], x[0]), Maddubs(w.w[s][1], x[1])), ZeroI());
+    } else {  // |w| <= 128, |x| <= 127: each int16 pair sum fits
+      acc[s] = Madd1(Maddubs(w.w[s][0], x[0]), ZeroI());
+      if constexpr (T::kH == 2) acc[s] = Madd1(Maddubs(w.w[s][1], x[1]), acc[s]);
+    }
+#endif
+  }
+  return Reduce(acc);
+}
+
+// Weights are prefetched this far ahead of the row being read: the hardware prefetcher alone left
+// a matrix that comes from memory at 60% of the read bandwidth (Q4_1 at one token, 49152 x 576
+// from a 1 GiB rotation, 2 threads: 11.5 GB/s without, 16.5 GB/s with 8 KB; Q8_0 13.6 -> 19.4,
+// the bandwidth of a plain float sum), and it costs nothing on a matrix in cache.
+constexpr int64_t kPrefetchBytes = 8192;
+
+// y[i0 + i, r] = row r . x[i0 + i] + bias[r] for rows r0..r1 and M tokens: each unit of a row is
+// unpacked once for all of them. (Rows in one call: a row of 576 is one unit and a quarter, and
+// the per-call setup and the horizontal sums cost as much again when they come once per row.)
+template <class T, int M>
+void RowsDot(const uint8_t* blocks, int64_t row_bytes, int32_t r0, int32_t r1, const Acts& a, int32_t i0, int64_t groups,
+             const float* bias, int32_t n, float* y) {
+  for (int32_t r = r0; r < r1; ++r) {
+    const uint8_t* row = blocks + r * row_bytes;
+    if ((r + 1) * row_bytes + kPrefetchBytes <= n * row_bytes) {
+      for (int64_t o = 0; o < row_bytes; o += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchBytes + o), _MM_HINT_T0);
+      }
+    }
+    FVec acc[M];
+    for (int i = 0; i < M; ++i) acc[i] = ZeroF();
+    const int64_t gstride = a.units * kUnitGroups, qstride = gstride * T::kGroup;
+    const auto step = [&]<int kAccs>(int64_t u, const Unit& w) __attribute__((always_inline)) {
+      for (int i = 0; i < M; ++i) {
+        const int64_t ti = i0 + i, gi = ti * gstride + u * kUnitGroups;
+        IVec dot = UnitDot<T, kAccs>(w, a.qs + ti * qstride + u * kUnitGroups * T::kGroup);
+        if constexpr (T::kOffset != 0) dot = Sub32(dot, LoadI(a.off + gi));
+        acc[i] = FmaF(MulF(ToF(dot), LoadF(a.d + gi)), w.a, acc[i]);
+        if constexpr (T::kMin) acc[i] = FmaF(LoadF(a.ds + gi), w.b, acc[i]);
+      }
+    };
+    const auto tail = [&]<int kAccs>(int64_t u, int ng) __attribute__((always_inline)) {
+      Unit w;
+      T::template Prepare<false, kAccs>(row, u, ng, &w);
+      step.template operator()<kAccs>(u, w);
+    };
+    const int64_t full = groups / kUnitGroups;
+    for (int64_t u = 0; u < full; ++u) {
+      Unit w;
+      T::template Prepare<true, 4>(row, u, kUnitGroups, &w);
+      step.template operator()<4>(u, w);
+    }
+    switch (const int rest = static_cast<int>(groups % kUnitGroups); (rest + kV - 1) / kV) {
+      case 1: tail.template operator()<1>(full, rest); break;
+      case 2: tail.template operator()<2>(full, rest); break;
+      case 3: tail.template operator()<3>(full, rest); break;
+      case 4: tail.template operator()<4>(full, rest); break;
+      default: break;
+    }
+    const float b = bias != nullptr ? bias[r] : 0.0f;
+    for (int i = 0; i < M; ++i) y[static_cast<int64_t>(i0 + i) * n + r] = SumF(acc[i]) + b;
+  }
+}
+
+// Weight rows per tile when there are more than 8 tokens: 16 rows of a 1536-wide Q8_0 matrix and 8
+// tokens' activations (26 KB + 12 KB) stay in L1 while each block of 8 tokens passes.
+constexpr int32_t kTileRows = 16;
+
+template <class T>
+void GemmQuant(const float* x, const QuantMatrix& w, const float* bias, int32_t m, int32_t n, int32_t k, float* y) {
+  const Acts acts = QuantizeActs<T>(x, m, k);
+  const int64_t groups = k / T::kGroup, row_bytes = QuantRowBytes(w.type, k);
+  const auto* base = static_cast<const uint8_t*>(w.blocks);
+  using RowsFn = void (*)(const uint8_t*, int64_t, int32_t, int32_t, const Acts&, int32_t, int64_t, const float*,
+                          int32_t, float*);
+  static constexpr RowsFn kRowsFns[kStreamMaxRows + 1] = {nullptr,         &RowsDot<T, 1>, &RowsDot<T, 2>,
+                                                          &RowsDot<T, 3>,  &RowsDot<T, 4>, &RowsDot<T, 5>,
+                                                          &RowsDot<T, 6>,  &RowsDot<T, 7>, &RowsDot<T, 8>};
+  const int32_t tiles = (n + kTileRows - 1) / kTileRows;
+#pragma omp parallel for schedule(static) if (static_cast<int64_t>(n) * k * m >= (1 << 16))
+  for (int32_t tile = 0; tile < tiles; ++tile) {
+    const int32_t r0 = tile * kTileRows, r1 = std::min(n, r0 + kTileRows);
+    for (int32_t i0 = 0; i0 < m; i0 += kStreamMaxRows) {
+      kRowsFns[std::min(kStreamMaxRows, m - i0)](base, row_bytes, r0, r1, acts, i0, groups, bias, n, y);
+    }
+  }
+}
+#endif  // SPECULA_QUANT_WIDTH
+
+// Without AVX2 (or with AVX-512F but neither BW nor AVX2): each row dequantized to float, exact
+// float activations.
+[[maybe_unused]] void GemmDequant(const float* x, const QuantMatrix& w, const float* bias, int32_t m, int32_t n,
+                                  int32_t k, float* y) {
+  const int64_t row_bytes = QuantRowBytes(w.type, k);
+#pragma omp parallel for schedule(static) if (static_cast<int64_t>(n) * k * m >= (1 << 16))
+  for (int32_t r = 0; r < n; ++r) {
+    thread_local std::vector<float> row;  // [k]
+    row.resize(static_cast<size_t>(k));
+    DequantizeRow(w.type, static_cast<const uint8_t*>(w.blocks) + r * row_bytes, k, row.data());
+    for (int32_t i = 0; i < m; ++i) {
+      y[static_cast<int64_t>(i) * n + r] =
+          Dot(x + static_cast<int64_t>(i) * k, row.data(), k) + (bias != nullptr ? bias[r] : 0.0f);
+    }
+  }
+}
+
+}  // namespace
+
+void LinearQuant(const float* x, const QuantMatrix& w, const float* bias, int32_t m, int32_t n, int32_t k, float* y) {
+  switch (w.type) {
+    case QuantType::kF32:
+      return StreamGemm(x, m, k, static_cast<const float*>(w.blocks), nullptr, n, y, bias);
+    case QuantType::kF16:
+      if (m == 1) return GemvFloat(x, static_cast<const F16W*>(w.blocks), bias, n, k, y);
+      return StreamGemm(x, m, k, static_cast<const F16W*>(w.blocks), nullptr, n, y, bias);
+    case QuantType::kBF16:
+      if (m == 1) return GemvFloat(x, static_cast<const Bf16W*>(w.blocks), bias, n, k, y);
+      return StreamGemm(x, m, k, static_cast<const Bf16W*>(w.blocks), nullptr, n, y, bias);
+    default: break;
+  }
+#if defined(SPECULA_QUANT_WIDTH)
+  switch (w.type) {
+    case QuantType::kQ4_0: return GemmQuant<Q4_0Kernel>(x, w, bias, m, n, k, y);
+    case QuantType::kQ4_1: return GemmQuant<Q4_1Kernel>(x, w, bias, m, n, k, y);
+    case QuantType::kQ8_0: return GemmQuant<Q8_0Kernel>(x, w, bias, m, n, k, y);
+    case QuantType::kQ4_K: return GemmQuant<Q4KKernel>(x, w, bias, m, n, k, y);
+    case QuantType::kQ6_K: return GemmQuant<Q6KKernel>(x, w, bias, m, n, k, y);
+    default: break;
+  }
+#endif
+  GemmDequant(x, w, bias, m, n, k, y);
+}
+
+void QuantRow(const QuantMatrix& w, int64_t r, float* out) {
+  DequantizeRow(w.type, static_cast<const uint8_t*>(w.blocks) + r * QuantRowBytes(w.type, w.cols), w.cols, out);
+}
+
+}  // namespace specula::cpu

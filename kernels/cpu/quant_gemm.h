@@ -1,0 +1,32 @@
+// Matrix products on GGUF quantized blocks (core/quant.h) where they lie: the weights of a mapped
+// GGUF file are never converted to float. Q4_0, Q4_1, Q8_0, Q4_K and Q6_K multiply int8
+// activations (each row of x quantized once per call, per group of 32 values, 16 for Q6_K);
+// F16 and BF16 convert the weights in registers and multiply float activations.
+//
+// A token's outputs are the same bits whatever the number of tokens in the call (m) and the number
+// of threads: each output element is one fixed sequence of operations on that token's row and one
+// weight row (tests/kernels/quant_gemm_test.cc checks it).
+#pragma once
+
+#include <cstdint>
+
+#include "core/quant.h"
+
+namespace specula::cpu {
+
+// A weight matrix in GGUF blocks. Rows need no alignment (a mapped file gives 32 bytes for the
+// tensor's start only; the 18- and 34-byte blocks leave the rows after it at any address).
+struct QuantMatrix {
+  const void* blocks = nullptr;  // [rows, cols / block size] blocks of `type`, row-major
+  QuantType type = QuantType::kQ8_0;
+  int64_t rows = 0, cols = 0;
+};
+
+// y[m, n] = x[m, k] dequant(w)[n, k]^T + bias[n] (bias may be null); k == w.cols (a multiple of
+// the block size: 32, 256 for Q4_K and Q6_K), n == w.rows.
+void LinearQuant(const float* x, const QuantMatrix& w, const float* bias, int32_t m, int32_t n, int32_t k, float* y);
+
+// out[cols] = dequant(w)[r, :] (embedding lookup): DequantizeRow's values, bit for bit.
+void QuantRow(const QuantMatrix& w, int64_t r, float* out);
+
+}  // namespace specula::cpu

@@ -1,0 +1,32 @@
+// A model's chat template and special tokens, found beside its weights (GGUF
+// `tokenizer.chat_template`, or HF `tokenizer_config.json`'s `chat_template`), and applied to a
+// conversation with the Jinja subset of model/chat_template.h.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/chat_template.h"
+
+namespace specula {
+
+struct ChatSource {
+  std::string template_text;  // the Jinja source
+  std::string bos_token, eos_token;  // the strings the template may print
+  std::string origin;  // where it came from, for errors ("FILE: tokenizer.chat_template")
+};
+
+// The template of the model at `model_path` (a GGUF file or an HF directory), or of `override_path`
+// (a file holding the Jinja source) when not empty. NotFound naming the place looked in when the
+// model has none.
+absl::StatusOr<ChatSource> FindChatTemplate(const std::string& model_path, const std::string& override_path = "");
+
+// Parses a messages file: a JSON array of {"role": ..., "content": ...}. Errors name the file,
+// the element and the field.
+absl::StatusOr<std::vector<ChatMessage>> ParseMessagesJson(const std::string& json_text, const std::string& source);
+
+// The prompt text for `messages`, ending with the assistant's turn opened.
+absl::StatusOr<std::string> RenderChat(const ChatSource& source, const std::vector<ChatMessage>& messages);
+
+}  // namespace specula

@@ -1,0 +1,247 @@
+// Products on GGUF blocks (kernels/cpu/quant_gemm.h) against double-precision loops over
+// DequantizeRow's values: every weight type, one token to a prefill chunk, SmolLM2's row lengths
+// (576, 1536) and lengths that end in a partial unit of the kernels, row counts off every vector
+// width, weights at odd addresses (as rows of a mapped GGUF file are).
+#include "kernels/cpu/quant_gemm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/quant.h"
+#include "gtest/gtest.h"
+
+namespace specula::cpu {
+namespace {
+
+std::vector<float> Random(size_t n, std::mt19937* rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(*rng);
+  return v;
+}
+
+// A weight tensor's bytes, `offset` bytes into its storage (odd for the block types: nothing but
+// the tensor's start is aligned in a GGUF file; 2 for F16/BF16, whose elements are 2-byte aligned).
+struct Weights {
+  std::vector<uint8_t> storage;
+  QuantMatrix w;
+};
+
+template <typename Block, typename Quantize>
+std::vector<uint8_t> QuantizeRows(const std::vector<float>& f, int64_t n, int64_t k, Quantize quantize) {
+  std::vector<Block> blocks(static_cast<size_t>(n * k / kQK));
+  for (int64_t r = 0; r < n; ++r) quantize(f.data() + r * k, k, blocks.data() + r * k / kQK);
+  std::vector<uint8_t> bytes(blocks.size() * sizeof(Block));
+  std::memcpy(bytes.data(), blocks.data(), bytes.size());
+  return bytes;
+}
+
+// Q4_0, Q4_1, Q8_0: random floats through the reference quantizers (a few Q8_0 values -128, which a
+// file may hold though the quantizer never writes it). Q4_K, Q6_K: random bytes with an f16 d in
+// [0.001, 0.05]. F16, BF16: random floats converted.
+Weights MakeWeights(QuantType type, int64_t n, int64_t k, std::mt19937* rng) {
+  const std::vector<float> f = Random(static_cast<size_t>(n * k), rng);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(0.001f, 0.05f);
+  std::vector<uint8_t> bytes;
+  switch (type) {
+    case QuantType::kQ4_0: bytes = QuantizeRows<BlockQ4_0>(f, n, k, QuantizeRowQ4_0); break;
+    case QuantType::kQ4_1: bytes = QuantizeRows<BlockQ4_1>(f, n, k, QuantizeRowQ4_1); break;
+    case QuantType::kQ8_0:
+      bytes = QuantizeRows<BlockQ8_0>(f, n, k, QuantizeRowQ8_0);
+      for (size_t b = 0; b < bytes.size(); b += 5 * sizeof(BlockQ8_0)) bytes[b + offsetof(BlockQ8_0, qs) + 7] = 0x80;
+      break;
+    case QuantType::kQ4_K:
+    case QuantType::kQ6_K: {
+      bytes.resize(static_cast<size_t>(QuantRowBytes(type, k) * n));
+      for (uint8_t& b : bytes) b = static_cast<uint8_t>(byte(*rng));
+      const bool q4k = type == QuantType::kQ4_K;
+      const size_t block = q4k ? sizeof(BlockQ4_K) : sizeof(BlockQ6_K);
+      for (size_t b = 0; b < bytes.size(); b += block) {
+        const uint16_t d = F32ToF16(scale(*rng)), dmin = F32ToF16(scale(*rng));
+        std::memcpy(&bytes[b + (q4k ? offsetof(BlockQ4_K, d) : offsetof(BlockQ6_K, d))], &d, 2);
+        if (q4k) std::memcpy(&bytes[b + offsetof(BlockQ4_K, dmin)], &dmin, 2);
+      }
+      break;
+    }
+    case QuantType::kF16:
+    case QuantType::kBF16:
+      bytes.resize(static_cast<size_t>(n * k * 2));
+      for (size_t i = 0; i < f.size(); ++i) {
+        const uint16_t h = type == QuantType::kF16 ? F32ToF16(f[i]) : F32ToBf16(f[i]);
+        std::memcpy(&bytes[2 * i], &h, 2);
+      }
+      break;
+    default: ADD_FAILURE() << "no test weights for " << QuantTypeName(type);
+  }
+  const size_t offset = type == QuantType::kF16 || type == QuantType::kBF16 ? 2 : 1;
+  Weights out;
+  out.storage.resize(bytes.size() + offset);
+  std::memcpy(out.storage.data() + offset, bytes.data(), bytes.size());
+  out.w = QuantMatrix{out.storage.data() + offset, type, n, k};
+  return out;
+}
+
+// dequant(w)[n, k], the reference values.
+std::vector<float> Dequantized(const QuantMatrix& w) {
+  std::vector<float> f(static_cast<size_t>(w.rows * w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) QuantRow(w, r, f.data() + r * w.cols);
+  return f;
+}
+
+// y[m, n] = x[m, k] wf[n, k]^T + bias, in double.
+std::vector<double> Reference(const std::vector<float>& x, const std::vector<float>& wf, const float* bias, int32_t m,
+                              int32_t n, int32_t k) {
+  std::vector<double> y(static_cast<size_t>(m) * n);
+  for (int32_t i = 0; i < m; ++i) {
+    for (int32_t r = 0; r < n; ++r) {
+      double t = bias != nullptr ? bias[r] : 0.0;
+      for (int32_t j = 0; j < k; ++j) t += static_cast<double>(x[static_cast<size_t>(i) * k + j]) * wf[static_cast<size_t>(r) * k + j];
+      y[static_cast<size_t>(i) * n + r] = t;
+    }
+  }
+  return y;
+}
+
+// Sums of squares of y - ref and of ref, for ||y - ref|| / ||ref|| over several products.
+struct ErrorNorm {
+  double diff = 0.0, ref = 0.0;
+  void Add(const std::vector<float>& y, const std::vector<double>& want) {
+    for (size_t i = 0; i < y.size(); ++i) {
+      diff += (y[i] - want[i]) * (y[i] - want[i]);
+      ref += want[i] * want[i];
+    }
+  }
+  double Relative() const { return std::sqrt(diff / ref); }
+};
+
+bool AllFinite(const std::vector<float>& y) {
+  return std::all_of(y.begin(), y.end(), [](float v) { return std::isfinite(v); });
+}
+
+struct Case {
+  QuantType type;
+  // Bound on ||y - ref|| / ||ref|| over the products of one matrix (every m). The integer types
+  // quantize each activation to 8 bits per group of 32 (16 for Q6_K) with step d = amax / 127: a
+  // rounding error of rms d / sqrt(12), about 0.47% of a normal activation's rms for groups of 32
+  // (amax ~ 2.07 sigma) and 0.40% for 16, which carries into the products at the same relative
+  // size. Measured here: Q4_0 4.0-5.4e-3, Q4_1 4.2-5.8e-3, Q8_0 4.4-5.6e-3, Q4_K 4.4-6.6e-3, Q6_K
+  // 4.3-5.2e-3 (the high ends on the 1-row matrices, 63 outputs), the same with AVX-512 and AVX2;
+  // IntegerPathsMatchQuantizedActivations below shows that this is all activation rounding. F16
+  // and BF16 multiply float activations: float rounding only (measured <= 2e-7).
+  double tolerance;
+  std::vector<int32_t> ks;  // row lengths: SmolLM2's and ones that end in a partial unit
+};
+const Case kCases[] = {
+    {QuantType::kQ4_0, 8e-3, {32, 544, 576, 1536}}, {QuantType::kQ4_1, 8e-3, {32, 544, 576, 1536}},
+    {QuantType::kQ8_0, 8e-3, {32, 544, 576, 1536}}, {QuantType::kQ4_K, 8e-3, {256, 768, 1536}},
+    {QuantType::kQ6_K, 8e-3, {256, 768, 1536}},     {QuantType::kF16, 1e-5, {40, 576, 1536}},
+    {QuantType::kBF16, 1e-5, {40, 576, 1536}},
+};
+const int32_t kTokenCounts[] = {1, 2, 3, 7, 8, 9, 33};
+const int32_t kRowCounts[] = {1, 17, 67};
+
+TEST(QuantGemmTest, MatchesDequantizedReference) {
+  std::mt19937 rng(1);
+  for (const Case& c : kCases) {
+    double worst = 0.0;
+    for (int32_t k : c.ks) {
+      for (int32_t n : kRowCounts) {
+        const Weights w = MakeWeights(c.type, n, k, &rng);
+        const std::vector<float> wf = Dequantized(w.w), bias = Random(n, &rng);
+        ErrorNorm err;  // over every m: a single output's relative error says little
+        for (int32_t m : kTokenCounts) {
+          const std::vector<float> x = Random(static_cast<size_t>(m) * k, &rng);
+          std::vector<float> y(static_cast<size_t>(m) * n, NAN);
+          LinearQuant(x.data(), w.w, nullptr, m, n, k, y.data());
+          ASSERT_TRUE(AllFinite(y)) << QuantTypeName(c.type) << " m " << m << " n " << n << " k " << k;
+          err.Add(y, Reference(x, wf, nullptr, m, n, k));
+          // The bias is added to the same sums.
+          std::vector<float> yb(y.size(), NAN);
+          LinearQuant(x.data(), w.w, bias.data(), m, n, k, yb.data());
+          for (size_t i = 0; i < y.size(); ++i) {
+            ASSERT_EQ(yb[i], y[i] + bias[i % n]) << QuantTypeName(c.type) << " m " << m << " n " << n << " at " << i;
+          }
+        }
+        worst = std::max(worst, err.Relative());
+        EXPECT_LE(err.Relative(), c.tolerance) << QuantTypeName(c.type) << " n " << n << " k " << k;
+      }
+    }
+    std::printf("[ %s ] worst relative error %.2e (bound %.0e)\n", QuantTypeName(c.type), worst, c.tolerance);
+  }
+}
+
+// A token's outputs are the same bits whatever the tokens around it: one at a time, or among 33
+// (blocks of 8 and a remainder, row tiles). The engine's batched and unbatched steps rely on it.
+TEST(QuantGemmTest, TokensGetTheSameBitsInEveryBatch) {
+  std::mt19937 rng(2);
+  for (const Case& c : kCases) {
+    const int32_t n = 37, k = c.ks.back(), big = 33;
+    const Weights w = MakeWeights(c.type, n, k, &rng);
+    const std::vector<float> x = Random(static_cast<size_t>(big) * k, &rng), bias = Random(n, &rng);
+    std::vector<float> all(static_cast<size_t>(big) * n, NAN);
+    LinearQuant(x.data(), w.w, bias.data(), big, n, k, all.data());
+    for (int32_t m : {1, 3, 8, 9}) {
+      for (int32_t start : {0, 5, big - m}) {
+        std::vector<float> y(static_cast<size_t>(m) * n, NAN);
+        LinearQuant(x.data() + static_cast<size_t>(start) * k, w.w, bias.data(), m, n, k, y.data());
+        ASSERT_EQ(0, std::memcmp(y.data(), all.data() + static_cast<size_t>(start) * n, y.size() * sizeof(float)))
+            << QuantTypeName(c.type) << ": " << m << " tokens from " << start << " differ from the same among " << big;
+      }
+    }
+  }
+}
+
+// The integer machinery alone: against activations quantized the way the kernels document (per
+// group of 32, 16 for Q6_K; scale amax / 127; round to nearest even), the products agree to float
+// rounding. This sees errors that the 8-bit noise above could hide (one group's scale or offset
+// wrong). SIMD builds only: the scalar fallback multiplies float activations.
+#if defined(__AVX2__)
+TEST(QuantGemmTest, IntegerPathsMatchQuantizedActivations) {
+  std::mt19937 rng(3);
+  for (const Case& c : kCases) {
+    if (c.type == QuantType::kF16 || c.type == QuantType::kBF16) continue;
+    const int group = c.type == QuantType::kQ6_K ? 16 : 32;
+    for (int32_t k : c.ks) {
+      const int32_t n = 19, m = 9;
+      const Weights w = MakeWeights(c.type, n, k, &rng);
+      const std::vector<float> wf = Dequantized(w.w), x = Random(static_cast<size_t>(m) * k, &rng);
+      std::vector<float> xq(x.size());  // the activations as the kernels see them
+      for (size_t g = 0; g < x.size(); g += group) {
+        float amax = 0.0f;
+        for (int j = 0; j < group; ++j) amax = std::max(amax, std::fabs(x[g + j]));
+        for (int j = 0; j < group; ++j) xq[g + j] = std::nearbyint(x[g + j] * (127.0f / amax)) * (amax / 127.0f);
+      }
+      std::vector<float> y(static_cast<size_t>(m) * n, NAN);
+      LinearQuant(x.data(), w.w, nullptr, m, n, k, y.data());
+      ErrorNorm err;
+      err.Add(y, Reference(xq, wf, nullptr, m, n, k));
+      EXPECT_LE(err.Relative(), 1e-5) << QuantTypeName(c.type) << " k " << k;
+    }
+  }
+}
+#endif
+
+// The embedding lookup gives DequantizeRow's values, bit for bit.
+TEST(QuantGemmTest, RowIsDequantizeRow) {
+  std::mt19937 rng(4);
+  for (const Case& c : kCases) {
+    const int32_t n = 9, k = c.ks.back();
+    const Weights w = MakeWeights(c.type, n, k, &rng);
+    const int64_t row_bytes = QuantRowBytes(c.type, k);
+    for (int64_t r : {0, 4, 8}) {
+      std::vector<float> got(k, NAN), want(k, NAN);
+      QuantRow(w.w, r, got.data());
+      DequantizeRow(c.type, static_cast<const uint8_t*>(w.w.blocks) + r * row_bytes, k, want.data());
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), k * sizeof(float))) << QuantTypeName(c.type) << " row " << r;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace specula::cpu
