@@ -4,7 +4,9 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <cstdio>
 #include <ctime>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -129,11 +131,41 @@ const char* FinishName(FinishReason f) {
   }
 }
 
+// OpenAI chat messages: content is a string or a list of {"type": "text", "text": ...} parts.
+absl::StatusOr<std::vector<ChatMessage>> ParseMessages(const json& j) {
+  if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty()) {
+    return Bad("messages", "must be a non-empty list of {\"role\", \"content\"}");
+  }
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < j["messages"].size(); ++i) {
+    const json& m = j["messages"][i];
+    const std::string field = absl::StrCat("messages[", i, "]");
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) return Bad(field + ".role", "must be a string");
+    ChatMessage msg{m["role"].get<std::string>(), ""};
+    const json c = m.value("content", json(nullptr));
+    if (c.is_string()) {
+      msg.content = c.get<std::string>();
+    } else if (c.is_array()) {
+      for (const json& part : c) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+          return Bad(field + ".content", "only text parts ({\"type\": \"text\", \"text\": ...}) are supported");
+        }
+        msg.content += part["text"].get<std::string>();
+      }
+    } else if (!c.is_null()) {
+      return Bad(field + ".content", "must be a string or a list of text parts");
+    }
+    out.push_back(std::move(msg));
+  }
+  return out;
+}
+
 }  // namespace
 
 struct HttpFrontend::Impl {
   Server* server;
-  std::string chat_template;
+  absl::StatusOr<ChatSource> chat_source = absl::NotFoundError("no chat template");
+  std::optional<ChatTemplate> chat_template;  // parsed once at start
   httplib::Server http;
   std::thread thread;
   int port = 0;
@@ -153,21 +185,38 @@ void HttpFrontend::Impl::Handle(const httplib::Request& req, httplib::Response& 
   bool stream = false, usage_in_stream = false;
   if (auto st = ParseCommon(j, chat, &r, &stream, &usage_in_stream); !st.ok()) return SendError(res, st);
   if (chat) {
-    if (chat_template.empty()) {
-      return SendError(res, Bad("messages", "this model has no chat template (no chat_template in its "
-                                            "tokenizer_config.json); use /v1/completions"));
+    if (!chat_template.has_value()) {
+      return SendError(res, Bad("messages", absl::StrCat("this model has no chat template usable here (",
+                                                         chat_source.status().message(), "); use /v1/completions")));
     }
-    return SendError(res, Bad("messages", "chat templates need the Jinja renderer, which is not built yet; use "
-                                          "/v1/completions with the template applied by the client"));
+    auto messages = ParseMessages(j);
+    if (!messages.ok()) return SendError(res, messages.status());
+    auto text = chat_template->Render(*messages, /*add_generation_prompt=*/true, chat_source->bos_token, chat_source->eos_token);
+    if (!text.ok()) return SendError(res, Bad("messages", std::string(text.status().message())));
+    r.prompt = *std::move(text);
+    r.templated = true;
+  } else if (auto st = ParsePrompt(j, &r); !st.ok()) {
+    return SendError(res, st);
   }
-  if (auto st = ParsePrompt(j, &r); !st.ok()) return SendError(res, st);
   auto admitted = server->Submit(r);
   if (!admitted.ok()) return SendError(res, admitted.status());
 
-  // Chat returned above: what follows is a completion.
-  const std::string id = absl::StrCat("cmpl-", admitted->id);
+  const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", admitted->id);
   const int64_t created = std::time(nullptr);
-  const char* object = "text_completion";
+  const char* object = chat ? "chat.completion" : "text_completion";
+  const char* chunk_object = chat ? "chat.completion.chunk" : "text_completion";
+  // A choice: completions carry `text`; chat carries `message` (whole) or `delta` (streamed).
+  auto choice_of = [chat](const std::string& text, bool delta, json finish, bool first) {
+    json c = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}};
+    if (!chat) {
+      c["text"] = text;
+    } else if (!delta) {
+      c["message"] = {{"role", "assistant"}, {"content", text}};
+    } else {
+      c["delta"] = first ? json{{"role", "assistant"}, {"content", text}} : json{{"content", text}};
+    }
+    return c;
+  };
   auto usage_of = [](const RequestOutput& out) {
     const int32_t n = static_cast<int32_t>(out.tokens.size());
     return json{{"prompt_tokens", out.prompt_tokens}, {"completion_tokens", n}, {"total_tokens", out.prompt_tokens + n},
@@ -181,7 +230,7 @@ void HttpFrontend::Impl::Handle(const httplib::Request& req, httplib::Response& 
       if (!d->error.ok()) return SendError(res, d->error);
       text += d->text;
       if (!d->finished) continue;
-      json choice = {{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", FinishName(d->final.finish)}};
+      json choice = choice_of(text, false, FinishName(d->final.finish), false);
       res.set_content(json{{"id", id}, {"object", object}, {"created", created}, {"model", model},
                            {"choices", {choice}}, {"usage", usage_of(d->final)}}
                           .dump(-1, ' ', false, json::error_handler_t::replace),
@@ -192,6 +241,7 @@ void HttpFrontend::Impl::Handle(const httplib::Request& req, httplib::Response& 
   Server* srv = server;
   const RequestId rid = admitted->id;
   auto rs = admitted->stream;
+  auto first = std::make_shared<bool>(true);
   res.set_chunked_content_provider(
       "text/event-stream",
       [=](size_t, httplib::DataSink& sink) {
@@ -201,14 +251,14 @@ void HttpFrontend::Impl::Handle(const httplib::Request& req, httplib::Response& 
           const std::string line = "data: " + chunk.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
           return sink.write(line.data(), line.size());
         };
-        json choice = {{"index", 0}, {"text", d->text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
-        if (d->finished) choice["finish_reason"] = FinishName(d->final.finish);
-        if (!send({{"id", id}, {"object", object}, {"created", created}, {"model", model}, {"choices", {choice}}})) {
+        json choice = choice_of(d->text, true, d->finished ? json(FinishName(d->final.finish)) : json(nullptr), *first);
+        *first = false;
+        if (!send({{"id", id}, {"object", chunk_object}, {"created", created}, {"model", model}, {"choices", {choice}}})) {
           return false;  // the client went away: the releaser aborts the request
         }
         if (!d->finished) return true;
         if (usage_in_stream) {
-          send({{"id", id}, {"object", object}, {"created", created}, {"model", model}, {"choices", json::array()},
+          send({{"id", id}, {"object", chunk_object}, {"created", created}, {"model", model}, {"choices", json::array()},
                 {"usage", usage_of(d->final)}});
         }
         const std::string done = "data: [DONE]\n\n";
@@ -225,10 +275,20 @@ HttpFrontend::HttpFrontend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 HttpFrontend::~HttpFrontend() { Stop(); }
 
 absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(Server* server, const std::string& host, int port,
-                                                                  int threads, std::string chat_template) {
+                                                                  int threads, absl::StatusOr<ChatSource> chat) {
   auto impl = std::make_unique<Impl>();
   impl->server = server;
-  impl->chat_template = std::move(chat_template);
+  if (chat.ok()) {
+    // A template the renderer cannot parse leaves chat off (with the reason), not the server.
+    auto t = ChatTemplate::Parse(chat->template_text);
+    if (t.ok()) {
+      impl->chat_template = *std::move(t);
+    } else {
+      chat = absl::InvalidArgumentError(absl::StrCat(chat->origin, ": ", t.status().message()));
+      std::fprintf(stderr, "[specula] chat disabled: %s\n", std::string(chat.status().message()).c_str());
+    }
+  }
+  impl->chat_source = std::move(chat);
   Impl* p = impl.get();
   httplib::Server& h = impl->http;
   h.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };

@@ -9,16 +9,17 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "model/chat.h"
 #include "serving/server.h"
 
 namespace specula {
 
 class HttpFrontend {
  public:
-  // Listens on host:port (0: a free port) with `threads` connection threads. `chat_template` is
-  // the model's template (empty: chat requests get a 400 that says so).
+  // Listens on host:port (0: a free port) with `threads` connection threads. `chat` is the model's
+  // chat template, or why it has none (chat requests then get a 400 that says so).
   static absl::StatusOr<std::unique_ptr<HttpFrontend>> Start(Server* server, const std::string& host, int port,
-                                                             int threads, std::string chat_template);
+                                                             int threads, absl::StatusOr<ChatSource> chat);
   ~HttpFrontend();  // stops listening; open streams end first
   int port() const;
   void Stop();

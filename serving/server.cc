@@ -63,7 +63,7 @@ absl::Status Server::Validate(const ServeRequest& r, std::vector<TokenId>* promp
     }
     *prompt = r.prompt_token_ids;
   } else {
-    *prompt = tokenizer_->Encode(r.prompt, options_.add_bos);
+    *prompt = tokenizer_->Encode(r.prompt, options_.add_bos && !r.templated);
     if (prompt->empty()) return absl::InvalidArgumentError("prompt: encodes to no tokens");
   }
   const int32_t len = static_cast<int32_t>(prompt->size());

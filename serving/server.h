@@ -33,6 +33,7 @@ struct ServeOptions {
 // (gRPC's `sampling.`).
 struct ServeRequest {
   std::string prompt;
+  bool templated = false;         // `prompt` is a rendered chat template: it carries its own BOS
   std::vector<TokenId> prompt_token_ids;
   SamplingParams sampling;
   std::optional<uint64_t> seed;   // unset: derived from the request's id

