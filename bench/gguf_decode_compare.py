@@ -5,7 +5,7 @@
       [--llama-bench PATH/llama-bench] [--threads 2] [--tokens 128] [--repeats 3] FILE.gguf...
 
 For each file and repeat (interleaved, so that the shared machine's noise hits both engines alike)
-it runs `specula generate` greedy for --tokens new tokens after a short prompt and reads its
+it runs `specula generate` greedy (default two-term activations, then --int8-activations) for --tokens new tokens after a short prompt and reads its
 "decode: X tokens/s" line, then `llama-bench -p 0 -n TOKENS -t THREADS` on the same file. It prints
 one JSON line per run and a table of medians with the bytes each decoded token reads (every weight
 matrix once, the tied classifier included) and the bandwidth that implies.
@@ -34,10 +34,11 @@ def weight_bytes(path):
     return total if tied else total - int(embd.n_bytes)
 
 
-def run_specula(exe, path, tokens, threads):
+def run_specula(exe, path, tokens, threads, extra=()):
     env = {"OMP_NUM_THREADS": str(threads), "PATH": "/usr/bin:/bin"}
     r = subprocess.run([exe, "generate", "--model", path, "--prompt", PROMPT, "--max-tokens", str(tokens),
-                        "--temperature", "0", "--ignore-eos"], capture_output=True, text=True, env=env, timeout=600)
+                        "--temperature", "0", "--ignore-eos", *extra], capture_output=True, text=True, env=env,
+                       timeout=600)
     if r.returncode != 0:
         raise SystemExit("specula failed on %s: %s" % (path, r.stderr.strip()))
     m = re.search(r"decode: ([0-9.]+) tokens/s", r.stderr)
@@ -65,22 +66,26 @@ def main():
     results = {}
     for rep in range(a.repeats):
         for path in a.files:
-            for impl in ("specula", "llama.cpp"):
+            for impl in ("specula", "specula-int8", "llama.cpp"):
                 if impl == "llama.cpp" and not a.llama_bench:
                     continue
-                tps = (run_specula(a.specula, path, a.tokens, a.threads) if impl == "specula"
-                       else run_llama_bench(a.llama_bench, path, a.tokens, a.threads))
+                if impl == "llama.cpp":
+                    tps = run_llama_bench(a.llama_bench, path, a.tokens, a.threads)
+                else:
+                    extra = ["--int8-activations"] if impl == "specula-int8" else []
+                    tps = run_specula(a.specula, path, a.tokens, a.threads, extra)
                 results.setdefault((path, impl), []).append(tps)
                 print(json.dumps({"file": path, "impl": impl, "repeat": rep, "decode_tok_s": tps}), flush=True)
-    print("\n| file | MB read per token | Specula tok/s | llama.cpp tok/s | Specula / llama.cpp | Specula GB/s |"
-          + (" % of bandwidth |" if a.bandwidth_gbs else ""))
-    print("|---|---|---|---|---|---|" + ("---|" if a.bandwidth_gbs else ""))
+    print("\n| file | MB read per token | Specula tok/s | Specula --int8-activations tok/s | llama.cpp tok/s "
+          "| Specula / llama.cpp | Specula GB/s |" + (" % of bandwidth |" if a.bandwidth_gbs else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|" if a.bandwidth_gbs else ""))
     for path in a.files:
         mb = weight_bytes(path) / 1e6
         s = statistics.median(results[(path, "specula")])
+        s8 = statistics.median(results[(path, "specula-int8")])
         l = statistics.median(results[(path, "llama.cpp")]) if (path, "llama.cpp") in results else float("nan")
         gbs = s * mb / 1e3
-        row = "| %s | %.1f | %.1f | %.1f | %.2fx | %.1f |" % (path.split("/")[-1], mb, s, l, s / l, gbs)
+        row = "| %s | %.1f | %.1f | %.1f | %.1f | %.2fx | %.1f |" % (path.split("/")[-1], mb, s, s8, l, s / l, gbs)
         if a.bandwidth_gbs:
             row += " %.0f%% |" % (100 * gbs / a.bandwidth_gbs)
         print(row)

@@ -2,9 +2,11 @@
 // against this machine's memory bandwidth measured in the same run:
 //
 //  BM_StreamSum                  GB/s of a float sum over 1 GiB, every thread: the read bound.
-//  BM_Linear/type:T/shape:S/tokens:M/cold:C
+//  BM_Linear/type:T/shape:S/tokens:M/cold:C/terms:A
 //                                y[M, n] = x[M, k] w^T for the weight type T (QuantType id, 0 =
-//                                f32 through StreamGemm, the float path), shape S of kShapes below.
+//                                f32 through StreamGemm, the float path), shape S of kShapes below,
+//                                A = 1: activations as one 8-bit term per group (llama.cpp's way),
+//                                2: two terms (QuantMatrix::two_term_activations, the default).
 //                                cold:0 multiplies one matrix over and over (it stays in L2 or the
 //                                LLC); cold:1 goes round a 1 GiB set of copies of it, so that every
 //                                call reads its weights from memory as a decode step does on a
@@ -90,7 +92,7 @@ void BM_Linear(benchmark::State& state) {
   const auto type = static_cast<QuantType>(state.range(0));
   const Shape s = kShapes[state.range(1)];
   const int32_t m = static_cast<int32_t>(state.range(2));
-  const bool cold = state.range(3) != 0;
+  const bool cold = state.range(3) != 0, two_term = state.range(4) == 2;
   if (s.k % QuantBlockSize(type) != 0) return state.SkipWithError("k is not a whole number of blocks");
   const std::vector<uint8_t> one = RandomWeights(type, s.n, s.k);
   const int64_t copies = cold ? std::max<int64_t>(2, kColdBytes / static_cast<int64_t>(one.size())) : 1;
@@ -106,7 +108,7 @@ void BM_Linear(benchmark::State& state) {
     if (type == QuantType::kF32) {
       cpu::StreamGemm(x.data(), m, s.k, reinterpret_cast<const float*>(w), nullptr, s.n, y.data(), nullptr);
     } else {
-      cpu::LinearQuant(x.data(), cpu::QuantMatrix{w, type, s.n, s.k}, nullptr, m, s.n, s.k, y.data());
+      cpu::LinearQuant(x.data(), cpu::QuantMatrix{w, type, s.n, s.k, two_term}, nullptr, m, s.n, s.k, y.data());
     }
     benchmark::DoNotOptimize(y.data());
     c = (c + 1) % copies;
@@ -114,7 +116,8 @@ void BM_Linear(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(one.size()));
   state.counters["GFLOP/s"] =
       benchmark::Counter(2.0 * m * s.n * s.k * state.iterations() / 1e9, benchmark::Counter::kIsRate);
-  state.SetLabel(std::string(QuantTypeName(type)) + " " + s.what);
+  const char* acts = QuantBlockSize(type) == 1 ? "" : two_term ? " 2x8b" : " 8b";
+  state.SetLabel(std::string(QuantTypeName(type)) + " " + s.what + acts);
 }
 
 void DecodeArgs(benchmark::internal::Benchmark* b) {
@@ -122,12 +125,15 @@ void DecodeArgs(benchmark::internal::Benchmark* b) {
                       QuantType::kF16, QuantType::kBF16, QuantType::kF32}) {
     for (int s = 0; s < 5; ++s) {
       if (kShapes[s].k % QuantBlockSize(t) != 0) continue;
-      for (int cold : {0, 1}) b->Args({static_cast<int64_t>(t), s, 1, cold});
+      for (int terms : {1, 2}) {
+        if (terms == 2 && QuantBlockSize(t) == 1) continue;  // float activations
+        for (int cold : {0, 1}) b->Args({static_cast<int64_t>(t), s, 1, cold, terms});
+      }
     }
   }
 }
 BENCHMARK(BM_Linear)
-    ->ArgNames({"type", "shape", "tokens", "cold"})
+    ->ArgNames({"type", "shape", "tokens", "cold", "terms"})
     ->Apply(DecodeArgs)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
@@ -136,12 +142,16 @@ BENCHMARK(BM_Linear)
 void BatchArgs(benchmark::internal::Benchmark* b) {
   for (QuantType t : {QuantType::kQ4_1, QuantType::kQ8_0, QuantType::kF32}) {
     for (int s : {0, 2, 3}) {
-      for (int m : {8, 64}) b->Args({static_cast<int64_t>(t), s, m, 0});
+      for (int m : {8, 64}) {
+        for (int terms : {1, 2}) {
+          if (terms == 1 || t != QuantType::kF32) b->Args({static_cast<int64_t>(t), s, m, 0, terms});
+        }
+      }
     }
   }
 }
 BENCHMARK(BM_Linear)
-    ->ArgNames({"type", "shape", "tokens", "cold"})
+    ->ArgNames({"type", "shape", "tokens", "cold", "terms"})
     ->Apply(BatchArgs)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();

@@ -106,7 +106,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendSpec& spec) {
       return absl::InvalidArgumentError(absl::StrCat("--dtype ", spec.dtype,
                                                      ": the CPU backend computes in f32 (bf16/f16 need --device cuda)"));
     }
-    return MakeCpuBackend({int8});
+    return MakeCpuBackend({int8, spec.int8_activations});
   }
   if (spec.device == "cuda") {
     auto dtype = ParseDType(spec.dtype.empty() ? "bf16" : spec.dtype);

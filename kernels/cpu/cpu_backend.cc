@@ -64,7 +64,8 @@ class CpuBackend final : public Backend {
   absl::StatusOr<const void*> UploadQuantMatrix(const void* blocks, QuantType type, int64_t rows,
                                                 int64_t cols) override {
     if (type == QuantType::kF32) return UploadMatrix(static_cast<const float*>(blocks), rows, cols);
-    quant_[blocks] = std::make_unique<cpu::QuantMatrix>(cpu::QuantMatrix{blocks, type, rows, cols});
+    quant_[blocks] = std::make_unique<cpu::QuantMatrix>(
+        cpu::QuantMatrix{blocks, type, rows, cols, !options_.int8_activations});
     return blocks;
   }
   void CopyIn(void* dst, const void* host, size_t bytes) override { std::memcpy(dst, host, bytes); }

@@ -20,6 +20,10 @@ struct QuantMatrix {
   const void* blocks = nullptr;  // [rows, cols / block size] blocks of `type`, row-major
   QuantType type = QuantType::kQ8_0;
   int64_t rows = 0, cols = 0;
+  // Activations as two 8-bit terms (x = hi + lo, each quantized per group): float-like accuracy at
+  // twice the integer work, in the same pass over the weights. false: one 8-bit term, as
+  // llama.cpp (CpuOptions::int8_activations).
+  bool two_term_activations = true;
 };
 
 // y[m, n] = x[m, k] dequant(w)[n, k]^T + bias[n] (bias may be null); k == w.cols (a multiple of
