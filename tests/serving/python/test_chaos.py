@@ -119,7 +119,13 @@ class ChaosTest(unittest.TestCase):
                 time.sleep(0.05)
             self.assertEqual(metric(m, "specula:num_requests_waiting"), 0)
             ok = sum(1 for r in results if r[0] == "ok")
-            self.assertEqual(metric(m, "specula:request_success_total", finished_reason="length"), ok)
+            # A cancel or a deadline that lands after the server sent the last token, before the
+            # client read the stream's end, is a failure for the client and a success for the
+            # server: those (and only those) may count as successes too.
+            late = sum(1 for r in results if r[1] in ("cancel", "deadline") and r[0] != "ok")
+            success = metric(m, "specula:request_success_total", finished_reason="length")
+            self.assertGreaterEqual(success, ok, (success, ok, late))
+            self.assertLessEqual(success, ok + late, (success, ok, late))
             self.assertEqual(metric(m, "specula:admission_rejected_total", reason="invalid_argument"), 30)
 
             from grpc_health.v1 import health_pb2, health_pb2_grpc
