@@ -188,12 +188,16 @@ TEST_F(SpecGreedyTest, Int8DraftEqualsPlainGreedy) {
 TEST_F(SpecGreedyTest, SelfDraftsEqualPlainGreedy) {
   const std::string path = testing::TinyStoriesDir() + "/stories260K.bin";
   for (int method = 0; method < 2; ++method) {
-    auto w = method == 0 ? LayerSkipDraftWeights(path, 2) : SelfQuantDraftWeights(path, QuantType::kQ4_0);
+    // 4 of 5 layers: with 2, acceptance is ~2% and auto (rightly) never drafts on the 20 prompts of
+    // the sanitizer run, which leaves nothing accepted to check.
+    auto w = method == 0 ? LayerSkipDraftWeights(path, 4) : SelfQuantDraftWeights(path, QuantType::kQ4_0);
     ASSERT_TRUE(w.ok()) << w.status();
-    if (method == 1) EXPECT_EQ((*w)->layers[0].wq.type, QuantType::kQ4_0);
+    if (method == 1) {
+      EXPECT_EQ((*w)->layers[0].wq.type, QuantType::kQ4_0);
+    }
     LlamaModel draft(std::move(w).value(), MakeCpuBackend());
     ASSERT_TRUE(draft.status().ok()) << draft.status();
-    const char* name = method == 0 ? "layer-skip 2 of 5" : "self-quant q4_0";
+    const char* name = method == 0 ? "layer-skip 4 of 5" : "self-quant q4_0";
     DraftModelProposer single(&draft, 16, 64), batched(&draft, 16, 512), tight(&draft, 16, 512), adaptive(&draft, 16, 512);
     ExpectEqualsPlain(single, 4, 1, 64, false, name);
     ExpectEqualsPlain(batched, 4, 32, 512, false, name);
