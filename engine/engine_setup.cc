@@ -8,11 +8,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/mapped_file.h"
+#include "core/status_macros.h"
 #include "draft/draft_model_proposer.h"
 #include "draft/ngram_proposer.h"
 #include "draft/self_draft.h"
 #include "kernels/make_backend.h"
+#include "dist/communicator.h"
 #include "model/kv_cache.h"
+#include "model/tensor_parallel.h"
 
 namespace specula {
 
@@ -21,7 +24,7 @@ const std::set<std::string> kEngineFlags = {
     "spec-method", "num-spec-tokens", "max-spec-tokens", "draft-model", "draft-tokenizer", "ngram-min",
     "ngram-max", "temperature", "top-k", "top-p", "min-p", "repetition-penalty", "seed", "block-size",
     "device", "dtype", "gpu-memory-utilization", "quantization", "draft-quantization", "kv-cache-dtype",
-    "draft-layers", "draft-quant-type"};
+    "draft-layers", "draft-quant-type", "tensor-parallel-size", "collective-timeout-s"};
 const std::set<std::string> kEngineSwitches = {"ignore-eos", "no-bos", "no-prefix-caching", "int8-activations"};
 
 const char kEngineFlagsHelp[] = R"(  --model PATH          GGUF file (llama, mistral, qwen2; F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q6_K,
@@ -49,6 +52,12 @@ const char kEngineFlagsHelp[] = R"(  --model PATH          GGUF file (llama, mis
                         greedy text). Default: two 8-bit terms, within ~1e-4 of float32 (cpu)
   --kv-cache-dtype D    element type of the KV cache: f32 or bf16 (default on cpu: bf16, which halves
                         the bytes attention reads; on cuda: the compute dtype, the only one offered)
+  --tensor-parallel-size N  shard the target over N ranks (Megatron style: heads, hidden units and
+                        vocabulary), one process each, launched with `mpirun -np N specula ...`
+                        (default 1). Rank 0 schedules, drafts, samples and verifies; the others
+                        run their share of each forward. See README, "Tensor parallelism"
+  --collective-timeout-s S  how long a rank waits in a collective before failing with an error
+                        naming it (default 60); a rank that dies fails the others at once
   --ignore-eos          keep generating past end-of-sequence tokens
   --no-bos              do not prepend BOS to the prompt
 
@@ -84,6 +93,27 @@ namespace {
 
 // The CPU's KV cache dtype when --kv-cache-dtype is not given (README, "KV cache dtype").
 constexpr DType kDefaultCpuKvDtype = DType::kBF16;
+
+// The process's tensor-parallel group, made once (MPI is initialised once per process) and shared by
+// every engine the process loads.
+absl::StatusOr<std::shared_ptr<Communicator>> TensorParallelGroup(int32_t size, double timeout_s) {
+  static std::shared_ptr<Communicator> group;
+  if (group == nullptr) {
+    const int32_t launched = LaunchedWorldSize();
+    if (launched != size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tensor-parallel-size ", size, " needs ", size, " processes, but ", launched,
+          " were launched: run `mpirun -np ", size, " specula ...` (README, \"Tensor parallelism\")"));
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<Communicator> c, MakeMpiCommunicator(timeout_s));
+    group = std::move(c);
+  }
+  if (group->size() != size) {
+    return absl::InvalidArgumentError(absl::StrCat("--tensor-parallel-size ", size, ": this process's group has ",
+                                                   group->size(), " ranks"));
+  }
+  return group;
+}
 
 bool Exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
 
@@ -122,8 +152,31 @@ absl::StatusOr<std::unique_ptr<LoadedEngine>> LoadEngine(const Flags& flags) {
   if (auto st = ValidateSamplingParams(opt.sampling); !st.ok()) return st;
 
   const std::string model_path = f.values["model"];
-  auto weights = LoadModel(model_path);
+  int32_t tp_size = 1;
+  double collective_timeout_s = 60;
+  for (auto st : {GetNumber(f, "tensor-parallel-size", &tp_size), GetNumber(f, "collective-timeout-s", &collective_timeout_s)}) {
+    if (!st.ok()) return st;
+  }
+  if (tp_size < 1) return absl::InvalidArgumentError(absl::StrCat("--tensor-parallel-size must be at least 1, got ", tp_size));
+  if (!(collective_timeout_s > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--collective-timeout-s must be positive, got ", collective_timeout_s));
+  }
+  auto weights = LoadModel(model_path);  // mapped: nothing is read but the header yet
   if (!weights.ok()) return weights.status();
+  std::shared_ptr<Communicator> group;
+  if (tp_size > 1) {
+    // The cut is checked before the group forms or a weight is read.
+    const ModelConfig& mc = (*weights)->config;
+    const LayerWeights& l0 = (*weights)->layers.at(0);
+    auto plan = PlanShard(mc, tp_size, 0, l0.wo.type, l0.w_down.type);
+    if (!plan.ok()) return plan.status();
+    auto g = TensorParallelGroup(tp_size, collective_timeout_s);
+    if (!g.ok()) return g.status();
+    group = *g;
+    plan = PlanShard(mc, tp_size, group->rank(), l0.wo.type, l0.w_down.type);
+    if (!plan.ok()) return plan.status();
+    if (auto st = ShardWeights(**weights, *plan); !st.ok()) return st;
+  }
   const int32_t vocab = (*weights)->config.vocab_size;
   std::string tok_path = f.values.count("tokenizer") ? f.values["tokenizer"]
                                                            : DefaultTokenizer(model_path, vocab);
@@ -157,7 +210,7 @@ absl::StatusOr<std::unique_ptr<LoadedEngine>> LoadEngine(const Flags& flags) {
   }
   auto target_backend = MakeBackend(backend_spec);
   if (!target_backend.ok()) return target_backend.status();
-  auto model_or = LlamaModel::Create(std::move(weights).value(), std::move(target_backend).value());
+  auto model_or = LlamaModel::Create(std::move(weights).value(), std::move(target_backend).value(), group);
   if (!model_or.ok()) return model_or.status();
   LlamaModel& model = **model_or;
   // The KV cache dtype of the target and the draft: bf16 on the CPU unless asked otherwise (see
@@ -174,6 +227,12 @@ absl::StatusOr<std::unique_ptr<LoadedEngine>> LoadEngine(const Flags& flags) {
   }
   if (kv_dtype.has_value()) {
     if (auto st = model.set_kv_dtype(*kv_dtype); !st.ok()) return st;
+  }
+  if (group != nullptr && group->rank() != 0) {
+    // Ranks other than 0 compute their share of rank 0's forwards until it stops them.
+    if (auto st = model.RunFollower(); !st.ok()) return st;
+    e->follower = true;
+    return e;
   }
 
   // Speculative decoding.

@@ -36,10 +36,15 @@ struct LoadedEngine {
   bool add_bos = true;                      // the tokenizer's BOS, unless --no-bos
   bool ignore_eos = false;
   double gpu_util = 0.9;
+  // Tensor parallelism, on a rank other than 0: LoadEngine has already run this rank's share of
+  // every forward (LlamaModel::RunFollower) until rank 0 stopped; nothing else is loaded, and the
+  // command has nothing left to do.
+  bool follower = false;
 };
 
 // Loads the target, its tokenizer and the speculation method the flags name; every flag is checked
-// (an error names it and its value) before anything large loads where that is possible.
+// (an error names it and its value) before anything large loads where that is possible. With
+// --tensor-parallel-size N under mpirun, each rank loads its shard; see LoadedEngine::follower.
 absl::StatusOr<std::unique_ptr<LoadedEngine>> LoadEngine(const Flags& flags);
 
 // The continuous-batching scheduler of the flags (--max-num-seqs, --num-blocks, ...): the KV pool

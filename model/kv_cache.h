@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -28,6 +29,11 @@ class KvCache {
   // The pool is one allocation in `backend`'s memory (the model's backend), or in host memory when
   // `backend` is null. Check status() before use: allocation can fail.
   KvCache(const ModelConfig& model, const KvCacheConfig& config, Backend* backend = nullptr);
+  ~KvCache() {
+    if (on_destroy_) on_destroy_(id_);
+  }
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
 
   const absl::Status& status() const { return status_; }
   PagedKvLayer Layer(int32_t layer);
@@ -42,7 +48,12 @@ class KvCache {
   // Bytes one block takes across all layers (K and V) in `dtype`.
   static int64_t BlockBytes(const ModelConfig& model, int32_t block_size, DType dtype);
 
+  // Called with id() when the pool is destroyed (a tensor-parallel target tells the other ranks to
+  // drop their share of it).
+  void set_on_destroy(std::function<void(uint64_t)> f) { on_destroy_ = std::move(f); }
+
  private:
+  std::function<void(uint64_t)> on_destroy_;
   uint64_t id_;
   int32_t block_size_;
   int32_t num_blocks_;

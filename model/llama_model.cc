@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "dist/communicator.h"
 
 namespace specula {
 namespace {
@@ -28,16 +29,33 @@ int32_t GraphBatch(int32_t seqs, int32_t max_graph_batch) {
 
 }  // namespace
 
-LlamaModel::LlamaModel(std::unique_ptr<ModelWeights> weights, std::unique_ptr<Backend> backend)
-    : weights_(std::move(weights)), backend_(std::move(backend)), kv_dtype_(backend_->dtype()), id_(NextModelId()) {
+LlamaModel::LlamaModel(std::unique_ptr<ModelWeights> weights, std::unique_ptr<Backend> backend,
+                       std::shared_ptr<Communicator> comm)
+    : weights_(std::move(weights)), backend_(std::move(backend)), kv_dtype_(backend_->dtype()),
+      comm_(std::move(comm)), id_(NextModelId()) {
+  if (comm_ != nullptr && comm_->size() != weights_->shard.size) {
+    status_ = absl::InvalidArgumentError(absl::StrCat("the weights are cut for ", weights_->shard.size,
+                                                      " ranks but the communicator has ", comm_->size()));
+    return;
+  }
+  if (tp()) max_graph_batch_ = 0;  // graphs would capture the collectives
   status_ = Upload();
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(std::unique_ptr<ModelWeights> weights,
-                                                               std::unique_ptr<Backend> backend) {
-  auto model = std::make_unique<LlamaModel>(std::move(weights), std::move(backend));
+                                                               std::unique_ptr<Backend> backend,
+                                                               std::shared_ptr<Communicator> comm) {
+  auto model = std::make_unique<LlamaModel>(std::move(weights), std::move(backend), std::move(comm));
   if (!model->status().ok()) return model->status();
   return model;
+}
+
+LlamaModel::~LlamaModel() {
+  if (!tp() || comm_->rank() != 0) return;
+  StepMessage stop;
+  stop.op = StepMessage::kStop;
+  std::string bytes = EncodeStepMessage(stop);
+  (void)comm_->BroadcastMessage(&bytes, "stop");  // a broken group has already failed loudly
 }
 
 absl::Status LlamaModel::Upload() {
@@ -82,7 +100,10 @@ absl::Status LlamaModel::Upload() {
                             mat(w.w_gate, hid, dim), mat(w.w_up, hid, dim), mat(w.w_down, dim, hid)});
   }
   final_norm_ = up(weights_->final_norm, dim);
-  lm_head_ = weights_->lm_head == weights_->embed ? embed_ : mat(weights_->lm_head, c.vocab_size, dim);
+  const TpShard& sh = weights_->shard;
+  lm_head_ = weights_->lm_head == weights_->embed && !sh.active()
+                 ? embed_
+                 : mat(weights_->lm_head, sh.active() ? sh.vocab_end - sh.vocab_begin : c.vocab_size, dim);
   RETURN_IF_ERROR(st);
 
   std::vector<float> cos_sin(static_cast<size_t>(c.max_seq_len) * c.head_dim);  // [max_seq_len, head_dim]
@@ -214,12 +235,14 @@ void LlamaModel::Run(int32_t T, int32_t S, int32_t rows, int32_t max_blocks, KvC
     be.KvWrite(kv_layer, k, v, meta);
     be.PagedAttention(q, kv_layer, meta, c.num_heads, scale, attn);
     be.Linear(attn, w.wo, nullptr, T, dim, qd, proj);
+    AllReduce(proj, static_cast<int64_t>(T) * dim, l, "o_proj");
     be.AddRmsNorm(x, proj, w.ffn_norm, T, dim, c.norm_eps, xn);
     // SwiGLU feed-forward block; its residual add is fused with the next layer's norm.
     const Backend::LinearOut gate_up[] = {{w.w_gate, nullptr, hid, gate}, {w.w_up, nullptr, hid, up}};
     be.MultiLinear(xn, T, dim, gate_up, 2);
     be.SiluMul(gate, up, static_cast<int64_t>(T) * hid, gate);
     be.Linear(gate, w.w_down, nullptr, T, dim, hid, proj);
+    AllReduce(proj, static_cast<int64_t>(T) * dim, l, "down");
     if (l + 1 < c.num_layers) {
       be.AddRmsNorm(x, proj, layers_[l + 1].attn_norm, T, dim, c.norm_eps, xn);
     } else {
@@ -230,10 +253,101 @@ void LlamaModel::Run(int32_t T, int32_t S, int32_t rows, int32_t max_blocks, KvC
   be.RmsNorm(final_.get(), final_norm_, rows, dim, c.norm_eps, final_.get());
 }
 
+void LlamaModel::AllReduce(void* x, int64_t n, int32_t layer, const char* what) {
+  if (!tp() || !tp_status_.ok()) return;
+  tp_status_ = comm_->AllReduceSum(x, n, backend_->dtype(), absl::StrCat("layer ", layer, " ", what));
+}
+
+void LlamaModel::Classify(int32_t rows, float* logits_out, std::vector<float>* logits) {
+  const ModelConfig& c = config();
+  Backend& be = *backend_;
+  if (!tp()) return be.LinearF32(final_.get(), lm_head_, rows, c.vocab_size, c.dim, logits_out);
+  // Each rank's slice [rows, its vocab rows] (padded to vocab_stride), gathered in rank order.
+  const TpShard& sh = shard();
+  const size_t chunk = static_cast<size_t>(rows) * sh.vocab_stride * sizeof(float);
+  tp_status_.Update(tp_local_.Grow(&be, chunk));
+  tp_status_.Update(tp_gather_.Grow(&be, chunk * sh.size));
+  if (!tp_status_.ok()) return;
+  be.LinearF32(final_.get(), lm_head_, rows, sh.vocab_end - sh.vocab_begin, c.dim, tp_local_.as<float>());
+  tp_status_.Update(be.Sync());
+  if (!tp_status_.ok()) return;
+  tp_status_ = comm_->AllGather(tp_local_.get(), chunk, tp_gather_.get(), "logits");
+  if (!tp_status_.ok() || comm_->rank() != 0) return;
+  const float* all = tp_gather_.as<float>();
+  if (be.on_device()) {
+    tp_gather_host_.resize(chunk * sh.size / sizeof(float));
+    be.CopyOut(tp_gather_host_.data(), all, chunk * sh.size);
+    tp_status_.Update(be.Sync());
+    all = tp_gather_host_.data();
+  }
+  for (int32_t r = 0; r < sh.size; ++r) {
+    const int32_t v0 = std::min(c.vocab_size, r * sh.vocab_stride);
+    const int32_t vn = std::min(c.vocab_size, (r + 1) * sh.vocab_stride) - v0;
+    const float* src = all + static_cast<size_t>(r) * rows * sh.vocab_stride;  // [rows, vn]
+    for (int32_t i = 0; i < rows; ++i) {
+      std::memcpy(logits->data() + static_cast<size_t>(i) * c.vocab_size + v0, src + static_cast<size_t>(i) * vn,
+                  vn * sizeof(float));
+    }
+  }
+}
+
+absl::Status LlamaModel::SendStep(const ForwardBatch& batch, const KvCache& kv, LogitsMode mode) {
+  StepMessage m = ForwardMessage(batch);
+  m.pool_id = kv.id();
+  m.block_size = kv.block_size();
+  m.num_blocks = kv.num_blocks();
+  m.kv_dtype = kv.dtype();
+  m.logits_mode = static_cast<uint8_t>(mode);
+  if (announced_pools_.insert(kv.id()).second) {
+    const_cast<KvCache&>(kv).set_on_destroy([released = released_](uint64_t id) {
+      std::lock_guard<std::mutex> lock(released->mu);
+      released->ids.push_back(id);
+    });
+  }
+  {
+    std::lock_guard<std::mutex> lock(released_->mu);
+    m.released_pools.swap(released_->ids);
+  }
+  for (uint64_t id : m.released_pools) announced_pools_.erase(id);
+  std::string bytes = EncodeStepMessage(m);
+  return comm_->BroadcastMessage(&bytes, "step plan");
+}
+
+absl::Status LlamaModel::RunFollower() {
+  RETURN_IF_ERROR(status_);
+  if (!tp() || comm_->rank() == 0) return absl::FailedPreconditionError("RunFollower is for ranks other than 0");
+  std::vector<float> logits;
+  for (;;) {
+    std::string bytes;
+    RETURN_IF_ERROR(comm_->BroadcastMessage(&bytes, "step plan"));
+    StepMessage m;
+    RETURN_IF_ERROR(DecodeStepMessage(bytes, &m));
+    for (uint64_t id : m.released_pools) pools_.erase(id);
+    if (m.op == StepMessage::kStop) return absl::OkStatus();
+    std::unique_ptr<KvCache>& pool = pools_[m.pool_id];
+    if (pool == nullptr) {
+      pool = std::make_unique<KvCache>(config(), KvCacheConfig{m.block_size, m.num_blocks, m.kv_dtype}, backend_.get());
+      RETURN_IF_ERROR(pool->status());
+    }
+    const ForwardBatch batch = m.Batch();
+    RETURN_IF_ERROR(Validate(batch, *pool));
+    RETURN_IF_ERROR(ForwardLocal(batch, *pool, static_cast<LogitsMode>(m.logits_mode), &logits));
+  }
+}
+
 absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& kv, LogitsMode mode,
                                  std::vector<float>* logits) {
   RETURN_IF_ERROR(status_);
   RETURN_IF_ERROR(Validate(batch, kv));
+  if (tp()) {
+    if (comm_->rank() != 0) return absl::FailedPreconditionError("only rank 0 calls Forward; the others RunFollower");
+    RETURN_IF_ERROR(SendStep(batch, kv, mode));
+  }
+  return ForwardLocal(batch, kv, mode, logits);
+}
+
+absl::Status LlamaModel::ForwardLocal(const ForwardBatch& batch, KvCache& kv, LogitsMode mode,
+                                      std::vector<float>* logits) {
   const ModelConfig& c = config();
   Backend& be = *backend_;
   int32_t T = batch.NumTokens();
@@ -302,15 +416,16 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& kv, LogitsM
     if (!be.Replay(graph_batch)) {
       be.BeginCapture();
       Run(T, S, run_rows, max_blocks, kv);
-      be.LinearF32(final_.get(), lm_head_, run_rows, c.vocab_size, c.dim, logits_out);
+      Classify(run_rows, logits_out, logits);
       RETURN_IF_ERROR(be.EndCapture(graph_batch));
       if (!be.Replay(graph_batch)) return absl::InternalError("captured graph did not replay");
     }
   } else {
     Run(T, S, run_rows, max_blocks, kv);
-    be.LinearF32(final_.get(), lm_head_, run_rows, c.vocab_size, c.dim, logits_out);
+    Classify(run_rows, logits_out, logits);
   }
-  if (be.on_device()) be.CopyOut(logits->data(), logits_out, logits->size() * sizeof(float));
+  RETURN_IF_ERROR(tp_status_);
+  if (be.on_device() && !tp()) be.CopyOut(logits->data(), logits_out, logits->size() * sizeof(float));
   return be.Sync();
 }
 

@@ -3,7 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -15,19 +18,32 @@
 
 namespace specula {
 
+class Communicator;
+
 enum class LogitsMode {
   kAll,              // one row per new token (prefill scoring, speculative verification)
   kLastPerSequence,  // one row per sequence (plain decoding), all rows for `all_logits` sequences
 };
 
+// Tensor parallelism (model/tensor_parallel.h): give each rank its shard of the weights
+// (ShardWeights) and the group's communicator. Rank 0 is the model the engine calls: each Forward
+// first sends the step plan to the other ranks, which run RunFollower() and compute their share;
+// the all-reduces and the logits all-gather happen inside the forward. Rank 0's destructor tells
+// them to stop.
 class LlamaModel {
  public:
   // Uploads the weights to the backend once. Check status() (or use Create) before Forward.
-  LlamaModel(std::unique_ptr<ModelWeights> weights, std::unique_ptr<Backend> backend);
+  LlamaModel(std::unique_ptr<ModelWeights> weights, std::unique_ptr<Backend> backend,
+             std::shared_ptr<Communicator> comm = nullptr);
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(std::unique_ptr<ModelWeights> weights,
-                                                            std::unique_ptr<Backend> backend);
+                                                            std::unique_ptr<Backend> backend,
+                                                            std::shared_ptr<Communicator> comm = nullptr);
+  ~LlamaModel();
 
+  // This rank's config: under tensor parallelism its own heads, KV heads and hidden units (the KV
+  // pools made from it hold this rank's share); vocab_size is always the whole vocabulary.
   const ModelConfig& config() const { return weights_->config; }
+  const TpShard& shard() const { return weights_->shard; }
   // Unique to this model for the process's lifetime (never reused, unlike its address).
   uint64_t id() const { return id_; }
   Backend& backend() { return *backend_; }
@@ -55,7 +71,25 @@ class LlamaModel {
   // captured graphs when it grows.
   absl::Status Reserve(int32_t tokens, int32_t seqs, int32_t table_len, int32_t rows);
 
+  // The loop of ranks other than 0: receives each step plan and runs this rank's share of the
+  // forward, until rank 0 says stop (OK) or a collective fails (its error).
+  absl::Status RunFollower();
+
  private:
+  // Pools rank 0 dropped since its last message (filled from KvCache destructors).
+  struct ReleasedPools {
+    std::mutex mu;
+    std::vector<uint64_t> ids;
+  };
+
+  bool tp() const { return comm_ != nullptr && weights_->shard.active(); }
+  absl::Status SendStep(const ForwardBatch& batch, const KvCache& kv, LogitsMode mode);
+  absl::Status ForwardLocal(const ForwardBatch& batch, KvCache& kv, LogitsMode mode, std::vector<float>* logits);
+  // Sums a row-parallel product over the ranks (the first failure is kept in tp_status_).
+  void AllReduce(void* x, int64_t n, int32_t layer, const char* what);
+  // The classifier over final_ [rows, dim] into logits [rows, vocab] (host) or logits_dev_.
+  void Classify(int32_t rows, float* logits_out, std::vector<float>* logits);
+
   // Weight views in the backend's memory and dtype.
   struct Layer {
     const void *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *wo, *ffn_norm, *w_gate, *w_up, *w_down;
@@ -97,6 +131,16 @@ class LlamaModel {
   BackendBuffer up_;          // [T, hidden_dim]
   BackendBuffer final_;       // [rows, dim]
   BackendBuffer logits_dev_;  // [rows, vocab] f32 (device backends)
+
+  // Tensor parallelism.
+  std::shared_ptr<Communicator> comm_;
+  absl::Status tp_status_;
+  std::set<uint64_t> announced_pools_;                      // rank 0: pools the others hold
+  std::shared_ptr<ReleasedPools> released_ = std::make_shared<ReleasedPools>();
+  std::map<uint64_t, std::unique_ptr<KvCache>> pools_;      // other ranks: rank 0's pool id -> share
+  BackendBuffer tp_local_;                                  // [rows, vocab_stride] f32 this rank's logits
+  BackendBuffer tp_gather_;                                 // [size, rows, vocab_stride] f32 all of them
+  std::vector<float> tp_gather_host_;                       // the same on the host (device backends)
 
   int32_t max_graph_batch_ = 64;
   uint64_t id_;

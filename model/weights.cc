@@ -74,6 +74,9 @@ void ModelWeights::Release(const void* p, size_t bytes) {
   for (std::vector<float>& v : owned) {
     if (static_cast<const void*>(v.data()) == p) return std::vector<float>().swap(v);
   }
+  for (std::vector<uint8_t>& v : owned_blocks) {
+    if (static_cast<const void*>(v.data()) == p) return std::vector<uint8_t>().swap(v);
+  }
 }
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlama2c(const std::string& path) {

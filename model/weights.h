@@ -12,6 +12,7 @@
 #include "core/mapped_file.h"
 #include "core/quant.h"
 #include "model/model_config.h"
+#include "model/tensor_parallel.h"
 
 namespace specula {
 
@@ -49,7 +50,9 @@ struct ModelWeights {
   Matrix embed;                       // [vocab_size, dim]
   std::vector<LayerWeights> layers;   // [num_layers]
   const float* final_norm = nullptr;  // [dim]
-  Matrix lm_head;                     // [vocab_size, dim]; == embed when tied
+  Matrix lm_head;                     // [vocab_size, dim]; == embed when tied; under tensor
+                                      // parallelism [shard.vocab_end - shard.vocab_begin, dim]
+  TpShard shard;                      // the rank's share (ShardWeights); size 1: the whole model
 
   // Backing storage the views point into.
   std::vector<MappedFile> files;

@@ -10,6 +10,7 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libicu-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libcpp-httplib-dev
+  libopenmpi-dev openmpi-bin
   python3 python3-pip
 )
 

@@ -88,6 +88,7 @@ absl::Status RunServe(int argc, char** argv) {
 
   auto loaded = LoadEngine(*flags);
   if (!loaded.ok()) return loaded.status();
+  if ((*loaded)->follower) return absl::OkStatus();  // a tensor-parallel rank other than 0: only rank 0 serves
   LoadedEngine& e = **loaded;
   auto sc = BatchSchedulerConfig(*flags, e);
   if (!sc.ok()) return sc.status();

@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/mapped_file.h"
+#include "dist/communicator.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "core/status_macros.h"
@@ -177,6 +178,7 @@ absl::Status RunGenerate(int argc, char** argv) {
   }
   auto loaded = LoadEngine(*flags);
   if (!loaded.ok()) return loaded.status();
+  if ((*loaded)->follower) return absl::OkStatus();  // a tensor-parallel rank other than 0: done
   LoadedEngine& e = **loaded;
   LlamaModel& model = *e.model;
   const Tokenizer& tok = *e.tokenizer;
@@ -302,7 +304,9 @@ int main(int argc, char** argv) {
   }
   if (!st.ok()) {
     std::cerr << "specula " << cmd << ": " << (absl::IsCancelled(st) ? "" : "error: ") << st.message() << "\n";
+    specula::ShutdownMpi(false);  // under mpirun: stops every rank, so none is left waiting
     return absl::IsCancelled(st) ? 130 : 1;
   }
+  specula::ShutdownMpi(true);
   return 0;
 }
