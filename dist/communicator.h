@@ -50,6 +50,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeMpiCommunicator(double timeout
 // The size of MPI_COMM_WORLD as the launcher sets it in the environment (OMPI_COMM_WORLD_SIZE,
 // PMI_SIZE), 1 when not launched by mpirun; read without initialising MPI.
 int32_t LaunchedWorldSize();
+// NCCL over `bootstrap` (an MPI group of one GPU per rank; it carries the unique id and the step
+// plans): GPU tensors on `cuda_stream` (the rank's backend stream) of `device`. Unavailable when the
+// build or the machine has no NCCL.
+absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(Communicator* bootstrap, int device,
+                                                                   void* cuda_stream);
+// GPUs visible to the NCCL module (0 without one).
+int NcclDeviceCount();
+
 // Ends MPI for the process: MPI_Finalize when `ok`, otherwise MPI_Abort, which stops every rank
 // (no process is left behind when one fails). A no-op when MPI was never initialised.
 void ShutdownMpi(bool ok);

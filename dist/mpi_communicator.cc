@@ -33,6 +33,18 @@ void OnTerminate(int) { g_terminated = 1; }
 
 bool g_initialized_here = false;
 
+// Time spent in collectives by this process (SPECULA_COMM_STATS=1 prints it at exit): the
+// all-reduce share of a step, transfer and waiting for the slowest rank together.
+struct Stats {
+  int64_t calls[4] = {0, 0, 0, 0};  // all_reduce, all_gather, broadcast (incl. step plans), barrier
+  double seconds[4] = {0, 0, 0, 0};
+  Clock::time_point start = Clock::now();
+} g_stats;
+
+int OpIndex(const char* op) {
+  return op[0] == 'a' ? (op[4] == 'r' ? 0 : 1) : op[0] == 'b' && op[1] == 'r' ? 2 : 3;
+}
+
 // True when the process is gone or a zombie (killed, not yet reaped by the launcher).
 bool ProcessGone(int64_t pid) {
   std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
@@ -109,7 +121,13 @@ class MpiCommunicator final : public Communicator {
     for (int64_t spins = 0;; ++spins) {
       int done = 0;
       if (int rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE); rc != MPI_SUCCESS) return Fail(op, what, seq, ErrorString(rc));
-      if (done) return absl::OkStatus();
+      if (done) {
+        if (!idle) {  // an idle wait for the next step plan is not the step's time
+          g_stats.calls[OpIndex(op)] += 1;
+          g_stats.seconds[OpIndex(op)] += std::chrono::duration<double>(Clock::now() - begin).count();
+        }
+        return absl::OkStatus();
+      }
       // Spin briefly (a step's all-reduces are microseconds apart), then let other ranks and
       // threads have the core: these machines run more ranks than cores.
       if (spins > 2000) {
@@ -222,6 +240,25 @@ void ShutdownMpi(bool ok) {
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (!initialized || finalized || !g_initialized_here) return;
+  if (const char* v = std::getenv("SPECULA_COMM_STATS"); v != nullptr && v[0] == '1') {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    const double total = std::chrono::duration<double>(Clock::now() - g_stats.start).count();
+    long rss_kb = 0, hwm_kb = 0;
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("VmRSS:", 0) == 0) rss_kb = std::atol(line.c_str() + 6);
+      if (line.rfind("VmHWM:", 0) == 0) hwm_kb = std::atol(line.c_str() + 6);
+    }
+    std::fprintf(stderr,
+                 "[specula] rank %d collectives: all_reduce %lld calls %.3f s, all_gather %lld calls %.3f s, "
+                 "broadcast %lld calls %.3f s, barrier %lld calls %.3f s; %.3f s since MPI_Init; RSS %.1f MB "
+                 "(peak %.1f MB)\n",
+                 rank, static_cast<long long>(g_stats.calls[0]), g_stats.seconds[0],
+                 static_cast<long long>(g_stats.calls[1]), g_stats.seconds[1], static_cast<long long>(g_stats.calls[2]),
+                 g_stats.seconds[2], static_cast<long long>(g_stats.calls[3]), g_stats.seconds[3], total,
+                 rss_kb / 1024.0, hwm_kb / 1024.0);
+  }
   if (ok) {
     MPI_Finalize();
   } else {

@@ -208,8 +208,15 @@ absl::StatusOr<std::unique_ptr<LoadedEngine>> LoadEngine(const Flags& flags) {
   if (!(gpu_util > 0.0 && gpu_util <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat("--gpu-memory-utilization must be in (0, 1], got ", gpu_util));
   }
+  if (group != nullptr) backend_spec.device_index = group->rank();  // one GPU per rank
   auto target_backend = MakeBackend(backend_spec);
   if (!target_backend.ok()) return target_backend.status();
+  if (group != nullptr && (*target_backend)->on_device()) {
+    // GPU tensors go over NCCL; the MPI group carries its unique id and the step plans.
+    auto nccl = MakeNcclCommunicator(group.get(), backend_spec.device_index, (*target_backend)->native_stream());
+    if (!nccl.ok()) return nccl.status();
+    group = std::shared_ptr<Communicator>(std::move(nccl).value());
+  }
   auto model_or = LlamaModel::Create(std::move(weights).value(), std::move(target_backend).value(), group);
   if (!model_or.ok()) return model_or.status();
   LlamaModel& model = **model_or;

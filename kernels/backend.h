@@ -94,6 +94,9 @@ class Backend {
   // Element types the KV pool may hold (KvWrite converts into it, attention reads from it). The
   // default is the compute dtype only; the CPU backend also stores bf16 (--kv-cache-dtype).
   virtual bool SupportsKvDtype(DType d) const { return d == dtype(); }
+  // The queue a device backend orders its ops on (a cudaStream_t for CUDA), so that a
+  // communicator's collectives are ordered with them; null on the host.
+  virtual void* native_stream() const { return nullptr; }
 
   // --- Memory -------------------------------------------------------------------------------
   // ResourceExhausted, naming the size, when out of memory.

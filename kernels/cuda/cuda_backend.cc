@@ -79,6 +79,7 @@ class CudaBackend final : public Backend {
   const char* name() const override { return "cuda"; }
   DType dtype() const override { return dtype_; }
   bool on_device() const override { return true; }
+  void* native_stream() const override { return stream_; }
 
   absl::StatusOr<void*> Alloc(size_t bytes) override {
     void* p = nullptr;
