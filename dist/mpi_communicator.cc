@@ -239,10 +239,9 @@ void ShutdownMpi(bool ok) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (!initialized || finalized || !g_initialized_here) return;
-  if (const char* v = std::getenv("SPECULA_COMM_STATS"); v != nullptr && v[0] == '1') {
+  if (const char* v = std::getenv("SPECULA_COMM_STATS"); v != nullptr && v[0] == '1' && !finalized) {
     int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (initialized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     const double total = std::chrono::duration<double>(Clock::now() - g_stats.start).count();
     long rss_kb = 0, hwm_kb = 0;
     std::ifstream status("/proc/self/status");
@@ -252,13 +251,14 @@ void ShutdownMpi(bool ok) {
     }
     std::fprintf(stderr,
                  "[specula] rank %d collectives: all_reduce %lld calls %.3f s, all_gather %lld calls %.3f s, "
-                 "broadcast %lld calls %.3f s, barrier %lld calls %.3f s; %.3f s since MPI_Init; RSS %.1f MB "
+                 "broadcast %lld calls %.3f s, barrier %lld calls %.3f s; %.3f s since start; RSS %.1f MB "
                  "(peak %.1f MB)\n",
                  rank, static_cast<long long>(g_stats.calls[0]), g_stats.seconds[0],
                  static_cast<long long>(g_stats.calls[1]), g_stats.seconds[1], static_cast<long long>(g_stats.calls[2]),
                  g_stats.seconds[2], static_cast<long long>(g_stats.calls[3]), g_stats.seconds[3], total,
                  rss_kb / 1024.0, hwm_kb / 1024.0);
   }
+  if (!initialized || finalized || !g_initialized_here) return;
   if (ok) {
     MPI_Finalize();
   } else {
