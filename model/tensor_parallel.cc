@@ -167,7 +167,7 @@ struct Reader {
       return {};
     }
     std::vector<T> v(n);
-    std::memcpy(v.data(), s.data() + at, n * sizeof(T));
+    if (n > 0) std::memcpy(v.data(), s.data() + at, n * sizeof(T));
     at += n * sizeof(T);
     return v;
   }

@@ -61,11 +61,15 @@ class TensorParallelTest(unittest.TestCase):
                 # Shared starts (prefix caching) and varied lengths.
                 f.write(json.dumps({"id": i, "prompt": STARTS[i % 8] + " and then" * (i % 3),
                                     "max_tokens": 12 + i % 9}) + "\n")
-        cls.sampled = os.path.join(cls.tmp, "sampled.jsonl")
-        with open(cls.sampled, "w") as f:
-            for i in range(8):
-                f.write(json.dumps({"id": i, "prompt": STARTS[i], "max_tokens": 16, "temperature": 0.9,
-                                    "top_p": 0.95, "seed": 100 + i}) + "\n")
+        # Sampled requests: plain temperature, and with top-p and top-k (real model only: on the
+        # near-flat logits of random weights, which tokens make the top-p set flips on a 1e-7 move,
+        # and each flip shifts the draw by a token).
+        cls.sampled, cls.sampled_truncated = (os.path.join(cls.tmp, f) for f in ("sampled.jsonl", "truncated.jsonl"))
+        for path, extra in [(cls.sampled, {}), (cls.sampled_truncated, {"top_p": 0.95, "top_k": 40})]:
+            with open(path, "w") as f:
+                for i in range(8):
+                    f.write(json.dumps(dict({"id": i, "prompt": STARTS[i], "max_tokens": 16, "temperature": 0.9,
+                                             "seed": 100 + i}, **extra)) + "\n")
 
     @classmethod
     def tearDownClass(cls):
@@ -126,14 +130,12 @@ class TensorParallelTest(unittest.TestCase):
                     for tp in tps:
                         self.assertEqual(batch_tokens(run(tp, common + extra)[0]), want,
                                          f"{name} {label}: TP = {tp} differs from TP = 1")
-            # Sampled with speculation on the real pair. On the random pairs, rejection sampling's
-            # recovered distribution max(0, p - q) of two near-flat distributions cancels almost
-            # everything, so a 1e-7 move of the logits moves its draw: they sample without a draft.
-            spec = (["--spec-method", "draft", "--draft-model", draft, "--num-spec-tokens", "auto"]
-                    if name == "stories260K" else [])
-            with self.subTest(model=name, variant="sampled batch"):
-                self.check_same(f"{name} sampled batch", tps,
-                                model + ["--prompts-file", self.sampled, "--no-progress"] + spec, batch_tokens)
+            spec = ["--spec-method", "draft", "--draft-model", draft, "--num-spec-tokens", "auto"]
+            files = [self.sampled] + ([self.sampled_truncated] if name == "stories260K" else [])
+            for path in files:
+                with self.subTest(model=name, variant=f"sampled batch {os.path.basename(path)}"):
+                    self.check_same(f"{name} sampled batch {path}", tps,
+                                    model + ["--prompts-file", path, "--no-progress"] + spec, batch_tokens)
 
     def test_refusals_name_the_numbers(self):
         # Without mpirun: the launch is refused with the command to use.
