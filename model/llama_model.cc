@@ -1,5 +1,7 @@
 #include "model/llama_model.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -121,6 +123,9 @@ absl::Status LlamaModel::Upload() {
   be.CopyIn(cos_sin_.get(), cos_sin.data(), cos_sin.size() * sizeof(float));
   RETURN_IF_ERROR(be.Sync());
   for (const auto& [host, bytes] : copied) weights_->Release(host, bytes);
+  // The column cuts of a tensor-parallel shard were heap copies, freed once packed; glibc keeps
+  // freed chunks of that size in the heap, which would hold about their total in RSS.
+  if (weights_->shard.active()) ::malloc_trim(0);
   return absl::OkStatus();
 }
 
