@@ -226,7 +226,12 @@ std::vector<RequestOutput> Engine::Step() {
   const Clock::time_point step_start = Clock::now();
   std::vector<RequestOutput> done = std::move(aborted_);
   aborted_.clear();
-  StepPlan plan = scheduler_.Schedule(NowMs());
+  const double schedule_ms = NowMs();
+  StepPlan plan = scheduler_.Schedule(schedule_ms);
+  for (const ScheduledSeq& s : plan.seqs) {
+    RequestOutput& out = active_.at(s.id).out;
+    if (out.scheduled_ms == 0) out.scheduled_ms = schedule_ms;
+  }
   if (plan.seqs.empty()) {
     if (plan.wait_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(std::min(plan.wait_ms, 5.0)));
     return done;

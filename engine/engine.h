@@ -41,8 +41,9 @@ struct RequestOutput {
   int32_t prompt_tokens = 0;
   int32_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
   int32_t num_preemptions = 0;
-  // Milliseconds since the engine started.
-  double arrival_ms = 0, first_token_ms = 0, finish_ms = 0;
+  // Milliseconds since the engine started. scheduled_ms: the step that first scheduled it (it left
+  // the waiting queue; 0: never).
+  double arrival_ms = 0, scheduled_ms = 0, first_token_ms = 0, finish_ms = 0;
   std::vector<double> token_ms;  // [tokens]
 
   SpecStats spec;  // drafts, draft tokens, accepted tokens, accepted per position

@@ -131,6 +131,8 @@ void EngineLoop::Run() {
     }
     for (Add& add : adds) {
       const RequestId id = add.request.id;
+      size_t hold_back = 0;
+      for (const std::string& s : add.request.stop_strings) hold_back = std::max(hold_back, std::max<size_t>(s.size(), 1) - 1);
       if (absl::Status st = engine_->AddRequest(std::move(add.request)); !st.ok()) {
         TokenDelta refused;
         refused.finished = true;
@@ -140,7 +142,7 @@ void EngineLoop::Run() {
         add.stream->Push(std::move(refused));
         continue;
       }
-      active_[id] = Active{std::move(add.stream), add.submit_ms};
+      active_[id] = Active{std::move(add.stream), add.submit_ms, 0, 0, hold_back};
     }
     if (cancel_all) {
       for (auto& [id, a] : active_) cancels.push_back(id);
@@ -168,6 +170,8 @@ void EngineLoop::Run() {
       snapshot_.prefix_cache_hits = blocks.hit_tokens();
       snapshot_.oldest_queued_ms = oldest_queued_ms;
       snapshot_.stats = engine_->stats();
+      num_running_.store(snapshot_.num_running, std::memory_order_relaxed);
+      oldest_queued_ms_.store(oldest_queued_ms, std::memory_order_relaxed);
     }
     PublishDeltas(std::move(finished));
     if (stop && active_.empty()) return;
@@ -181,9 +185,12 @@ void EngineLoop::PublishDeltas(std::vector<RequestOutput> finished) {
       hooks_.on_first_token(engine_->NowMs() - a.submit_ms);
     }
     d.tokens.assign(out.tokens.begin() + std::min(a.tokens_sent, out.tokens.size()), out.tokens.end());
-    // A stop string cuts the final text; what was sent before the cut stays sent.
-    if (out.text.size() > a.text_sent) {
-      a.text_sent += TakeUtf8(std::string_view(out.text).substr(a.text_sent), last, &d.text);
+    // Until the end, the last hold_back bytes wait: they may be the start of a stop string, which
+    // the engine cuts from the final text. With them held, the deltas' text adds up to the final
+    // text and never holds a stop string.
+    const size_t sendable = last ? out.text.size() : out.text.size() - std::min(out.text.size(), a.hold_back);
+    if (sendable > a.text_sent) {
+      a.text_sent += TakeUtf8(std::string_view(out.text).substr(a.text_sent, sendable - a.text_sent), last, &d.text);
     }
     a.tokens_sent = std::max(a.tokens_sent, out.tokens.size());
     return d;

@@ -5,6 +5,7 @@
 // No gRPC or HTTP types here.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -27,7 +28,10 @@ namespace specula {
 // reason the request was refused in `error`.
 struct TokenDelta {
   std::vector<TokenId> tokens;
-  std::string text;  // the tokens' text, when the engine has a tokenizer
+  // The tokens' text, when the engine has a tokenizer. With stop strings it lags the tokens by up
+  // to the longest stop string's length - 1 bytes until the last delta (vLLM's hold-back), so the
+  // deltas' text adds up to the final text and never contains a stop string.
+  std::string text;
   bool finished = false;
   absl::Status error;  // not OK: the request was refused (bad input) and never ran
   RequestOutput final;
@@ -97,6 +101,10 @@ class EngineLoop {
   // Aborts every request admitted so far (the end of a drain that ran out of time).
   void CancelAll();
   EngineSnapshot Snapshot() const;
+  // What admission control reads on every request, as of the end of the last step: lock-free, so
+  // that a refusal never waits for the loop's thread.
+  int32_t num_running() const { return num_running_.load(std::memory_order_relaxed); }
+  double oldest_queued_ms() const { return oldest_queued_ms_.load(std::memory_order_relaxed); }
 
  private:
   void Run();
@@ -105,6 +113,8 @@ class EngineLoop {
 
   Engine* const engine_;
   const LoopHooks hooks_;
+  std::atomic<int32_t> num_running_{0};
+  std::atomic<double> oldest_queued_ms_{0};
   mutable std::mutex mu_;
   std::condition_variable cv_;
   struct Add {
@@ -122,6 +132,9 @@ class EngineLoop {
     std::shared_ptr<RequestStream> stream;
     double submit_ms = 0;
     size_t tokens_sent = 0, text_sent = 0;
+    // Bytes of text held back from streaming: the longest stop string's length - 1 (as vLLM), so
+    // that a stop string the next tokens complete is never partly sent.
+    size_t hold_back = 0;
   };
   std::unordered_map<RequestId, Active> active_;
   std::thread thread_;  // last: starts once the members above exist

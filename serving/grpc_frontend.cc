@@ -210,6 +210,14 @@ class GenerationService final : public v1::Generation::CallbackService {
 
 }  // namespace
 
+absl::StatusOr<ServeRequest> ParseGenerateRequest(const std::string& bytes) {
+  v1::GenerateRequest req;
+  if (!req.ParseFromString(bytes)) {
+    return absl::InvalidArgumentError("request: not a specula.v1.GenerateRequest message");
+  }
+  return FromProto(req);
+}
+
 struct GrpcFrontend::Impl {
   std::unique_ptr<GenerationService> service;
   std::unique_ptr<grpc::Server> server;

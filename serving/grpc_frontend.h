@@ -12,6 +12,11 @@
 
 namespace specula {
 
+// A serialized specula.v1.GenerateRequest as the Generate call hands it to Server::Submit (proto3's
+// unset fields mapped to the defaults). INVALID_ARGUMENT when the bytes are not such a message
+// (gRPC itself answers those before the call starts).
+absl::StatusOr<ServeRequest> ParseGenerateRequest(const std::string& bytes);
+
 class GrpcFrontend {
  public:
   // Listens on host:port (0: a free port; see port()). `server` must outlive the front end.

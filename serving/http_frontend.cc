@@ -1,15 +1,20 @@
 #include "serving/http_frontend.h"
 
+#include <dirent.h>
 #include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace specula {
@@ -99,7 +104,7 @@ absl::Status ParseCommon(const json& j, bool chat, ServeRequest* r, bool* stream
   if (j.contains("ignore_eos")) r->ignore_eos = j["ignore_eos"].is_boolean() && j["ignore_eos"].get<bool>();
   *stream = j.contains("stream") && j["stream"].is_boolean() && j["stream"].get<bool>();
   *usage_in_stream = j.contains("stream_options") && j["stream_options"].is_object() &&
-                     j["stream_options"].value("include_usage", false);
+                     j["stream_options"].value("include_usage", json()) == true;
   return absl::OkStatus();
 }
 
@@ -131,6 +136,51 @@ const char* FinishName(FinishReason f) {
   }
 }
 
+// The socket a request came on, to see its client go away while a non-streamed request runs.
+// cpp-httplib 0.11 (Debian 12's) hands a handler neither the socket nor 0.12's
+// req.is_connection_closed, so this finds the open socket whose local port and peer address and
+// port are the request's (the connection's 4-tuple: unique among live sockets, and the handler's
+// thread keeps this one open until the handler returns). -1 if none matches.
+int ConnectionSocket(const httplib::Request& req) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  auto host_port = [](const sockaddr_storage& a, socklen_t len, std::string* host) {
+    char h[NI_MAXHOST], port[NI_MAXSERV];
+    if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, h, sizeof h, port, sizeof port,
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+      return -1;
+    }
+    *host = h;  // as httplib writes req.remote_addr
+    return std::atoi(port);
+  };
+  int found = -1;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    const int fd = std::atoi(e->d_name);
+    sockaddr_storage local{}, peer{};
+    socklen_t local_len = sizeof local, peer_len = sizeof peer;
+    if (fd == dirfd(dir) || getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0 ||
+        getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) {
+      continue;
+    }
+    std::string local_host, peer_host;
+    if (host_port(local, local_len, &local_host) == req.local_port &&
+        host_port(peer, peer_len, &peer_host) == req.remote_port && peer_host == req.remote_addr) {
+      found = fd;
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
+
+// Whether the client closed the connection (or it broke): end of stream or an error on the socket.
+// Bytes waiting to be read (a pipelined request) are not a close.
+bool PeerClosed(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
 // OpenAI chat messages: content is a string or a list of {"type": "text", "text": ...} parts.
 absl::StatusOr<std::vector<ChatMessage>> ParseMessages(const json& j) {
   if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty()) {
@@ -147,7 +197,7 @@ absl::StatusOr<std::vector<ChatMessage>> ParseMessages(const json& j) {
       msg.content = c.get<std::string>();
     } else if (c.is_array()) {
       for (const json& part : c) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+        if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") || !part["text"].is_string()) {
           return Bad(field + ".content", "only text parts ({\"type\": \"text\", \"text\": ...}) are supported");
         }
         msg.content += part["text"].get<std::string>();
@@ -173,31 +223,41 @@ struct HttpFrontend::Impl {
   void Handle(const httplib::Request& req, httplib::Response& res, bool chat);
 };
 
-void HttpFrontend::Impl::Handle(const httplib::Request& req, httplib::Response& res, bool chat) {
-  json j = json::parse(req.body, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return SendError(res, Bad("body", "not a JSON object"));
-  const std::string model = server->options().model_name;
+absl::StatusOr<HttpRequestBody> ParseHttpRequestBody(const std::string& body, bool chat, const std::string& model,
+                                                     const ChatTemplate* chat_template,
+                                                     const absl::StatusOr<ChatSource>& chat_source) {
+  json j = json::parse(body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Bad("body", "not a JSON object");
   if (j.contains("model") && j["model"].is_string() && j["model"] != model) {
-    return SendError(res, absl::NotFoundError(absl::StrCat("model: '", j["model"].get<std::string>(),
-                                                           "' is not served here; this server serves '", model, "'")));
+    return absl::NotFoundError(absl::StrCat("model: '", j["model"].get<std::string>(),
+                                            "' is not served here; this server serves '", model, "'"));
   }
-  ServeRequest r;
-  bool stream = false, usage_in_stream = false;
-  if (auto st = ParseCommon(j, chat, &r, &stream, &usage_in_stream); !st.ok()) return SendError(res, st);
+  HttpRequestBody b;
+  ServeRequest& r = b.request;
+  RETURN_IF_ERROR(ParseCommon(j, chat, &r, &b.stream, &b.usage_in_stream));
   if (chat) {
-    if (!chat_template.has_value()) {
-      return SendError(res, Bad("messages", absl::StrCat("this model has no chat template usable here (",
-                                                         chat_source.status().message(), "); use /v1/completions")));
+    if (chat_template == nullptr) {
+      return Bad("messages", absl::StrCat("this model has no chat template usable here (",
+                                          chat_source.status().message(), "); use /v1/completions"));
     }
-    auto messages = ParseMessages(j);
-    if (!messages.ok()) return SendError(res, messages.status());
-    auto text = chat_template->Render(*messages, /*add_generation_prompt=*/true, chat_source->bos_token, chat_source->eos_token);
-    if (!text.ok()) return SendError(res, Bad("messages", std::string(text.status().message())));
+    ASSIGN_OR_RETURN(const std::vector<ChatMessage> messages, ParseMessages(j));
+    auto text = chat_template->Render(messages, /*add_generation_prompt=*/true, chat_source->bos_token, chat_source->eos_token);
+    if (!text.ok()) return Bad("messages", std::string(text.status().message()));
     r.prompt = *std::move(text);
     r.templated = true;
-  } else if (auto st = ParsePrompt(j, &r); !st.ok()) {
-    return SendError(res, st);
+  } else {
+    RETURN_IF_ERROR(ParsePrompt(j, &r));
   }
+  return b;
+}
+
+void HttpFrontend::Impl::Handle(const httplib::Request& req, httplib::Response& res, bool chat) {
+  const std::string model = server->options().model_name;
+  auto parsed = ParseHttpRequestBody(req.body, chat, model, chat_template.has_value() ? &*chat_template : nullptr,
+                                     chat_source);
+  if (!parsed.ok()) return SendError(res, parsed.status());
+  const ServeRequest& r = parsed->request;
+  const bool stream = parsed->stream, usage_in_stream = parsed->usage_in_stream;
   auto admitted = server->Submit(r);
   if (!admitted.ok()) return SendError(res, admitted.status());
 
@@ -222,10 +282,20 @@ void HttpFrontend::Impl::Handle(const httplib::Request& req, httplib::Response& 
     return json{{"prompt_tokens", out.prompt_tokens}, {"completion_tokens", n}, {"total_tokens", out.prompt_tokens + n},
                 {"prompt_tokens_details", {{"cached_tokens", out.cached_prompt_tokens}}}};
   };
+  // A client that goes away aborts its request, which frees its KV blocks: a non-streamed one is
+  // checked after every delta (each step that gives it tokens) and every 20 ms while it waits; a
+  // streamed one also when a write fails.
+  const int conn_fd = ConnectionSocket(req);
+  const auto poll_every = std::chrono::milliseconds(conn_fd >= 0 ? 20 : 1000);
   if (!stream) {
     std::string text;
     for (;;) {
-      auto d = admitted->stream->Next(std::chrono::milliseconds(1000));
+      auto d = admitted->stream->Next(poll_every);
+      if (conn_fd >= 0 && (!d || !d->finished) && PeerClosed(conn_fd)) {
+        server->Cancel(admitted->id);
+        res.status = 499;  // nginx's "client closed request"; nobody reads it
+        return;
+      }
       if (!d) continue;
       if (!d->error.ok()) return SendError(res, d->error);
       text += d->text;
@@ -245,8 +315,8 @@ void HttpFrontend::Impl::Handle(const httplib::Request& req, httplib::Response& 
   res.set_chunked_content_provider(
       "text/event-stream",
       [=](size_t, httplib::DataSink& sink) {
-        auto d = rs->Next(std::chrono::milliseconds(1000));
-        if (!d) return true;  // nothing yet: called again
+        auto d = rs->Next(poll_every);
+        if (!d) return conn_fd < 0 || !PeerClosed(conn_fd);  // nothing yet: called again, unless the client left
         auto send = [&](const json& chunk) {
           const std::string line = "data: " + chunk.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
           return sink.write(line.data(), line.size());

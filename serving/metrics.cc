@@ -9,7 +9,8 @@
 namespace specula {
 namespace {
 
-// vLLM's buckets (vllm/v1/metrics/loggers.py, see metrics.h).
+// vLLM's buckets (vllm/v1/metrics/loggers.py, see metrics.h). kLatencyBuckets is its
+// request_latency_buckets: e2e latency and the queue, prefill, decode and inference phases.
 const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,   0.75,
                                           1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
 const std::vector<double> kTpotBuckets = {0.01, 0.025, 0.05, 0.075, 0.1,  0.15, 0.2,  0.3,  0.4, 0.5,
@@ -125,7 +126,11 @@ ServingMetrics::ServingMetrics(std::string model_name, std::vector<std::string> 
       itl_(kTpotBuckets),
       e2e_(kLatencyBuckets),
       prompt_len_(Buckets125(max_model_len)),
-      generation_len_(Buckets125(max_model_len)) {
+      generation_len_(Buckets125(max_model_len)),
+      queue_(kLatencyBuckets),
+      prefill_(kLatencyBuckets),
+      decode_(kLatencyBuckets),
+      inference_(kLatencyBuckets) {
   for (const std::string& r : rejection_reasons) rejected_[r] = 0;
 }
 
@@ -148,6 +153,12 @@ void ServingMetrics::OnFinished(const RequestOutput& out) {
     if (out.token_ms[i] != out.token_ms[i - 1]) itl_.Observe((out.token_ms[i] - out.token_ms[i - 1]) / 1000.0);
   }
   e2e_.Observe((out.finish_ms - out.arrival_ms) / 1000.0);
+  queue_.Observe(((out.scheduled_ms > 0 ? out.scheduled_ms : out.finish_ms) - out.arrival_ms) / 1000.0);
+  if (!out.tokens.empty()) {
+    prefill_.Observe((out.first_token_ms - out.scheduled_ms) / 1000.0);
+    decode_.Observe((out.token_ms.back() - out.first_token_ms) / 1000.0);
+    inference_.Observe((out.token_ms.back() - out.scheduled_ms) / 1000.0);
+  }
   prompt_len_.Observe(out.prompt_tokens);
   generation_len_.Observe(static_cast<double>(out.tokens.size()));
 }
@@ -196,6 +207,10 @@ std::string ServingMetrics::Render(const EngineSnapshot& s) const {
   w.Histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttft_);
   w.Histogram("time_per_output_token_seconds", "Histogram of time per output token in seconds.", itl_);
   w.Histogram("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", e2e_);
+  w.Histogram("request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", queue_);
+  w.Histogram("request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", inference_);
+  w.Histogram("request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", prefill_);
+  w.Histogram("request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", decode_);
   if (token_histograms_) {
     w.Histogram("request_prompt_tokens", "Number of prefill tokens processed.", prompt_len_);
     w.Histogram("request_generation_tokens", "Number of generation tokens processed.", generation_len_);

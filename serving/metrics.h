@@ -36,6 +36,12 @@ class ServingMetrics {
   // generated tokens, its finish reason ("stop", "length", "abort"; kError is not counted there),
   // and observes TTFT (if a token came), the end-to-end latency, and time_per_output_token once
   // per step that brought tokens after the first (as vLLM: a speculative step's tokens make one).
+  // The phases, as vLLM's IterationStats: request_queue_time_seconds, WAITING from arrival to the
+  // first step that scheduled it (to its end if none did: aborted while waiting), for every
+  // request; and for those that got a token, request_prefill_time_seconds (scheduled to first
+  // token), request_decode_time_seconds (first to last token) and
+  // request_inference_time_seconds (scheduled to last token); preemptions count in the phase
+  // they interrupt.
   void OnFinished(const RequestOutput& out);
   // Admission control refused a request. Thread-safe.
   void OnRejected(const std::string& reason);
@@ -62,6 +68,7 @@ class ServingMetrics {
   int64_t stop_ = 0, length_ = 0, abort_ = 0;                     // guarded by mu_
   std::map<std::string, int64_t> rejected_;                       // guarded by mu_
   Histogram ttft_, itl_, e2e_, prompt_len_, generation_len_;      // guarded by mu_
+  Histogram queue_, prefill_, decode_, inference_;                // guarded by mu_
 };
 
 }  // namespace specula

@@ -46,9 +46,9 @@ bool Server::WaitIdle(std::chrono::milliseconds timeout) {
   return idle_cv_.wait_for(lock, timeout, [&] { return in_flight_ == 0; });
 }
 
-absl::Status Server::Validate(const ServeRequest& r, std::vector<TokenId>* prompt) const {
+absl::Status ValidateServeRequest(const ServeRequest& r, const Tokenizer& tokenizer, int32_t vocab,
+                                  int32_t max_model_len, bool add_bos, std::vector<TokenId>* prompt) {
   const std::string& pre = r.field_prefix;
-  const int32_t vocab = model_.vocab_size;
   if (r.prompt.empty() == r.prompt_token_ids.empty()) {
     return absl::InvalidArgumentError(r.prompt.empty() ? "prompt: empty; give prompt or prompt_token_ids"
                                                        : "prompt and prompt_token_ids: give one, not both");
@@ -63,14 +63,14 @@ absl::Status Server::Validate(const ServeRequest& r, std::vector<TokenId>* promp
     }
     *prompt = r.prompt_token_ids;
   } else {
-    *prompt = tokenizer_->Encode(r.prompt, options_.add_bos && !r.templated);
+    *prompt = tokenizer.Encode(r.prompt, add_bos && !r.templated);
     if (prompt->empty()) return absl::InvalidArgumentError("prompt: encodes to no tokens");
   }
   const int32_t len = static_cast<int32_t>(prompt->size());
-  if (len >= scheduler_.max_model_len) {
+  if (len >= max_model_len) {
     return absl::InvalidArgumentError(absl::StrCat(r.prompt_token_ids.empty() ? "prompt" : "prompt_token_ids", ": ",
                                                    len, " tokens leave no room in the context of ",
-                                                   scheduler_.max_model_len, " tokens"));
+                                                   max_model_len, " tokens"));
   }
   if (r.max_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat(pre, "max_tokens: must be >= 0, got ", r.max_tokens));
@@ -84,6 +84,10 @@ absl::Status Server::Validate(const ServeRequest& r, std::vector<TokenId>* promp
   return absl::OkStatus();
 }
 
+absl::Status Server::Validate(const ServeRequest& r, std::vector<TokenId>* prompt) const {
+  return ValidateServeRequest(r, *tokenizer_, model_.vocab_size, scheduler_.max_model_len, options_.add_bos, prompt);
+}
+
 absl::StatusOr<Admitted> Server::Submit(const ServeRequest& r) {
   if (draining_) {
     metrics_.OnRejected("draining");
@@ -94,11 +98,12 @@ absl::StatusOr<Admitted> Server::Submit(const ServeRequest& r) {
     metrics_.OnRejected("invalid_argument");
     return st;
   }
-  const EngineSnapshot snap = loop_->Snapshot();
+  // Lock-free reads of the last step's state: admission never waits for the engine's thread.
+  const int32_t running = loop_->num_running();
   QueueState q;
-  q.queued = static_cast<int32_t>(std::max<int64_t>(0, in_flight_ - snap.num_running));
-  q.free_slots = std::max(0, scheduler_.max_num_seqs - snap.num_running);
-  q.oldest_queued_ms = snap.oldest_queued_ms;
+  q.queued = static_cast<int32_t>(std::max<int64_t>(0, in_flight_ - running));
+  q.free_slots = std::max(0, scheduler_.max_num_seqs - running);
+  q.oldest_queued_ms = loop_->oldest_queued_ms();
   std::string detail;
   if (std::string reason = admission_.Check(r.priority, q, NowS(), &detail); !reason.empty()) {
     metrics_.OnRejected(reason);

@@ -44,6 +44,13 @@ struct ServeRequest {
   std::string field_prefix;
 };
 
+// The checks Server::Submit runs on a request before admission (the front ends' parsers feed it;
+// the fuzz targets too): the prompt, text encoded with `tokenizer` or token ids below `vocab`, must
+// leave room in `max_model_len`; max_tokens, stop strings and sampling must be valid. Errors are
+// INVALID_ARGUMENT naming the field and value. `prompt` gets the prompt's token ids.
+absl::Status ValidateServeRequest(const ServeRequest& r, const Tokenizer& tokenizer, int32_t vocab,
+                                  int32_t max_model_len, bool add_bos, std::vector<TokenId>* prompt);
+
 // An admitted request: its id (for Cancel) and its deltas.
 struct Admitted {
   RequestId id;

@@ -4,9 +4,11 @@
 // stream; stopping the loop ends what is still running.
 #include "serving/engine_loop.h"
 
+#include <algorithm>
 #include <map>
 #include <thread>
 
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/llama_model.h"
@@ -160,6 +162,66 @@ TEST_F(EngineLoopTest, RefusalsArriveOnTheStream) {
   std::string text;
   EXPECT_EQ(Drain(*running, &tokens, &text).final.finish, FinishReason::kMaxTokens);
   EXPECT_EQ(tokens.size(), 64u);
+}
+
+// A stop string that the tokens complete over several steps: the text of the deltas before the
+// last holds back what could be its start (vLLM's hold-back), so the deltas add up to the final
+// text (cut before the stop string) and none of them carries any of the stop string.
+TEST_F(EngineLoopTest, StopStringSpanningTokensIsNeverPartlyStreamed) {
+  const std::string kStop = " girl";  // " g|ir|l" in the greedy text
+  Request r;
+  r.id = 1;
+  r.prompt = tok_->Encode("Once upon a time", true);
+  r.max_tokens = 60;
+  // Offline and without the stop string: the tokens' text, to check that the stop string starts
+  // in one token and ends in a later one (else this test would show nothing).
+  std::vector<std::string> pieces;
+  {
+    Engine e(model_, tok_, Config());
+    ASSERT_TRUE(e.AddRequest(r).ok());
+    std::vector<RequestOutput> done;
+    while (e.HasUnfinished()) {
+      for (RequestOutput& o : e.Step()) done.push_back(std::move(o));
+    }
+    ASSERT_EQ(done.size(), 1u);
+    TokenId prev = r.prompt.back();
+    for (TokenId t : done[0].tokens) {
+      pieces.push_back(tok_->DecodeToken(prev, t));
+      prev = t;
+    }
+  }
+  std::string text;
+  std::vector<size_t> ends;  // the text's length after each piece
+  for (const std::string& p : pieces) ends.push_back((text += p).size());
+  const size_t at = text.find(kStop);
+  ASSERT_NE(at, std::string::npos) << text;
+  // The pieces holding the stop string's first and last byte.
+  const size_t first_piece = std::upper_bound(ends.begin(), ends.end(), at) - ends.begin();
+  const size_t last_piece = std::lower_bound(ends.begin(), ends.end(), at + kStop.size()) - ends.begin();
+  ASSERT_GT(last_piece, first_piece) << "'" << kStop << "' is one token here: pick a stop string that spans tokens "
+                                     << "in '" << absl::StrJoin(pieces, "|") << "'";
+  const std::string expected = text.substr(0, text.find(kStop));
+
+  Engine engine(model_, tok_, Config());
+  EngineLoop loop(&engine);
+  r.stop_strings = {"zzzz", kStop};  // the longest sets the hold-back
+  auto stream = loop.Submit(r);
+  std::string streamed;
+  int text_deltas = 0;
+  for (;;) {
+    std::optional<TokenDelta> d = stream->Next(milliseconds(10000));
+    ASSERT_TRUE(d.has_value());
+    streamed += d->text;
+    EXPECT_EQ(expected.compare(0, streamed.size(), streamed), 0) << "streamed '" << streamed << "'";
+    text_deltas += !d->text.empty();
+    if (d->finished) {
+      EXPECT_EQ(d->final.finish, FinishReason::kStopString);
+      EXPECT_EQ(d->final.text, expected);
+      break;
+    }
+  }
+  EXPECT_EQ(streamed, expected);
+  EXPECT_GT(text_deltas, 1) << "streamed in one piece";
 }
 
 TEST_F(EngineLoopTest, StoppingEndsRunningRequests) {

@@ -113,6 +113,50 @@ TEST(MetricsTest, TtftBucketsAreCumulativeAndUpperInclusive) {
                                             "40.0", "80.0", "160.0", "640.0", "2560.0", "+Inf"}));
 }
 
+// vLLM's request phases: queue (arrival to the first scheduling step, or to the end of a request
+// aborted while waiting), prefill (scheduled to first token), decode (first to last token) and
+// inference (scheduled to last token), on vLLM's request-latency buckets.
+TEST(MetricsTest, QueuePrefillDecodeAndInferenceTimes) {
+  ServingMetrics m("m", {});
+  RequestOutput a = Finished(FinishReason::kMaxTokens, 4, {1400, 1500, 2900}, 3000);
+  a.scheduled_ms = 1250;  // queued 0.25 s, prefill 0.15 s, decode 1.5 s, inference 1.65 s
+  m.OnFinished(a);
+  RequestOutput b = Finished(FinishReason::kStopToken, 4, {2100}, 2100);
+  b.scheduled_ms = 2000;  // queued 1 s, prefill 0.1 s, decode 0 s, inference 0.1 s
+  m.OnFinished(b);
+  m.OnFinished(Finished(FinishReason::kAborted, 4, {}, 1600));  // never scheduled: queued 0.6 s, no more
+  const std::string t = m.Render({});
+  auto count = [&](const std::string& name) { return Value(t, "specula:" + name + "_count{" + kLabels + "}"); };
+  auto sum = [&](const std::string& name) { return Value(t, "specula:" + name + "_sum{" + kLabels + "}"); };
+  for (const char* name : {"request_queue_time_seconds", "request_prefill_time_seconds",
+                           "request_decode_time_seconds", "request_inference_time_seconds"}) {
+    EXPECT_TRUE(Has(t, "# TYPE specula:" + std::string(name) + " histogram")) << name;
+  }
+  EXPECT_EQ(count("request_queue_time_seconds"), 3);
+  EXPECT_NEAR(sum("request_queue_time_seconds"), 0.25 + 1.0 + 0.6, 1e-9);
+  EXPECT_EQ(Value(t, Bucket("request_queue_time_seconds", "0.3")), 1);
+  EXPECT_EQ(Value(t, Bucket("request_queue_time_seconds", "0.8")), 2);
+  EXPECT_EQ(Value(t, Bucket("request_queue_time_seconds", "1.0")), 3);  // upper-inclusive
+  EXPECT_EQ(count("request_prefill_time_seconds"), 2);
+  EXPECT_NEAR(sum("request_prefill_time_seconds"), 0.25, 1e-9);
+  EXPECT_EQ(count("request_decode_time_seconds"), 2);
+  EXPECT_NEAR(sum("request_decode_time_seconds"), 1.5, 1e-9);
+  EXPECT_EQ(Value(t, Bucket("request_decode_time_seconds", "1.5")), 2);
+  EXPECT_EQ(count("request_inference_time_seconds"), 2);
+  EXPECT_NEAR(sum("request_inference_time_seconds"), 1.75, 1e-9);
+  EXPECT_EQ(Value(t, Bucket("request_inference_time_seconds", "1.5")), 1);
+  EXPECT_EQ(Value(t, Bucket("request_inference_time_seconds", "2.0")), 2);
+  // vLLM's request_latency_buckets: 21 bounds and +Inf.
+  std::vector<std::string> les;
+  for (const std::string& l : Lines(t)) {
+    const size_t le = l.find("le=\"") + 4;
+    if (l.rfind("specula:request_queue_time_seconds_bucket", 0) == 0) les.push_back(l.substr(le, l.find('"', le) - le));
+  }
+  EXPECT_EQ(les, (std::vector<std::string>{"0.3", "0.5", "0.8", "1.0", "1.5", "2.0", "2.5", "5.0", "10.0", "15.0",
+                                            "20.0", "30.0", "40.0", "50.0", "60.0", "120.0", "240.0", "480.0",
+                                            "960.0", "1920.0", "7680.0", "+Inf"}));
+}
+
 TEST(MetricsTest, TimePerOutputTokenIsObservedPerStepAsInVllm) {
   ServingMetrics m("m", {});
   // Steps at 1100 (the first token), 1150 (3 speculative tokens), 1250 and 1550: three intervals.
@@ -248,7 +292,7 @@ TEST(MetricsTest, EveryLineIsACommentOrASample) {
       }
     }
   }
-  EXPECT_EQ(typed.size(), 19u);  // 3 gauges, 11 counters, 5 histograms
+  EXPECT_EQ(typed.size(), 23u);  // 3 gauges, 11 counters, 9 histograms
 }
 
 TEST(MetricsTest, RecordingFromManyThreadsWhileRendering) {

@@ -1,8 +1,10 @@
 """Shared helpers for the serving tests: a real `specula serve` process on loopback, the gRPC stubs
 (generated from proto/ with grpc_tools into a temporary directory), and offline reference runs.
 
-Environment: SPECULA_BINARY (the built `specula`), SPECULA_SOURCE_DIR (the repository), and
-SPECULA_MODELS (the tinystories directory; default ../shared/models/tinystories).
+Environment: SPECULA_BINARY (the built `specula`), SPECULA_SOURCE_DIR (the repository),
+SPECULA_MODELS (the tinystories directory; default ../shared/models/tinystories), and
+SPECULA_SANITIZER (`tsan`: the binary is a ThreadSanitizer build, 5-15x slower; the tests' time
+limits are multiplied by time_scale(), their assertions stay the same).
 """
 import json
 import os
@@ -20,6 +22,14 @@ MODELS = os.environ.get("SPECULA_MODELS", os.path.join(SOURCE, "../shared/models
 TARGET = os.path.join(MODELS, "stories260K.bin")
 DRAFT = os.path.join(MODELS, "llama2xs.bin")
 TOKENIZER = os.path.join(MODELS, "tok512.bin")
+
+SANITIZER = os.environ.get("SPECULA_SANITIZER", "")
+
+
+def time_scale():
+    """The factor on time limits (waits, deadlines, latency bounds): 10 for a ThreadSanitizer build."""
+    return 10.0 if SANITIZER == "tsan" else 1.0
+
 
 READY = re.compile(r"on grpc (\S+):(\d+) and http (\S+):(\d+).*ready")
 
@@ -50,7 +60,7 @@ class Serve:
                      *(["--tokenizer", tokenizer] if tokenizer else []), *map(str, extra)]
         self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.lines = []
-        deadline = time.time() + ready_timeout
+        deadline = time.time() + ready_timeout * time_scale()
         while True:
             line = self.proc.stderr.readline()
             if not line:
@@ -77,7 +87,7 @@ class Serve:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout=timeout)
+            return self.proc.wait(timeout=timeout * time_scale())
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
@@ -88,12 +98,16 @@ class Serve:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, *exc):
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
         self._reader.join(timeout=5)
         self.proc.stderr.close()
+        # A sanitizer's report fails the test even where the test did not look at the exit status.
+        if exc_type is None and re.search(r"WARNING: ThreadSanitizer|ERROR: AddressSanitizer|runtime error:",
+                                          self.stderr()):
+            raise AssertionError("specula serve reported:\n" + self.stderr())
 
 
 _random_models = {}
@@ -113,7 +127,7 @@ def metrics(http_base):
     """/metrics parsed by prometheus_client: {(sample name, frozenset(labels)): value}."""
     import urllib.request
     from prometheus_client.parser import text_string_to_metric_families
-    text = urllib.request.urlopen(http_base + "/metrics", timeout=10).read().decode()
+    text = urllib.request.urlopen(http_base + "/metrics", timeout=10 * time_scale()).read().decode()
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:

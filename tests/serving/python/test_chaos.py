@@ -9,7 +9,7 @@ import unittest
 
 import grpc
 
-from serving_util import Serve, metric, metrics, random_model, stubs
+from serving_util import Serve, metric, metrics, random_model, stubs, time_scale
 
 pb, pb_grpc = stubs()
 
@@ -83,9 +83,10 @@ class ChaosTest(unittest.TestCase):
                 th = threading.Thread(target=run, args=(i,))
                 th.start()
                 threads.append(th)
+            limit = 300 * time_scale()
             for th in threads:
-                th.join(timeout=max(1.0, start + 300 - time.time()))
-            self.assertFalse(any(th.is_alive() for th in threads), "requests still open after 300 s")
+                th.join(timeout=max(1.0, start + limit - time.time()))
+            self.assertFalse(any(th.is_alive() for th in threads), f"requests still open after {limit:.0f} s")
             print(f"drill took {time.time() - start:.1f} s")
 
             counts = {}
@@ -110,7 +111,7 @@ class ChaosTest(unittest.TestCase):
             self.assertGreater(counts.get(("cancel", str(grpc.StatusCode.CANCELLED)), 0), 45)
             self.assertGreater(counts.get(("deadline", str(grpc.StatusCode.DEADLINE_EXCEEDED)), 0), 0)
 
-            deadline = time.time() + 5
+            deadline = time.time() + 5 * time_scale()
             while True:
                 m = metrics(s.http_base)
                 if metric(m, "specula:kv_cache_usage_perc") == 0 and metric(m, "specula:num_requests_running") == 0:
@@ -129,11 +130,11 @@ class ChaosTest(unittest.TestCase):
             self.assertEqual(metric(m, "specula:admission_rejected_total", reason="invalid_argument"), 30)
 
             from grpc_health.v1 import health_pb2, health_pb2_grpc
-            health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5 * time_scale())
             self.assertEqual(health.status, health_pb2.HealthCheckResponse.SERVING)
             after = list(stub.Generate(pb.GenerateRequest(prompt_token_ids=[1, 2, 3],
                                                           sampling=pb.SamplingParams(max_tokens=5, ignore_eos=True)),
-                                       timeout=30))
+                                       timeout=30 * time_scale()))
             self.assertEqual(sum(len(m.token_ids) for m in after), 5)
             self.assertEqual(s.stop(), 0, s.stderr())
 

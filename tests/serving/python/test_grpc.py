@@ -8,7 +8,7 @@ import urllib.request
 
 import grpc
 
-from serving_util import DRAFT, PROMPTS, Serve, metric, metrics, offline_greedy, random_model, stubs
+from serving_util import DRAFT, PROMPTS, Serve, metric, metrics, offline_greedy, random_model, stubs, time_scale
 
 pb, pb_grpc = stubs()
 MAX_TOKENS = 48
@@ -18,7 +18,7 @@ def generate(stub, prompt, **kw):
     """All messages of one Generate call."""
     sampling = pb.SamplingParams(temperature=0.0, max_tokens=kw.pop("max_tokens", MAX_TOKENS),
                                  ignore_eos=kw.pop("ignore_eos", False))
-    return list(stub.Generate(pb.GenerateRequest(prompt=prompt, sampling=sampling, **kw), timeout=120))
+    return list(stub.Generate(pb.GenerateRequest(prompt=prompt, sampling=sampling, **kw), timeout=120 * time_scale()))
 
 
 class GrpcTest(unittest.TestCase):
@@ -64,11 +64,34 @@ class GrpcTest(unittest.TestCase):
             ]
             for req, field in cases:
                 with self.assertRaises(grpc.RpcError) as e:
-                    list(stub.Generate(req, timeout=10))
+                    list(stub.Generate(req, timeout=10 * time_scale()))
                 self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, field)
                 self.assertIn(field, e.exception.details())
             # The server is unharmed.
             self.assertGreater(len(generate(stub, "Once upon a time")), 0)
+
+    def test_stop_string_spanning_tokens_is_never_partly_streamed(self):
+        # Greedy "Once upon a time" gives ", there was a little girl named Lily. ...", and " girl" is
+        # three tokens of this vocabulary, " g", "ir", "l" (tests/serving/engine_loop_test.cc checks it): the
+        # server holds back streamed text that may start a stop string until it knows.
+        with Serve() as s, grpc.insecure_channel(s.grpc_target) as ch:
+            stub = pb_grpc.GenerationStub(ch)
+            plain = "".join(m.text for m in generate(stub, "Once upon a time"))
+            self.assertIn(" girl", plain)
+            pieces = []  # messages with text, per call (several deltas merge while a write is out)
+            for stops in ([" girl"], ["zzzzzz", " girl"]) * 2:
+                sampling = pb.SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, stop=stops)
+                msgs = list(stub.Generate(pb.GenerateRequest(prompt="Once upon a time", sampling=sampling),
+                                          timeout=120 * time_scale()))
+                self.assertEqual(msgs[-1].finish_reason, pb.FINISH_REASON_STOP)
+                streamed = ""
+                for m in msgs:
+                    streamed += m.text
+                    self.assertTrue(plain.startswith(streamed), f"{stops}: streamed {streamed!r}")
+                self.assertEqual(streamed, plain[:plain.index(" girl")], stops)
+                pieces.append(len([m for m in msgs if m.text]))
+            self.assertGreater(max(pieces), 1, f"every call streamed its text in one piece: {pieces}")
+            self.assertEqual(s.stop(), 0, s.stderr())
 
     def test_tokenize_model_info_health_reflection(self):
         from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -87,7 +110,7 @@ class GrpcTest(unittest.TestCase):
             self.assertEqual(info.vocab_size, 512)
             self.assertTrue(info.model.endswith("stories260K.bin"))
             self.assertEqual(info.spec_method, "none")
-            health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5 * time_scale())
             self.assertEqual(health.status, health_pb2.HealthCheckResponse.SERVING)
             refl = reflection_pb2_grpc.ServerReflectionStub(ch)
             resp = next(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
@@ -96,7 +119,7 @@ class GrpcTest(unittest.TestCase):
             self.assertIn("grpc.health.v1.Health", names)
 
     def wait_kv_free(self, http_base, seconds=5):
-        deadline = time.time() + seconds
+        deadline = time.time() + seconds * time_scale()
         while time.time() < deadline:
             m = metrics(http_base)
             if metric(m, "specula:kv_cache_usage_perc") == 0 and metric(m, "specula:num_requests_running") == 0:
@@ -110,7 +133,7 @@ class GrpcTest(unittest.TestCase):
             stub = pb_grpc.GenerationStub(ch)
             req = pb.GenerateRequest(prompt="Once upon a time",
                                      sampling=pb.SamplingParams(ignore_eos=True, max_tokens=250))
-            call = stub.Generate(req, timeout=60)
+            call = stub.Generate(req, timeout=60 * time_scale())
             for _ in range(3):
                 next(call)
             self.assertGreater(metric(metrics(s.http_base), "specula:kv_cache_usage_perc"), 0)
@@ -121,7 +144,7 @@ class GrpcTest(unittest.TestCase):
             self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
             self.assertTrue(self.wait_kv_free(s.http_base), "timed-out request still holds KV blocks")
             # The KV gauge is published before the finished request is counted: wait for the count.
-            deadline = time.time() + 10
+            deadline = time.time() + 10 * time_scale()
             while metric(metrics(s.http_base), "specula:request_success_total", finished_reason="abort") < 2:
                 self.assertLess(time.time(), deadline, "the timed-out request was not counted as aborted")
                 time.sleep(0.02)
@@ -135,23 +158,23 @@ class GrpcTest(unittest.TestCase):
                    tokenizer=None) as s, grpc.insecure_channel(s.grpc_target) as ch:
             stub = pb_grpc.GenerationStub(ch)
             long = pb.GenerateRequest(prompt_token_ids=[1, 2, 3], sampling=pb.SamplingParams(max_tokens=200, ignore_eos=True))
-            running = stub.Generate(long, timeout=60)
+            running = stub.Generate(long, timeout=60 * time_scale())
             first = next(running)  # one running: the slot is taken
-            queued = stub.Generate(long, timeout=60)
-            deadline = time.time() + 10  # the second waits for the slot: the queue is full
+            queued = stub.Generate(long, timeout=60 * time_scale())
+            deadline = time.time() + 10 * time_scale()  # the second waits for the slot: the queue is full
             while metric(metrics(s.http_base), "specula:num_requests_waiting") < 1:
                 self.assertLess(time.time(), deadline, "the second request never queued")
                 time.sleep(0.01)
             start = time.time()
             with self.assertRaises(grpc.RpcError) as e:
-                list(stub.Generate(long, timeout=10))
-            self.assertLess(time.time() - start, 0.5)
+                list(stub.Generate(long, timeout=10 * time_scale()))
+            self.assertLess(time.time() - start, 0.5 * time_scale())
             self.assertEqual(e.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
             self.assertIn("--max-queue-len 1", e.exception.details())
             req = urllib.request.Request(s.http_base + "/v1/completions", headers={"Content-Type": "application/json"},
                                          data=json.dumps({"prompt": [1, 2], "max_tokens": 4}).encode())
             with self.assertRaises(urllib.error.HTTPError) as h:
-                urllib.request.urlopen(req, timeout=10)
+                urllib.request.urlopen(req, timeout=10 * time_scale())
             self.assertEqual(h.exception.code, 429)
             self.assertEqual(json.loads(h.exception.read())["error"]["type"], "rate_limit_error")
             self.assertEqual(len(first.token_ids) + len([t for m in running for t in m.token_ids]), 200)
@@ -159,14 +182,14 @@ class GrpcTest(unittest.TestCase):
             # Every TTFT so far is above the 1 ms SLO, but the breaker needs 10 samples in its window.
             short = pb.GenerateRequest(prompt_token_ids=[1, 2, 3], sampling=pb.SamplingParams(max_tokens=2))
             for _ in range(10):
-                list(stub.Generate(short, timeout=30))
+                list(stub.Generate(short, timeout=30 * time_scale()))
             with self.assertRaises(grpc.RpcError) as e:
                 list(stub.Generate(pb.GenerateRequest(prompt_token_ids=[1, 2, 3], priority=1,
-                                                      sampling=pb.SamplingParams(max_tokens=2)), timeout=10))
+                                                      sampling=pb.SamplingParams(max_tokens=2)), timeout=10 * time_scale()))
             self.assertEqual(e.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
             self.assertIn("--ttft-slo-ms 1", e.exception.details())
             # The highest priority (0) is never shed.
-            self.assertEqual(sum(len(m.token_ids) for m in stub.Generate(short, timeout=30)), 2)
+            self.assertEqual(sum(len(m.token_ids) for m in stub.Generate(short, timeout=30 * time_scale())), 2)
             m = metrics(s.http_base)
             self.assertEqual(metric(m, "specula:admission_rejected_total", reason="queue_len"), 2)
             self.assertEqual(metric(m, "specula:admission_rejected_total", reason="ttft_slo"), 1)

@@ -8,7 +8,7 @@ import urllib.request
 
 import grpc
 
-from serving_util import DRAFT, PROMPTS, Serve, metric, metrics, random_model, stubs
+from serving_util import DRAFT, PROMPTS, Serve, metric, metrics, random_model, stubs, time_scale
 
 pb, pb_grpc = stubs()
 
@@ -21,11 +21,11 @@ class MetricsTest(unittest.TestCase):
             lasts = []
             for p in PROMPTS[:6]:  # 6 that run to max_tokens
                 req = pb.GenerateRequest(prompt=p, sampling=pb.SamplingParams(max_tokens=12, ignore_eos=True))
-                msgs = list(stub.Generate(req, timeout=60))
+                msgs = list(stub.Generate(req, timeout=60 * time_scale()))
                 lasts.append(msgs[-1])
             for bad in (pb.SamplingParams(temperature=-1), pb.SamplingParams(top_k=-1)):  # 2 refused
                 with self.assertRaises(grpc.RpcError):
-                    list(stub.Generate(pb.GenerateRequest(prompt="x", sampling=bad), timeout=10))
+                    list(stub.Generate(pb.GenerateRequest(prompt="x", sampling=bad), timeout=10 * time_scale()))
             m = metrics(s.http_base)
             self.assertEqual(metric(m, "specula:request_success_total", finished_reason="length"), 6)
             self.assertEqual(metric(m, "specula:request_success_total", finished_reason="stop"), 0)
@@ -34,6 +34,17 @@ class MetricsTest(unittest.TestCase):
             self.assertEqual(metric(m, "specula:admission_rejected_total", reason="invalid_argument"), 2)
             self.assertEqual(metric(m, "specula:time_to_first_token_seconds_count"), 6)
             self.assertEqual(metric(m, "specula:e2e_request_latency_seconds_count"), 6)
+            # vLLM's phase histograms: one observation per request that ran (the refused ones never
+            # queued); the prefill and decode phases add up to the inference phase.
+            for phase in ("queue", "prefill", "decode", "inference"):
+                self.assertEqual(metric(m, f"specula:request_{phase}_time_seconds_count"), 6, phase)
+                self.assertEqual(metric(m, f"specula:request_{phase}_time_seconds_bucket", le="+Inf"), 6, phase)
+            self.assertAlmostEqual(metric(m, "specula:request_prefill_time_seconds_sum") +
+                                   metric(m, "specula:request_decode_time_seconds_sum"),
+                                   metric(m, "specula:request_inference_time_seconds_sum"), places=6)
+            self.assertLessEqual(metric(m, "specula:request_queue_time_seconds_sum") +
+                                 metric(m, "specula:request_inference_time_seconds_sum"),
+                                 metric(m, "specula:e2e_request_latency_seconds_sum") + 1e-6)
             # As vLLM V1: one inter-token latency per step that gave a running request tokens; a
             # verification step gives 1 to k + 1 = 4 of them.
             itl = metric(m, "specula:time_per_output_token_seconds_count")
@@ -61,24 +72,24 @@ class DrainTest(unittest.TestCase):
             stub = pb_grpc.GenerationStub(ch)
             health = health_pb2_grpc.HealthStub(ch)
             req = pb.GenerateRequest(prompt="Once upon a time", sampling=pb.SamplingParams(max_tokens=240, ignore_eos=True))
-            calls = [stub.Generate(req, timeout=120) for _ in range(4)]
+            calls = [stub.Generate(req, timeout=120 * time_scale()) for _ in range(4)]
             firsts = [next(c) for c in calls]  # all four are running
             s.proc.send_signal(15)
-            deadline = time.time() + 10
-            while health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING:
+            deadline = time.time() + 10 * time_scale()
+            while health.Check(health_pb2.HealthCheckRequest(), timeout=5 * time_scale()).status == health_pb2.HealthCheckResponse.SERVING:
                 self.assertLess(time.time(), deadline, "health still SERVING after SIGTERM")
                 time.sleep(0.01)
             with self.assertRaises(grpc.RpcError) as e:
-                list(stub.Generate(req, timeout=10))
+                list(stub.Generate(req, timeout=10 * time_scale()))
             self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
             with self.assertRaises(urllib.error.HTTPError) as e:
-                urllib.request.urlopen(s.http_base + "/health", timeout=5)
+                urllib.request.urlopen(s.http_base + "/health", timeout=5 * time_scale())
             self.assertEqual(e.exception.code, 503)
             for first, call in zip(firsts, calls):
                 msgs = [first, *call]
                 self.assertEqual(sum(len(m.token_ids) for m in msgs), 240)
                 self.assertEqual(msgs[-1].finish_reason, pb.FINISH_REASON_LENGTH)
-            self.assertEqual(s.proc.wait(timeout=30), 0, s.stderr())
+            self.assertEqual(s.proc.wait(timeout=30 * time_scale()), 0, s.stderr())
             self.assertIn("drained", s.stderr())
 
 

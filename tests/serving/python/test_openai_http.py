@@ -2,6 +2,8 @@
 not (greedy output equal to offline generation), /v1/models, /health, and OpenAI-shaped errors."""
 import json
 import os
+import socket
+import time
 import subprocess
 import tempfile
 import unittest
@@ -10,7 +12,7 @@ import urllib.request
 
 import openai
 
-from serving_util import BINARY, PROMPTS, Serve, offline_greedy
+from serving_util import BINARY, PROMPTS, Serve, metric, metrics, offline_greedy, random_model, time_scale
 
 MAX_TOKENS = 40
 
@@ -19,7 +21,7 @@ def http_json(url, body=None):
     req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with urllib.request.urlopen(req, timeout=30 * time_scale()) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
@@ -60,6 +62,27 @@ class OpenAITest(unittest.TestCase):
             self.assertEqual([c.choices[0].finish_reason for c in chunks if c.choices][-1],
                              full.choices[0].finish_reason)
 
+    def test_stop_string_spanning_tokens_streamed_equals_not_streamed(self):
+        # " girl" is three tokens of the greedy text (tests/serving/engine_loop_test.cc checks it): the
+        # streamed text is held back until it cannot be the start of the stop string.
+        full = self.client.completions.create(model=self.model, prompt="Once upon a time", max_tokens=MAX_TOKENS,
+                                              temperature=0, stop=[" girl"])
+        self.assertEqual(full.choices[0].finish_reason, "stop")
+        text = full.choices[0].text
+        self.assertNotIn(" girl", text)
+        self.assertEqual(text, ", there was a little")  # greedy: ", there was a little girl named Lily. ..."
+        streamed = ""
+        chunks = list(self.client.completions.create(model=self.model, prompt="Once upon a time",
+                                                      max_tokens=MAX_TOKENS, temperature=0, stop=[" girl"],
+                                                      stream=True))
+        for c in chunks:
+            if c.choices:
+                streamed += c.choices[0].text
+                self.assertTrue(text.startswith(streamed), f"streamed {streamed!r}")
+        self.assertEqual(streamed, text)
+        self.assertEqual([c.choices[0].finish_reason for c in chunks if c.choices][-1], "stop")
+        self.assertGreater(len([c for c in chunks if c.choices and c.choices[0].text]), 1, "streamed in one piece")
+
     def test_token_id_prompt(self):
         ids = self.client.completions.create(model=self.model, prompt=[1, 403, 407], max_tokens=8, temperature=0)
         self.assertEqual(ids.usage.prompt_tokens, 3)
@@ -69,7 +92,7 @@ class OpenAITest(unittest.TestCase):
         req = urllib.request.Request(self.serve.http_base + "/v1/completions", headers={"Content-Type": "application/json"},
                                      data=json.dumps({"model": self.model, "prompt": "Lily", "max_tokens": 5,
                                                       "temperature": 0, "stream": True}).encode())
-        body = urllib.request.urlopen(req, timeout=30).read().decode()
+        body = urllib.request.urlopen(req, timeout=30 * time_scale()).read().decode()
         events = [e for e in body.split("\n\n") if e]
         self.assertTrue(all(e.startswith("data: ") for e in events))
         self.assertEqual(events[-1], "data: [DONE]")
@@ -93,6 +116,44 @@ class OpenAITest(unittest.TestCase):
         code, body = http_json(self.serve.http_base + "/v1/completions", {"model": self.model, "prompt": 5})
         self.assertEqual(code, 400)
         self.assertEqual(json.loads(body)["error"]["type"], "invalid_request_error")
+
+
+class DisconnectTest(unittest.TestCase):
+    """A client that closes its connection aborts its request, streamed or not: the KV blocks are free
+    at once, and the request counts as aborted rather than running to max_tokens."""
+
+    def test_closed_connection_aborts_the_request(self):
+        # 250 tokens of the stories15m shape take ~0.5 s: still running when the client leaves.
+        with Serve(model=random_model(), tokenizer=None) as s:
+            host, port = s.http_base[len("http://"):].rsplit(":", 1)
+            for n, stream in enumerate((False, True), start=1):
+                body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 250, "ignore_eos": True, "temperature": 0,
+                                   "stream": stream}).encode()
+                sock = socket.create_connection((host, int(port)), timeout=10)
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                deadline = time.time() + 10 * time_scale()
+                while metric(metrics(s.http_base), "specula:kv_cache_usage_perc") == 0:
+                    self.assertLess(time.time(), deadline, "the request never ran")
+                    time.sleep(0.005)
+                sock.close()
+                closed = time.time()
+                while True:
+                    m = metrics(s.http_base)
+                    if metric(m, "specula:request_success_total", finished_reason="abort") == n:
+                        break
+                    self.assertEqual(metric(m, "specula:request_success_total", finished_reason="length"), 0,
+                                     f"stream={stream}: the request ran to max_tokens after its client left")
+                    self.assertLess(time.time() - closed, 5 * time_scale(), f"stream={stream}: not aborted")
+                    time.sleep(0.005)
+                freed_ms = (time.time() - closed) * 1000
+                print(f"stream={stream}: aborted and its KV blocks free {freed_ms:.0f} ms after the client closed "
+                      f"({metric(m, 'specula:generation_tokens_total'):.0f} tokens generated in all)")
+                # The snapshot with the blocks back is out before the aborted request is counted.
+                self.assertEqual(metric(m, "specula:kv_cache_usage_perc"), 0)
+                self.assertEqual(metric(m, "specula:num_requests_running"), 0)
+                self.assertLess(metric(m, "specula:generation_tokens_total"), 250 * n)
+            self.assertEqual(s.stop(), 0, s.stderr())
 
 
 SMOLLM2 = os.path.join(os.environ.get("SPECULA_GGUF_CACHE", os.path.expanduser("~/.cache/specula")),
@@ -122,7 +183,7 @@ class ChatTest(unittest.TestCase):
             json.dump(messages, f)
             f.flush()
             r = subprocess.run([BINARY, "generate", "--model", SMOLLM2, "--messages", f.name, "--max-tokens", "24",
-                                "--temperature", "0"], capture_output=True, text=True, timeout=120)
+                                "--temperature", "0"], capture_output=True, text=True, timeout=120 * time_scale())
         self.assertEqual(r.returncode, 0, r.stderr)
         offline = r.stdout.rstrip("\n")
         full = self.client.chat.completions.create(model=self.model, messages=messages, max_tokens=24, temperature=0)

@@ -13,7 +13,7 @@ import unittest
 
 import grpc
 
-from serving_util import BINARY, Serve, metric, metrics, random_model
+from serving_util import BINARY, SANITIZER, Serve, metric, metrics, random_model, time_scale
 
 QUICK = bool(os.environ.get("SPECULA_QUICK"))
 SLO_MS = 6000 if QUICK else 1000
@@ -22,12 +22,20 @@ QUEUE_DELAY_MS = 1500 if QUICK else 300
 # server, and on these shared machines a run's refusal P99 ranged 3.8-12 ms (README).
 REFUSAL_MS = 30 if QUICK else 20
 SECONDS = 8 if QUICK else 20
+# Under ThreadSanitizer (SPECULA_SANITIZER=tsan) the server is 5-15x slower and its threads are
+# serialized by the sanitizer: the latency bounds (admitted P99 TTFT, refusal P99) measure the
+# sanitizer, not the server, and are skipped, with a line that says so. Everything else is asserted.
+CHECK_LATENCY = SANITIZER != "tsan"
+# The load goes over gRPC, except under ThreadSanitizer: Debian's gRPC is not built with TSan and
+# reports on its threads are suppressed (tests/tsan.supp), so there it goes over HTTP (429 for a
+# refusal), whose threads TSan checks against the engine's, admission's and the metrics' code.
+PROTOCOL = "http" if SANITIZER == "tsan" else "grpc"
 SHAPE = ["--input-len", "16", "--output-len", "32"]
 
 
 def bench(target, out, *flags):
-    subprocess.run([BINARY, "bench-serve", "--endpoint", f"grpc://{target}", "--no-progress", "--result-json", out,
-                    *SHAPE, *map(str, flags)], check=True, capture_output=True, text=True, timeout=300)
+    subprocess.run([BINARY, "bench-serve", "--endpoint", f"{PROTOCOL}://{target}", "--no-progress", "--result-json", out,
+                    *SHAPE, *map(str, flags)], check=True, capture_output=True, text=True, timeout=300 * time_scale())
     with open(out) as f:
         return json.load(f)
 
@@ -45,7 +53,8 @@ class OverloadTest(unittest.TestCase):
         with Serve("--max-num-seqs", "16", "--max-queue-delay-ms", QUEUE_DELAY_MS, "--ttft-slo-ms", SLO_MS,
                    model=random_model(), tokenizer=None) as s, tempfile.TemporaryDirectory() as d:
             # Capacity: closed loop at the batch size (this also gives admission its completion rate).
-            cap = bench(s.grpc_target, os.path.join(d, "cap.json"), "--num-prompts", 64, "--max-concurrency", 16)
+            target = s.grpc_target if PROTOCOL == "grpc" else s.http_base[len("http://"):]
+            cap = bench(target, os.path.join(d, "cap.json"), "--num-prompts", 64, "--max-concurrency", 16)
             self.assertEqual(cap["failed"], 0)
             capacity = cap["request_throughput"]
             rate = 3 * capacity
@@ -61,12 +70,12 @@ class OverloadTest(unittest.TestCase):
             watcher = threading.Thread(target=watch)
             watcher.start()
             try:
-                over = bench(s.grpc_target, os.path.join(d, "over.json"), "--num-prompts", int(rate * SECONDS),
+                over = bench(target, os.path.join(d, "over.json"), "--num-prompts", int(rate * SECONDS),
                              "--request-rate", f"{rate:.2f}", "--seed", 3)
             finally:
                 done.set()
                 watcher.join()
-            print(f"capacity {capacity:.1f} req/s; offered {rate:.1f} req/s for {SECONDS} s: "
+            print(f"{PROTOCOL}: capacity {capacity:.1f} req/s; offered {rate:.1f} req/s for {SECONDS} s: "
                   f"{over['completed']} completed, {over['rejected']} rejected, {over['failed']} failed; "
                   f"P99 TTFT {over['p99_ttft_ms']:.0f} ms (SLO {SLO_MS}), P99 rejection {over['p99_rejection_ms']:.2f} ms; "
                   f"RSS {base_rss:.0f} -> peak {peak[0]:.0f} MB")
@@ -74,8 +83,12 @@ class OverloadTest(unittest.TestCase):
             self.assertEqual(over["failed"], 0)
             self.assertGreater(over["rejected"], 0, "3x capacity was all admitted")
             self.assertGreater(over["completed"], 0)
-            self.assertLessEqual(over["p99_ttft_ms"], SLO_MS)
-            self.assertLess(over["p99_rejection_ms"], REFUSAL_MS)
+            if CHECK_LATENCY:
+                self.assertLessEqual(over["p99_ttft_ms"], SLO_MS)
+                self.assertLess(over["p99_rejection_ms"], REFUSAL_MS)
+            else:
+                print(f"SKIPPED under {SANITIZER}: the latency bounds P99 TTFT <= {SLO_MS} ms and P99 refusal "
+                      f"< {REFUSAL_MS} ms (measured {over['p99_ttft_ms']:.0f} ms and {over['p99_rejection_ms']:.1f} ms)")
             self.assertLess(peak[0], base_rss + 200, "RSS grew without bound")
             m = metrics(s.http_base)
             refused = sum(metric(m, "specula:admission_rejected_total", reason=r)
@@ -83,7 +96,7 @@ class OverloadTest(unittest.TestCase):
             self.assertEqual(refused, over["rejected"])
             from grpc_health.v1 import health_pb2, health_pb2_grpc
             with grpc.insecure_channel(s.grpc_target) as ch:
-                health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+                health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5 * time_scale())
             self.assertEqual(health.status, health_pb2.HealthCheckResponse.SERVING)
             self.assertEqual(s.stop(), 0, s.stderr())
 

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# tsan.sh: builds the `tsan` preset (gcc -fsanitize=thread, -O1 -g; build/tsan) and runs the
+# threaded tests under ThreadSanitizer, in about 8 minutes on 2 cores:
+#   - engine:      engine_tests;
+#   - serving:     serving_tests (the EngineLoop with the real tinystories model from 4 threads,
+#                  admission, metrics recorded from many threads), loadgen_tests (bench-serve's
+#                  clients against fake gRPC and HTTP servers), and the Python tests that start the
+#                  TSan build of `specula serve`: test_openai_http (HTTP, streamed and not, client
+#                  disconnects, stop strings), test_metrics_drain (metrics, SIGTERM drain),
+#                  test_chaos (cancels, deadlines, malformed requests in a burst), test_overload
+#                  (3x capacity over HTTP under TSan; the latency bounds are skipped, and it says so);
+#   - experiments: experiment_tests, experiments.test_report, and of experiments.test_experiment_run
+#                  the two runs with threads (the in-process online run, and an ONLINE spec against
+#                  a real server).
+# Left out for time (each alone is over the budget under TSan), and run by the release and ASan
+# suites: serving.test_grpc (~190 s; its gRPC threads are not checked anyway, see below) and the
+# rest of experiments.test_experiment_run (single-threaded runs; the quickstart spec alone takes
+# over 10 minutes).
+#
+# Any report fails the run: TSAN_OPTIONS has halt_on_error=1 (the test preset's environment), and the
+# Python tests also fail on a report in the server's stderr (tests/serving/python/serving_util.py).
+#
+# OpenMP: GCC's libgomp is neither built with TSan nor annotated for it (LLVM's libomp is, through
+# its Archer tool), so TSan does not see the synchronization of its barriers and reports every
+# parallel kernel as racing with the thread that started it (e.g. PackedGemm's workers against the
+# attention that follows). The test preset sets OMP_NUM_THREADS=1: no worker threads, a parallel
+# region runs on the thread that enters it. What TSan checks is our own threads (the engine loop,
+# HTTP handlers, the load generator, the experiment runner); the kernels' OpenMP parallelism is
+# checked for results by the kernel tests.
+#
+# Suppressions (tests/tsan.supp, from the preset): third-party libraries only. Debian's gRPC,
+# Protobuf and Abseil are not built with TSan and gRPC's synchronization is invisible to it, so
+# reports with gRPC frames are suppressed; that covers the code gRPC calls back (the Generate
+# reactor) too. The serving core it calls into is checked through the HTTP front end.
+#
+# SPECULA_SANITIZER=tsan (also from the preset) multiplies the Python tests' time limits by 10 for
+# the slower server; their assertions are unchanged.
+#
+#   bash scripts/tsan.sh [extra ctest args, e.g. -R serving.test_chaos]
+# SPECULA_TSAN_JOBS sets the build's and ctest's -j (default 2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs="${SPECULA_TSAN_JOBS:-2}"
+if [ ! -f build/tsan/build.ninja ]; then
+  cmake --preset tsan >/dev/null
+fi
+# Only what the selected tests run (the whole preset would also build the model, kernel and spec tests).
+cmake --build --preset tsan -j "$jobs" --target specula engine_tests serving_tests loadgen_tests experiment_tests
+ctest --preset tsan -j "$jobs" -L '^(engine|serving|experiments)$' \
+  -E '^(serving\.test_grpc|experiments\.test_experiment_run)$' "$@"
+# The experiment runner's threaded runs, with the preset's environment (ctest's own entry runs the
+# whole file).
+TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" OMP_NUM_THREADS=1 \
+  SPECULA_SANITIZER=tsan SPECULA_QUICK=1 SPECULA_BINARY="$PWD/build/tsan/specula" SPECULA_SOURCE_DIR="$PWD" \
+  python3 tests/experiments/python/test_experiment_run.py -v \
+  ExperimentRunTest.test_online_in_process_matches_offline_tokens ExperimentRunTest.test_online_against_a_real_server
+echo "tsan.sh: all passed. Not checked under TSan: serving.test_overload's latency bounds (P99 TTFT, P99 refusal; the test prints them as SKIPPED with the measured values, see ctest -V), serving.test_grpc and the single-threaded runs of experiments.test_experiment_run (see the top of this script)."
