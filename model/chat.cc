@@ -39,7 +39,7 @@ absl::StatusOr<ChatSource> FromHfDir(const std::string& dir) {
     // A list of named templates: the "default" one.
     if (t.is_array()) {
       for (const json& e : t) {
-        if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string()) {
+        if (e.is_object() && e.value("name", json()) == "default" && e.contains("template") && e["template"].is_string()) {
           s.template_text = e["template"].get<std::string>();
         }
       }

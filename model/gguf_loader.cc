@@ -128,6 +128,13 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadGguf(const std::string& path) 
     return static_cast<const float*>(out.data());
   };
 
+  // Each block has at least 9 tensors: a block count the file cannot hold is refused before the
+  // layers are allocated.
+  if (static_cast<uint64_t>(c.num_layers) > f.tensors().size() / 9) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": GGUF metadata ", std::string(arch), ".block_count = ",
+                                                   c.num_layers, " needs at least 9 tensors per block; the file has ",
+                                                   f.tensors().size()));
+  }
   const int64_t d = c.dim, q = c.q_dim(), kv = c.kv_dim(), h = c.hidden_dim, v = c.vocab_size;
   ASSIGN_OR_RETURN(w->embed, matrix("token_embd.weight", v, d));
   ASSIGN_OR_RETURN(w->final_norm, vec("output_norm.weight", d));

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <bitset>
 #include <queue>
+#include <type_traits>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
@@ -303,6 +304,21 @@ absl::Status Unsupported(const std::string& path, const std::string& field, cons
       absl::StrCat(path, ": field '", field, "': unsupported tokenizer type '", what, "'"));
 }
 
+// Optional fields by type, as nlohmann's value() reads them but without its exception on another
+// type: absent or null gives `fallback`; another type is an error naming the field.
+template <typename T>
+absl::StatusOr<T> OptionalField(const json& j, const char* key, T fallback, const std::string& path,
+                           const std::string& parent) {
+  auto it = j.find(key);  // end() for a non-object too
+  if (it == j.end() || it->is_null()) return fallback;
+  const bool ok = std::is_same_v<T, bool> ? it->is_boolean() : it->is_string();
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": field '", parent.empty() ? "" : parent + ".", key,
+                                                   "' must be ", std::is_same_v<T, bool> ? "true or false" : "a string"));
+  }
+  return it->get<T>();
+}
+
 // Flattens a normalizer or pre_tokenizer object (Sequence or single) into steps.
 absl::Status ParseSteps(const json& j, const std::string& path, const std::string& field,
                         std::vector<BpeStep>* out) {
@@ -324,30 +340,33 @@ absl::Status ParseSteps(const json& j, const std::string& path, const std::strin
   BpeStep s;
   s.type = type;
   if (type == "Prepend") {
-    s.a = j.value("prepend", "");
+    ASSIGN_OR_RETURN(s.a, OptionalField<std::string>(j, "prepend", "", path, field));
   } else if (type == "Replace") {
     const json& pat = j.value("pattern", json::object());
     if (!pat.contains("String")) return Unsupported(path, field + ".pattern", "Regex replace");
-    s.a = pat["String"].get<std::string>();
-    s.b = j.value("content", "");
+    ASSIGN_OR_RETURN(s.a, OptionalField<std::string>(pat, "String", "", path, field + ".pattern"));
+    ASSIGN_OR_RETURN(s.b, OptionalField<std::string>(j, "content", "", path, field));
   } else if (type == "NFC" || type == "NFKC") {
   } else if (type == "ByteLevel") {
-    s.flag = j.value("use_regex", true);
-    s.prefix = j.value("add_prefix_space", false);
+    ASSIGN_OR_RETURN(s.flag, OptionalField(j, "use_regex", true, path, field));
+    ASSIGN_OR_RETURN(s.prefix, OptionalField(j, "add_prefix_space", false, path, field));
   } else if (type == "Split") {
     const json& pat = j.value("pattern", json::object());
-    if (!pat.contains("Regex") || !ParseSplitPattern(pat["Regex"].get<std::string>(), &s.pattern)) {
+    if (!pat.contains("Regex") || !pat["Regex"].is_string() || !ParseSplitPattern(pat["Regex"].get<std::string>(), &s.pattern)) {
       return Unsupported(path, field + ".pattern", pat.dump());
     }
-    if (j.value("behavior", "Isolated") != "Isolated" || j.value("invert", false)) {
-      return Unsupported(path, field + ".behavior", j.value("behavior", ""));
-    }
+    ASSIGN_OR_RETURN(const std::string behavior, OptionalField<std::string>(j, "behavior", "Isolated", path, field));
+    ASSIGN_OR_RETURN(const bool invert, OptionalField(j, "invert", false, path, field));
+    if (behavior != "Isolated" || invert) return Unsupported(path, field + ".behavior", behavior);
   } else if (type == "Digits") {
-    if (!j.value("individual_digits", false)) return Unsupported(path, field, "Digits (grouped)");
+    ASSIGN_OR_RETURN(const bool individual, OptionalField(j, "individual_digits", false, path, field));
+    if (!individual) return Unsupported(path, field, "Digits (grouped)");
   } else if (type == "Metaspace") {
-    s.a = j.value("replacement", kSpaceMark);
-    s.flag = j.value("split", true);
-    s.prefix = j.value("prepend_scheme", "always") != "never" && j.value("add_prefix_space", true);
+    ASSIGN_OR_RETURN(s.a, OptionalField(j, "replacement", kSpaceMark, path, field));
+    ASSIGN_OR_RETURN(s.flag, OptionalField(j, "split", true, path, field));
+    ASSIGN_OR_RETURN(const std::string scheme, OptionalField<std::string>(j, "prepend_scheme", "always", path, field));
+    ASSIGN_OR_RETURN(const bool add_prefix_space, OptionalField(j, "add_prefix_space", true, path, field));
+    s.prefix = scheme != "never" && add_prefix_space;
   } else {
     return Unsupported(path, field, type);
   }
@@ -370,7 +389,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJson(const std::string& path) {
   BpeModel t;
   PieceIds ids;
   const json& model = j.value("model", json::object());
-  const std::string type = model.value("type", "");
+  if (!model.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": field 'model' must be an object"));
+  ASSIGN_OR_RETURN(const std::string type, OptionalField<std::string>(model, "type", "", path, "model"));
   if (type != "BPE") return Unsupported(path, "model.type", type.empty() ? "(missing)" : type);
   if (!model.contains("vocab") || !model["vocab"].is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": field 'model.vocab' is missing"));
@@ -379,9 +399,15 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJson(const std::string& path) {
       !model.value("end_of_word_suffix", json()).is_null()) {
     return Unsupported(path, "model.continuing_subword_prefix", "BPE with subword affixes");
   }
+  const json& added_tokens = j.value("added_tokens", json::array());
+  if (!added_tokens.is_array()) return absl::InvalidArgumentError(absl::StrCat(path, ": field 'added_tokens' must be a list"));
+  // Every id below the largest must be used, so ids past the number of entries leave a gap: refused
+  // before the tables grow to them.
+  const int64_t entries = static_cast<int64_t>(model["vocab"].size() + added_tokens.size());
   auto put = [&](const std::string& piece, int64_t id) -> absl::Status {
-    if (id < 0 || id > 10'000'000) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": token '", piece, "' has id ", id));
+    if (id < 0 || id > 10'000'000 || id >= entries) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": token '", piece, "' has id ", id, ", but model.vocab and ",
+                                                     "added_tokens hold ", entries, " entries (ids must be dense)"));
     }
     if (static_cast<size_t>(id) >= t.pieces.size()) {
       t.pieces.resize(id + 1);
@@ -398,6 +424,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJson(const std::string& path) {
     RETURN_IF_ERROR(put(piece, id.get<int64_t>()));
   }
   const json& merges = model.value("merges", json::array());
+  if (!merges.is_array()) return absl::InvalidArgumentError(absl::StrCat(path, ": field 'model.merges' must be a list"));
   for (size_t r = 0; r < merges.size(); ++r) {
     std::string a, b;
     if (merges[r].is_string()) {
@@ -427,17 +454,18 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJson(const std::string& path) {
     }
     t.merges.push_back(mg);
   }
-  t.byte_fallback = model.value("byte_fallback", false);
-  t.ignore_merges = model.value("ignore_merges", false);
+  ASSIGN_OR_RETURN(t.byte_fallback, OptionalField(model, "byte_fallback", false, path, "model"));
+  ASSIGN_OR_RETURN(t.ignore_merges, OptionalField(model, "ignore_merges", false, path, "model"));
   if (const std::string unk = TokenContent(model.value("unk_token", json())); !unk.empty()) {
     if (auto it = ids.find(unk); it != ids.end()) t.unk_id = it->second;
   }
-  for (const auto& a : j.value("added_tokens", json::array())) {
+  for (const auto& a : added_tokens) {
     if (!a.contains("id") || !a["id"].is_number_integer() || TokenContent(a).empty()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": field 'added_tokens' has a bad entry"));
     }
     RETURN_IF_ERROR(put(TokenContent(a), a["id"].get<int64_t>()));
-    t.kinds[a["id"].get<int64_t>()] = a.value("special", false) ? BpeTokenKind::kSpecial : BpeTokenKind::kAdded;
+    ASSIGN_OR_RETURN(const bool special, OptionalField(a, "special", false, path, "added_tokens[]"));
+    t.kinds[a["id"].get<int64_t>()] = special ? BpeTokenKind::kSpecial : BpeTokenKind::kAdded;
   }
   for (size_t i = 0; i < t.pieces.size(); ++i) {
     if (t.pieces[i].empty()) {
@@ -449,9 +477,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJson(const std::string& path) {
 
   // BOS/EOS: tokenizer_config.json beside tokenizer.json, else the post_processor template.
   const json& post = j.value("post_processor", json());
-  if (post.is_object() && post.value("type", "") == "TemplateProcessing" && post.contains("single") &&
+  if (post.is_object() && post.value("type", json()) == "TemplateProcessing" && post.contains("single") &&
       post["single"].is_array() && !post["single"].empty() && post["single"][0].contains("SpecialToken")) {
-    const std::string bos = post["single"][0]["SpecialToken"].value("id", "");
+    const json& special = post["single"][0]["SpecialToken"];
+    const std::string bos = special.is_object() ? TokenContent(special.value("id", json())) : "";
     if (auto it = ids.find(bos); it != ids.end()) {
       t.bos_id = it->second;
       t.add_bos_default = true;

@@ -73,8 +73,25 @@ absl::Status ValidateConfig(const ModelConfig& c, const std::string& source) {
   if (c.head_dim % 2 != 0) {
     return FieldError(source, "head_dim", absl::StrCat("must be even for RoPE, got ", c.head_dim));
   }
-  if (!(c.norm_eps > 0.0f)) return FieldError(source, "rms_norm_eps", "must be positive");
-  if (!(c.rope_theta > 0.0f)) return FieldError(source, "rope_theta", "must be positive");
+  // The sizes computed from these must fit their types: q_dim() and kv_dim() in int32, the weight
+  // counts (NumParams(), the loaders' tensor sizes) in int64. Real models are far below both.
+  if (const int64_t q = int64_t{c.num_heads} * c.head_dim; q > INT32_MAX) {
+    return FieldError(source, "head_dim", absl::StrCat("(", c.head_dim, ") times num_attention_heads (", c.num_heads,
+                                                       ") is ", q, ", more than 2^31 - 1"));
+  }
+  const double d = c.dim, q = c.q_dim(), kv = c.kv_dim();
+  const double params = c.vocab_size * d * 2 + d +
+                        c.num_layers * (2 * d + 2 * d * q + 2 * d * kv + 3 * d * c.hidden_dim + q + 2 * kv);
+  if (params > 1e15) {
+    return FieldError(source, "hidden_size", absl::StrCat("and the other sizes imply ", params,
+                                                          " parameters, implausibly many (at most 1e15)"));
+  }
+  if (!(c.norm_eps > 0.0f) || !std::isfinite(c.norm_eps)) {
+    return FieldError(source, "rms_norm_eps", "must be positive and finite");
+  }
+  if (!(c.rope_theta > 0.0f) || !std::isfinite(c.rope_theta)) {
+    return FieldError(source, "rope_theta", "must be positive and finite");
+  }
   if (!c.rope_scaling.type.empty() && c.rope_scaling.type != "llama3") {
     return FieldError(source, "rope_scaling.rope_type",
                       absl::StrCat("'", c.rope_scaling.type, "' is not supported (only llama3)"));
@@ -92,10 +109,12 @@ absl::StatusOr<ModelConfig> ParseHfConfig(const std::string& json_text, const st
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a valid JSON object"));
   }
-  if (auto it = j.find("model_type"); it != j.end() && it->is_string()) {
-    const std::string t = it->get<std::string>();
-    if (t != "llama" && t != "mistral" && t != "qwen2") {
-      return FieldError(path, "model_type", absl::StrCat("'", t, "' is not a Llama-family model"));
+  std::string model_type;
+  if (auto it = j.find("model_type"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return FieldError(path, "model_type", "must be a string");
+    model_type = it->get<std::string>();
+    if (model_type != "llama" && model_type != "mistral" && model_type != "qwen2") {
+      return FieldError(path, "model_type", absl::StrCat("'", model_type, "' is not a Llama-family model"));
     }
   }
   ModelConfig c;
@@ -117,26 +136,37 @@ absl::StatusOr<ModelConfig> ParseHfConfig(const std::string& json_text, const st
   if (!(st = GetFloat(j, path, "rms_norm_eps", &c.norm_eps)).ok()) return st;
   if (!(st = GetFloat(j, path, "rope_theta", &c.rope_theta)).ok()) return st;
   if (!(st = GetBool(j, path, "tie_word_embeddings", &c.tie_embeddings)).ok()) return st;
-  c.qkv_bias = j.value("model_type", "") == "qwen2";
+  c.qkv_bias = model_type == "qwen2";
   if (!(st = GetBool(j, path, "attention_bias", &c.qkv_bias)).ok()) return st;
   if (!(st = GetBool(j, path, "rope_interleaved", &c.rope_interleaved)).ok()) return st;
   if (!(st = GetInt(j, path, "bos_token_id", false, &c.bos_token_id)).ok()) return st;
   if (auto it = j.find("eos_token_id"); it != j.end() && !it->is_null()) {
-    if (it->is_number_integer()) {
-      c.eos_token_ids.push_back(it->get<int32_t>());
-    } else if (it->is_array()) {
+    auto add = [&](const json& e) -> absl::Status {
+      if (!e.is_number_integer()) return FieldError(path, "eos_token_id", "must be an integer or a list of integers");
+      const bool fits = e.is_number_unsigned() ? e.get<uint64_t>() <= INT32_MAX
+                                               : e.get<int64_t>() >= INT32_MIN && e.get<int64_t>() <= INT32_MAX;
+      if (!fits) return FieldError(path, "eos_token_id", absl::StrCat(e.dump(), " is out of range"));  // not wrapped
+      c.eos_token_ids.push_back(e.get<int32_t>());
+      return absl::OkStatus();
+    };
+    if (it->is_array()) {
       for (const auto& e : *it) {
-        if (!e.is_number_integer()) return FieldError(path, "eos_token_id", "must hold integers");
-        c.eos_token_ids.push_back(e.get<int32_t>());
+        if (!(st = add(e)).ok()) return st;
       }
-    } else {
-      return FieldError(path, "eos_token_id", "must be an integer or a list of integers");
+    } else if (!(st = add(*it)).ok()) {
+      return st;
     }
   }
   if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return FieldError(path, "rope_scaling", "must be an object");
     const json& rs = *it;
-    c.rope_scaling.type = rs.value("rope_type", rs.value("type", std::string()));
+    for (const char* key : {"rope_type", "type"}) {  // transformers' current name, then its older one
+      if (auto t = rs.find(key); t != rs.end() && !t->is_null()) {
+        if (!t->is_string()) return FieldError(path, absl::StrCat("rope_scaling.", key), "must be a string");
+        c.rope_scaling.type = t->get<std::string>();
+        break;
+      }
+    }
     if (c.rope_scaling.type == "default") c.rope_scaling.type.clear();
     const std::string p = path + " rope_scaling";
     if (!(st = GetFloat(rs, p, "factor", &c.rope_scaling.factor)).ok()) return st;

@@ -55,7 +55,9 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   if (header.is_discarded() || !header.is_object()) return corrupt("header is not a JSON object");
   const uint8_t* data = base + 8 + header_len;
   const uint64_t data_size = size - 8 - header_len;
-  for (auto& [name, e] : header.items()) {
+  for (auto& item : header.items()) {
+    const std::string& name = item.key();  // not a structured binding: clang 14 cannot capture one
+    json& e = item.value();
     if (name == "__metadata__") continue;
     auto bad = [&](const std::string& why) {
       return absl::DataLossError(absl::StrCat(path, ": tensor '", name, "': ", why));

@@ -203,6 +203,13 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHfModel(const std::string& dir
     w->files.push_back(st.TakeFile());
   }
 
+  // Each layer has at least 9 tensors: a layer count the checkpoint cannot hold is refused before
+  // the layers are allocated.
+  if (static_cast<size_t>(w->config.num_layers) > entries.size() / 9) {
+    return absl::InvalidArgumentError(absl::StrCat(config_path, ": field 'num_hidden_layers' (", w->config.num_layers,
+                                                   ") needs at least 9 tensors per layer; the checkpoint has ",
+                                                   entries.size()));
+  }
   ModelWeights* wp = w.get();
   auto get = [&](const std::string& name, std::vector<int64_t> shape,
                  bool optional) -> absl::StatusOr<const float*> {

@@ -20,14 +20,16 @@ struct Line {
   std::string error;
 };
 
-// Parses one input line into a request; an error names the field.
-std::string ParseLine(const std::string& text, const Tokenizer& tok, const BatchOptions& opt, Line* line) {
-  line->id = line->number;
+}  // namespace
+
+std::string ParsePromptLine(const std::string& text, int32_t line_number, const Tokenizer& tok, const BatchOptions& opt,
+                            json* id, Request* request) {
+  *id = line_number;
   json j = json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return "not a JSON object";
-  line->id = j.contains("id") ? j["id"] : json(line->number);
+  *id = j.contains("id") ? j["id"] : json(line_number);
   if (!j.contains("prompt") || !j["prompt"].is_string()) return "field 'prompt' is missing or not a string";
-  Request& r = line->request;
+  Request& r = *request;
   r.max_tokens = opt.max_tokens;
   r.sampling = opt.sampling;
   r.ignore_eos = opt.ignore_eos;
@@ -74,6 +76,8 @@ std::string ParseLine(const std::string& text, const Tokenizer& tok, const Batch
   if (r.prompt.empty()) return "field 'prompt' is empty";
   return "";
 }
+
+namespace {
 
 void WriteJson(std::FILE* out, const json& j) {
   const std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
@@ -149,7 +153,7 @@ absl::Status RunBatchGenerate(LlamaModel& model, const Tokenizer& tokenizer, con
     Line line;
     line.number = number;
     line.request.id = number;
-    std::string error = ParseLine(text, tokenizer, opt, &line);
+    std::string error = ParsePromptLine(text, number, tokenizer, opt, &line.id, &line.request);
     if (error.empty()) {
       if (auto st = engine.AddRequest(line.request); !st.ok()) error = std::string(st.message());
     }

@@ -37,6 +37,12 @@ std::string SpecStatsLine(const SpecStats& s);
 // that speculated on no sequence, for stderr.
 std::string SpecLengthLine(const EngineStats& s);
 
+// One --prompts-file line (`line_number` counts from 1) as a request: the fields it does not set come
+// from `opt`, and `id` is its "id" (the line number when absent). Returns "" or the error, which
+// names the field.
+std::string ParsePromptLine(const std::string& text, int32_t line_number, const Tokenizer& tokenizer,
+                            const BatchOptions& opt, nlohmann::json* id, Request* request);
+
 // Malformed lines get an error naming the line and field (on stderr and as their JSON line); the
 // other lines still run. Fails only when the file cannot be read.
 absl::Status RunBatchGenerate(LlamaModel& model, const Tokenizer& tokenizer, const BatchOptions& opt,

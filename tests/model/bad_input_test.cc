@@ -52,6 +52,16 @@ TEST(BadLlama2cTest, CorruptedHeader) {
   }
 }
 
+// Found by fuzz/llama2c_fuzz (the 28-byte header is the whole input): every value is under the 2^24
+// plausibility bound, but layers * dim * dim overflowed int64 while sizing the file (UBSan: signed
+// integer overflow). ValidateConfig now bounds the parameter count, which keeps every size in int64.
+TEST(BadLlama2cTest, HeaderImplyingAFileBeyondInt64) {
+  const int32_t header[7] = {8978496, 172, 3014661, 8, 4, 512, 512};  // dim, hidden, layers, heads, kv, vocab, seq
+  const std::string path = testing::MakeTempDir() + "/huge.bin";
+  WriteAll(path, std::string(reinterpret_cast<const char*>(header), sizeof(header)));
+  ExpectErrorMentions(LoadLlama2c(path).status(), {path, "parameters, implausibly many"});
+}
+
 TEST(BadFilesTest, MissingFiles) {
   ExpectErrorMentions(LoadModel("/no/such/model.bin").status(), {"/no/such/model.bin"});
   const std::string dir = testing::MakeTempDir();
@@ -156,6 +166,34 @@ TEST_F(BadHfTest, ConfigMissingOrInconsistentFields) {
   }
   WriteAll(dir_ + "/config.json", "{ not json");
   ExpectErrorMentions(LoadHfModel(dir_).status(), {"config.json", "not a valid JSON"});
+}
+
+// Found by review while writing fuzz/hf_config_fuzz, reproduced with it (crashes, undefined
+// behaviour and silent misreadings): nlohmann's value() threw on a model_type or rope_type that is not a string; an eos id
+// past int32 wrapped onto another id; num_attention_heads * head_dim overflowed int32 in q_dim()
+// (UBSan), and the weight counts int64; infinite eps passed; and a layer count the checkpoint
+// cannot hold was allocated (std::bad_alloc) before any tensor was looked up.
+TEST_F(BadHfTest, ConfigValuesOfTheWrongTypeOrSizeAreErrors) {
+  struct Case { json fields; std::vector<std::string> mentions; };
+  for (const Case& c : {
+           Case{{{"model_type", 7}}, {"'model_type' must be a string"}},
+           Case{{{"rope_scaling", {{"rope_type", 3}}}}, {"'rope_scaling.rope_type' must be a string"}},
+           Case{{{"rope_scaling", {{"type", json::array()}}}}, {"'rope_scaling.type' must be a string"}},
+           Case{{{"eos_token_id", 4294967298ull}}, {"'eos_token_id'", "4294967298 is out of range"}},
+           Case{{{"eos_token_id", {1, -4294967295ll}}}, {"'eos_token_id'", "-4294967295 is out of range"}},
+           Case{{{"rms_norm_eps", 1e300}}, {"'rms_norm_eps' must be positive and finite"}},
+           Case{{{"head_dim", 65536}, {"num_attention_heads", 65536}, {"num_key_value_heads", 65536}},
+                {"'head_dim'", "times num_attention_heads", "more than 2^31 - 1"}},
+           Case{{{"hidden_size", 1 << 30}, {"intermediate_size", 2000000000}}, {"'hidden_size'", "implausibly many"}},
+           Case{{{"num_hidden_layers", 2147483647}}, {"'num_hidden_layers' (2147483647) needs at least 9 tensors per layer"}}}) {
+    SCOPED_TRACE(c.fields.dump());
+    json cfg = config_;
+    cfg.update(c.fields);
+    WriteConfig(cfg);
+    std::vector<std::string> mentions = c.mentions;
+    mentions.push_back("config.json");
+    ExpectErrorMentions(LoadHfModel(dir_).status(), mentions);
+  }
 }
 
 TEST(BadPromptTest, PromptLongerThanContext) {

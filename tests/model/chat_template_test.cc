@@ -4,7 +4,10 @@
 // tests/model/python/test_chat_template.py.
 #include "model/chat_template.h"
 
+#include <fstream>
+
 #include "core/mapped_file.h"
+#include "model/chat.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -227,6 +230,18 @@ TEST(ChatTemplateTest, CopiesRenderTheSame) {
   auto out = copy.Render(Conversation(), false, "", "");
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(*out, "system:Be brief.;user:Hi;assistant:Hello!;user:Bye;");
+}
+
+// Found by review while writing fuzz/hf_config_fuzz (which writes tokenizer_config.json), reproduced
+// with it: a chat_template list entry whose "name" is not a string made nlohmann's value() throw.
+TEST(ChatTemplateTest, TemplateListEntriesOfAnotherShapeAreSkipped) {
+  const std::string dir = testing::MakeTempDir();
+  std::ofstream(dir + "/tokenizer_config.json") << R"({"bos_token": "<s>", "chat_template": [
+      {"name": 1, "template": "one"}, 7, {"name": "default", "template": "{{ bos_token }}default"}]})";
+  auto s = FindChatTemplate(dir);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->template_text, "{{ bos_token }}default");
+  EXPECT_EQ(s->bos_token, "<s>");
 }
 
 }  // namespace

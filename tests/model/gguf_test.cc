@@ -234,6 +234,10 @@ TEST_F(GgufTest, CorruptedFieldsNameTheField) {
       {"array element type", [&](auto& b) { Put<uint32_t>(b, lo.tokens_array_count - 4, 9); }},
       {"block_count = 0", [&](auto& b) { Put<uint32_t>(b, lo.block_count_value, 0); }},
       {"block_count = 4294967295", [&](auto& b) { Put<uint32_t>(b, lo.block_count_value, 0xFFFFFFFFu); }},
+      // Found by review while writing fuzz/gguf_fuzz, reproduced with it: 2^30 blocks were allocated
+      // (160 GB, std::bad_alloc) before any block's tensors were looked up.
+      {"block_count = 1073741824 needs at least 9 tensors per block; the file has 20",
+       [&](auto& b) { Put<uint32_t>(b, lo.block_count_value, 1u << 30); }},
       {"dimension count 5", [&](auto& b) { Put<uint32_t>(b, lo.first_tensor_ndims, 5); }},
       {"dimension count 0", [&](auto& b) { Put<uint32_t>(b, lo.first_tensor_ndims, 0); }},
       {"dim 0 = 0", [&](auto& b) { Put<uint64_t>(b, lo.first_tensor_dim0, 0); }},

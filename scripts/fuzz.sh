@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (the `fuzz` preset: clang-14, ASan + UBSan) and runs each one in
+# turn over a corpus made of the committed seeds (fuzz/seeds/TARGET) and seeds made from real files
+# (fuzz/make_seeds.py: ../shared/models, the SmolLM2 GGUF's metadata, tests/data, the example
+# specs and chat templates). Prints a table of executions, seconds and exec/s per target; exits 1 if
+# any target reports a crash, a leak, a timeout, running out of memory or a sanitizer error.
+#
+#   bash scripts/fuzz.sh [--seconds N | --runs N] [TARGET...]
+#
+# Default: --seconds 30, every target. Logs go to build/fuzz/logs/TARGET.log, inputs that fail to
+# build/fuzz/artifacts/TARGET/ (minimize one with: build/fuzz/fuzz/TARGET -minimize_crash=1
+# -runs=100000 FILE). The corpus under build/fuzz/corpus/TARGET is rebuilt from the seeds on each
+# run, so counts do not depend on earlier runs. SPECULA_FUZZ_JOBS sets the build's -j (default 2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+mode=seconds
+amount=30
+targets=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --seconds) mode=seconds; amount="$2"; shift 2 ;;
+    --runs) mode=runs; amount="$2"; shift 2 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -*) echo "fuzz.sh: unknown flag $1" >&2; exit 2 ;;
+    *) targets+=("${1%_fuzz}_fuzz"); shift ;;
+  esac
+done
+if ! [[ "$amount" =~ ^[0-9]+$ ]] || [[ "$amount" -le 0 ]]; then
+  echo "fuzz.sh: --$mode needs a positive integer, got '$amount'" >&2
+  exit 2
+fi
+
+# Per target: the longest input (bytes) and the dictionary (fuzz/dict/NAME.dict, or -).
+declare -A MAX_LEN=(
+  [llama2c_fuzz]=8192 [safetensors_fuzz]=16384 [gguf_fuzz]=65536 [hf_config_fuzz]=8192
+  [hf_tokenizer_fuzz]=16384 [llama2c_tokenizer_fuzz]=8192 [chat_template_fuzz]=16384
+  [jsonl_request_fuzz]=4096 [http_request_fuzz]=4096 [grpc_request_fuzz]=1024 [experiment_spec_fuzz]=4096)
+declare -A DICT=(
+  [llama2c_fuzz]=- [safetensors_fuzz]=safetensors [gguf_fuzz]=gguf [hf_config_fuzz]=hf_config
+  [hf_tokenizer_fuzz]=hf_tokenizer [llama2c_tokenizer_fuzz]=- [chat_template_fuzz]=chat_template
+  [jsonl_request_fuzz]=request [http_request_fuzz]=request [grpc_request_fuzz]=- [experiment_spec_fuzz]=experiment_spec)
+ALL=(llama2c_fuzz safetensors_fuzz gguf_fuzz hf_config_fuzz hf_tokenizer_fuzz llama2c_tokenizer_fuzz
+     jsonl_request_fuzz http_request_fuzz grpc_request_fuzz experiment_spec_fuzz chat_template_fuzz)
+[[ ${#targets[@]} -eq 0 ]] && targets=("${ALL[@]}")
+for t in "${targets[@]}"; do
+  [[ -n "${MAX_LEN[$t]:-}" ]] || { echo "fuzz.sh: unknown target '$t' (${ALL[*]})" >&2; exit 2; }
+done
+
+build_start=$(date +%s)
+cmake --preset fuzz >/dev/null
+cmake --build --preset fuzz -j "${SPECULA_FUZZ_JOBS:-2}" --target "${targets[@]}"
+build_s=$(( $(date +%s) - build_start ))
+
+B=build/fuzz
+rm -rf "$B/seeds_generated"
+python3 fuzz/make_seeds.py "$B/seeds_generated" >/dev/null
+mkdir -p "$B/logs"
+
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=0}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+
+rows=()
+failed=0
+for t in "${targets[@]}"; do
+  corpus="$B/corpus/$t"
+  artifacts="$B/artifacts/$t"
+  rm -rf "$corpus" "$artifacts"
+  mkdir -p "$corpus" "$artifacts"
+  for d in "fuzz/seeds/$t" "$B/seeds_generated/$t"; do
+    [[ -d "$d" ]] && cp "$d"/* "$corpus"/
+  done
+  nseeds=$(find "$corpus" -type f | wc -l)
+  args=(-rss_limit_mb=4096 -timeout=30 -max_len="${MAX_LEN[$t]}" -print_final_stats=1
+        -artifact_prefix="$artifacts/")
+  [[ "${DICT[$t]}" != - ]] && args+=(-dict="fuzz/dict/${DICT[$t]}.dict")
+  if [[ $mode == runs ]]; then args+=(-runs="$amount"); else args+=(-max_total_time="$amount"); fi
+  log="$B/logs/$t.log"
+  echo "[fuzz] $t: $nseeds seeds, ${args[*]}" >&2
+  start=$(date +%s%N)
+  rc=0
+  "$B/fuzz/$t" "${args[@]}" "$corpus" >"$log" 2>&1 || rc=$?
+  secs=$(awk -v a="$start" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
+  # The final stats, or after a crash the last status line ("#1234 ...").
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  [[ -n "$execs" ]] || execs=$(grep -oE '^#[0-9]+' "$log" | tail -1 | tr -d '#')
+  execs=${execs:-0}
+  result=ok
+  if [[ $rc -ne 0 ]] || grep -qE '^==[0-9]+==ERROR|runtime error:|^SUMMARY: |deadly signal|ALARM: working on the last Unit' "$log"; then
+    failed=1
+    if grep -q 'ERROR: LeakSanitizer' "$log"; then result=LEAK
+    elif grep -q 'runtime error:' "$log"; then result=UBSAN
+    elif grep -qE 'ERROR: libFuzzer: timeout|ALARM: working on the last Unit' "$log"; then result=TIMEOUT
+    elif grep -qE 'out-of-memory|ERROR: libFuzzer: out-of-memory|allocation-size-too-big' "$log"; then result=OOM
+    elif grep -q 'ERROR: AddressSanitizer' "$log"; then result=ASAN
+    else result="CRASH(rc=$rc)"
+    fi
+    echo "[fuzz] $t: $result; the report (all of it in $log):" >&2
+    grep -E -m 12 -A 14 '^==[0-9]+==ERROR|runtime error:|ERROR: libFuzzer|ALARM' "$log" | head -40 >&2 || tail -30 "$log" >&2
+    ls "$artifacts"/* 2>/dev/null | sed 's/^/[fuzz]   input: /' >&2 || true
+  fi
+  rows+=("$(awk -v t="$t" -v n="$execs" -v s="$secs" -v r="$result" \
+    'BEGIN { printf "%-24s %12d %9.1f %10.0f  %s", t, n, s, n / (s > 0 ? s : 1), r }')")
+done
+
+echo
+echo "Fuzzing ($mode $amount per target; build ${build_s} s; $(lscpu | grep -o 'avx512[a-z]*' | head -1 | grep -q . && echo AVX-512 || echo AVX2), $(nproc) cores)"
+printf '%-24s %12s %9s %10s  %s\n' target executions seconds exec/s result
+for r in "${rows[@]}"; do echo "$r"; done
+exit $failed
