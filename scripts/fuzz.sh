@@ -7,9 +7,9 @@
 #
 #   bash scripts/fuzz.sh [--seconds N | --runs N] [TARGET...]
 #
-# Default: --seconds 30, every target. Logs go to build/fuzz/logs/TARGET.log, inputs that fail to
-# build/fuzz/artifacts/TARGET/ (minimize one with: build/fuzz/fuzz/TARGET -minimize_crash=1
-# -runs=100000 FILE). The corpus under build/fuzz/corpus/TARGET is rebuilt from the seeds on each
+# Default: --seconds 30, every target, SPECULA_FUZZ_PARALLEL (default nproc) at a time. Logs go to
+# build/fuzz/logs/TARGET.log, inputs that fail to build/fuzz/artifacts/TARGET/ (minimize one with:
+# build/fuzz/fuzz/TARGET -minimize_crash=1 -runs=100000 FILE). The corpus under build/fuzz/corpus/TARGET is rebuilt from the seeds on each
 # run, so counts do not depend on earlier runs. SPECULA_FUZZ_JOBS sets the build's -j (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,34 +60,32 @@ mkdir -p "$B/logs"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=0}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 
-rows=()
-failed=0
-for t in "${targets[@]}"; do
-  corpus="$B/corpus/$t"
-  artifacts="$B/artifacts/$t"
+# One target: its log, and a result row in $B/rows/TARGET.
+run_target() {
+  local t="$1"
+  local corpus="$B/corpus/$t" artifacts="$B/artifacts/$t" log="$B/logs/$t.log"
   rm -rf "$corpus" "$artifacts"
   mkdir -p "$corpus" "$artifacts"
   for d in "fuzz/seeds/$t" "$B/seeds_generated/$t"; do
     [[ -d "$d" ]] && cp "$d"/* "$corpus"/
   done
+  local nseeds
   nseeds=$(find "$corpus" -type f | wc -l)
-  args=(-rss_limit_mb=4096 -timeout=30 -max_len="${MAX_LEN[$t]}" -print_final_stats=1
-        -artifact_prefix="$artifacts/")
+  local args=(-rss_limit_mb=4096 -timeout=30 -max_len="${MAX_LEN[$t]}" -print_final_stats=1
+              -artifact_prefix="$artifacts/")
   [[ "${DICT[$t]}" != - ]] && args+=(-dict="fuzz/dict/${DICT[$t]}.dict")
   if [[ $mode == runs ]]; then args+=(-runs="$amount"); else args+=(-max_total_time="$amount"); fi
-  log="$B/logs/$t.log"
   echo "[fuzz] $t: $nseeds seeds, ${args[*]}" >&2
+  local start rc=0
   start=$(date +%s%N)
-  rc=0
   "$B/fuzz/$t" "${args[@]}" "$corpus" >"$log" 2>&1 || rc=$?
+  local secs execs result=ok
   secs=$(awk -v a="$start" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
   # The final stats, or after a crash the last status line ("#1234 ...").
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   [[ -n "$execs" ]] || execs=$(grep -oE '^#[0-9]+' "$log" | tail -1 | tr -d '#')
   execs=${execs:-0}
-  result=ok
   if [[ $rc -ne 0 ]] || grep -qE '^==[0-9]+==ERROR|runtime error:|^SUMMARY: |deadly signal|ALARM: working on the last Unit' "$log"; then
-    failed=1
     if grep -q 'ERROR: LeakSanitizer' "$log"; then result=LEAK
     elif grep -q 'runtime error:' "$log"; then result=UBSAN
     elif grep -qE 'ERROR: libFuzzer: timeout|ALARM: working on the last Unit' "$log"; then result=TIMEOUT
@@ -95,16 +93,40 @@ for t in "${targets[@]}"; do
     elif grep -q 'ERROR: AddressSanitizer' "$log"; then result=ASAN
     else result="CRASH(rc=$rc)"
     fi
-    echo "[fuzz] $t: $result; the report (all of it in $log):" >&2
-    grep -E -m 12 -A 14 '^==[0-9]+==ERROR|runtime error:|ERROR: libFuzzer|ALARM' "$log" | head -40 >&2 || tail -30 "$log" >&2
-    ls "$artifacts"/* 2>/dev/null | sed 's/^/[fuzz]   input: /' >&2 || true
+    {
+      echo "[fuzz] $t: $result; the report (all of it in $log):"
+      grep -E -m 12 -A 14 '^==[0-9]+==ERROR|runtime error:|ERROR: libFuzzer|ALARM' "$log" | head -40 || tail -30 "$log"
+      ls "$artifacts"/* 2>/dev/null | sed 's/^/[fuzz]   input: /' || true
+    } >&2
   fi
-  rows+=("$(awk -v t="$t" -v n="$execs" -v s="$secs" -v r="$result" \
-    'BEGIN { printf "%-24s %12d %9.1f %10.0f  %s", t, n, s, n / (s > 0 ? s : 1), r }')")
+  awk -v t="$t" -v n="$execs" -v s="$secs" -v r="$result" \
+    'BEGIN { printf "%-24s %12d %9.1f %10.0f  %s\n", t, n, s, n / (s > 0 ? s : 1), r }' >"$B/rows/$t"
+}
+
+# Targets run SPECULA_FUZZ_PARALLEL at a time (default: one per core); each is one process.
+parallel="${SPECULA_FUZZ_PARALLEL:-$(nproc)}"
+rm -rf "$B/rows"
+mkdir -p "$B/rows"
+running=0
+for t in "${targets[@]}"; do
+  if [[ $running -ge $parallel ]]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
+  run_target "$t" &
+  running=$((running + 1))
+done
+wait
+failed=0
+rows=()
+for t in "${targets[@]}"; do
+  row=$(cat "$B/rows/$t" 2>/dev/null || printf '%-24s %12s %9s %10s  %s' "$t" - - - "NO RESULT")
+  [[ "$row" == *"  ok" ]] || failed=1
+  rows+=("$row")
 done
 
 echo
-echo "Fuzzing ($mode $amount per target; build ${build_s} s; $(lscpu | grep -o 'avx512[a-z]*' | head -1 | grep -q . && echo AVX-512 || echo AVX2), $(nproc) cores)"
+echo "Fuzzing ($mode $amount per target, $parallel at a time; build ${build_s} s; $(lscpu | grep -o 'avx512[a-z]*' | head -1 | grep -q . && echo AVX-512 || echo AVX2), $(nproc) cores)"
 printf '%-24s %12s %9s %10s  %s\n' target executions seconds exec/s result
 for r in "${rows[@]}"; do echo "$r"; done
 exit $failed
