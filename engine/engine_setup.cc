@@ -94,8 +94,21 @@ namespace {
 // The CPU's KV cache dtype when --kv-cache-dtype is not given (README, "KV cache dtype").
 constexpr DType kDefaultCpuKvDtype = DType::kBF16;
 
-// The process's tensor-parallel group, made once (MPI is initialised once per process) and shared by
-// every engine the process loads.
+bool Exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
+
+std::string DefaultTokenizer(const std::string& model, int32_t vocab) {
+  if (Exists(model + "/tokenizer.json")) return model + "/tokenizer.json";
+  if (model.size() > 5 && model.compare(model.size() - 5, 5, ".gguf") == 0) return model;  // its own vocabulary
+  const size_t slash = model.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : model.substr(0, slash);
+  for (const std::string& name : {std::string("tokenizer.bin"), absl::StrCat("tok", vocab, ".bin")}) {
+    if (Exists(dir + "/" + name)) return dir + "/" + name;
+  }
+  return "";
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<Communicator>> TensorParallelGroup(int32_t size, double timeout_s) {
   static std::shared_ptr<Communicator> group;
   if (group == nullptr) {
@@ -114,21 +127,6 @@ absl::StatusOr<std::shared_ptr<Communicator>> TensorParallelGroup(int32_t size, 
   }
   return group;
 }
-
-bool Exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
-
-std::string DefaultTokenizer(const std::string& model, int32_t vocab) {
-  if (Exists(model + "/tokenizer.json")) return model + "/tokenizer.json";
-  if (model.size() > 5 && model.compare(model.size() - 5, 5, ".gguf") == 0) return model;  // its own vocabulary
-  const size_t slash = model.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : model.substr(0, slash);
-  for (const std::string& name : {std::string("tokenizer.bin"), absl::StrCat("tok", vocab, ".bin")}) {
-    if (Exists(dir + "/" + name)) return dir + "/" + name;
-  }
-  return "";
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<LoadedEngine>> LoadEngine(const Flags& flags) {
   Flags f = flags;  // operator[] below reads values that were checked to exist

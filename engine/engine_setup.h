@@ -15,6 +15,7 @@
 #include "model/tokenizer.h"
 #include "scheduler/scheduler.h"
 #include "core/flags.h"
+#include "dist/communicator.h"
 
 namespace specula {
 
@@ -46,6 +47,12 @@ struct LoadedEngine {
 // (an error names it and its value) before anything large loads where that is possible. With
 // --tensor-parallel-size N under mpirun, each rank loads its shard; see LoadedEngine::follower.
 absl::StatusOr<std::unique_ptr<LoadedEngine>> LoadEngine(const Flags& flags);
+
+// The process's tensor-parallel group of `size` ranks (MPI_COMM_WORLD), made once (MPI is
+// initialised once per process) and shared by every engine the process loads; an error naming the
+// mpirun command when the launcher started another number of processes. LoadEngine calls it for
+// --tensor-parallel-size; `experiment run` too, to send each point's flags to the other ranks.
+absl::StatusOr<std::shared_ptr<Communicator>> TensorParallelGroup(int32_t size, double timeout_s);
 
 // The continuous-batching scheduler of the flags (--max-num-seqs, --num-blocks, ...): the KV pool
 // sized for max-num-seqs full contexts (at most 4 GiB) on the CPU, from --gpu-memory-utilization on

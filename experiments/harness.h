@@ -8,11 +8,14 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "core/flags.h"
 #include "experiments/spec.h"
 
 namespace specula::experiments {
@@ -22,6 +25,9 @@ struct HarnessOptions {
   bool force = false;                       // discard DIR's results and rerun everything
   const std::atomic<bool>* stop = nullptr;  // Ctrl-C: stop after (or within) the current run
   bool progress = true;                     // the progress line on stderr
+  // Passed to every run (RunHooks): extra engine flags and the hook before an engine loads.
+  std::map<std::string, std::string> engine_flags;
+  std::function<absl::Status(const Flags&)> before_load;
 };
 
 // Errors: a DIR holding another spec's results (without force), an unwritable DIR, a malformed

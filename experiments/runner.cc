@@ -351,7 +351,11 @@ absl::StatusOr<nlohmann::json> RunRemote(const LoadedSpec& s, const Point& p, co
 
 absl::StatusOr<nlohmann::json> RunPoint(const LoadedSpec& s, const Point& p, const RunHooks& hooks) {
   if (p.remote) return RunRemote(s, p, hooks);
-  const Flags flags = PointFlags(s.spec, p);
+  Flags flags = PointFlags(s.spec, p);
+  for (const auto& [name, value] : hooks.engine_flags) flags.values[name] = value;
+  if (hooks.before_load) {
+    if (absl::Status st = hooks.before_load(flags); !st.ok()) return st;
+  }
   auto loaded = LoadEngine(flags);
   if (!loaded.ok()) return loaded.status();
   LoadedEngine& e = **loaded;

@@ -6,12 +6,18 @@
 #include <atomic>
 #include <cstdlib>
 #include <iostream>
+#include <map>
+#include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/flags.h"
+#include "dist/communicator.h"
+#include "engine/engine_setup.h"
 #include "experiments/harness.h"
+#include "nlohmann/json.hpp"
 #include "experiments/spec.h"
 
 #ifndef SPECULA_SOURCE_DIR
@@ -22,6 +28,7 @@ namespace specula {
 namespace {
 
 constexpr char kUsage[] = R"(usage: specula experiment run SPEC.textproto --out DIR [--force] [--no-progress]
+                             [--tensor-parallel-size N [--collective-timeout-s S]]
        specula experiment report DIR [--out report.md] [--target-qps 10,100,1000] [--cost-per-hour 2.5]
 
 run: sweeps the batching and speculation parameters of an experiment spec (experiments/experiment.proto,
@@ -32,6 +39,11 @@ only the missing points. A different spec in the same DIR is refused.
   --out DIR        the output directory (created)
   --force          discard DIR's results and run every point again
   --no-progress    no progress line on stderr
+  --tensor-parallel-size N  shard every local point's target over N ranks: launch with
+                   `mpirun -np N specula experiment run ...` (README, "Tensor parallelism"); rank 0
+                   runs the sweep and writes DIR, the other ranks load each point's shard as it
+                   starts. Points against an endpoint are not sharded.
+  --collective-timeout-s S  a collective's timeout (default 60)
 
 report: DIR/report.md and PNG plots beside it (python3 and matplotlib, which scripts/install_deps.sh
 installs): throughput and speedup against batch size, acceptance by position, latency against
@@ -44,16 +56,69 @@ request rate (online), the best configuration per batch size, and the capacity p
 std::atomic<bool> g_stop{false};
 void OnSigint(int) { g_stop = true; }
 
+// A point's engine flags from rank 0 to the other ranks, as JSON after a tag (so that a rank that
+// is out of step, reading a step plan here, fails instead of misreading it). Empty: the sweep ended.
+constexpr char kPointTag[] = "experiment-point ";
+
+std::string EncodePointFlags(const Flags& f) {
+  return kPointTag + nlohmann::json{{"values", f.values}, {"switches", f.switches}}.dump();
+}
+
+absl::StatusOr<Flags> DecodePointFlags(const std::string& msg) {
+  const size_t tag = sizeof(kPointTag) - 1;
+  auto j = nlohmann::json::parse(msg.size() > tag ? msg.substr(tag) : "", nullptr, false);
+  if (msg.compare(0, tag, kPointTag) != 0 || j.is_discarded()) {
+    return absl::InternalError(absl::StrCat("experiment run: rank 0 sent ", msg.size(),
+                                            " bytes that are not a point's flags: the ranks are out of step"));
+  }
+  Flags f;
+  f.values = j["values"].get<std::map<std::string, std::string>>();
+  f.switches = j["switches"].get<std::set<std::string>>();
+  return f;
+}
+
+// A rank other than 0: load each point's shard as rank 0 announces it, and run its forwards
+// (LoadEngine returns once rank 0's engine is gone), until rank 0 sends the end.
+absl::Status FollowSweep(Communicator& group) {
+  while (true) {
+    std::string msg;
+    if (absl::Status st = group.BroadcastMessage(&msg, "experiment point"); !st.ok()) return st;
+    if (msg.empty()) return absl::OkStatus();
+    auto flags = DecodePointFlags(msg);
+    if (!flags.ok()) return flags.status();
+    // An engine that fails to load fails on rank 0 too (the same checks, before any collective),
+    // which ends the sweep: the next message is the end.
+    if (auto loaded = LoadEngine(*flags); !loaded.ok()) {
+      std::cerr << "rank " << group.rank() << ": " << loaded.status().message() << "\n";
+    }
+  }
+}
+
 absl::Status Run(int argc, char** argv) {
   if (argc < 1 || std::string(argv[0]).rfind("--", 0) == 0) {
     return absl::InvalidArgumentError("experiment run needs a spec: specula experiment run SPEC.textproto --out DIR");
   }
   const std::string spec_path = argv[0];
-  auto flags = ParseFlags(argc - 1, argv + 1, {"out"}, {"force", "no-progress"});
+  auto flags = ParseFlags(argc - 1, argv + 1, {"out", "tensor-parallel-size", "collective-timeout-s"},
+                          {"force", "no-progress"});
   if (!flags.ok()) return flags.status();
   if (!flags->values.count("out")) return absl::InvalidArgumentError("experiment run needs --out DIR");
+  int32_t tp_size = 1;
+  double timeout_s = 60;
+  for (auto st : {GetNumber(*flags, "tensor-parallel-size", &tp_size), GetNumber(*flags, "collective-timeout-s", &timeout_s)}) {
+    if (!st.ok()) return st;
+  }
+  if (tp_size < 1) return absl::InvalidArgumentError(absl::StrCat("--tensor-parallel-size must be >= 1, got ", tp_size));
+  if (!(timeout_s > 0)) return absl::InvalidArgumentError(absl::StrCat("--collective-timeout-s must be positive, got ", timeout_s));
   auto spec = experiments::LoadSpec(spec_path);  // every error before anything runs
   if (!spec.ok()) return spec.status();
+  std::shared_ptr<Communicator> group;
+  if (tp_size > 1) {
+    auto g = TensorParallelGroup(tp_size, timeout_s);
+    if (!g.ok()) return g.status();
+    group = *g;
+    if (group->rank() != 0) return FollowSweep(*group);
+  }
   experiments::HarnessOptions opt;
   opt.out_dir = flags->values["out"];
   opt.force = flags->switches.count("force") > 0;
@@ -64,7 +129,16 @@ absl::Status Run(int argc, char** argv) {
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
-  return experiments::RunExperiment(*spec, opt);
+  if (group == nullptr) return experiments::RunExperiment(*spec, opt);
+  opt.engine_flags = {{"tensor-parallel-size", absl::StrCat(tp_size)}, {"collective-timeout-s", absl::StrCat(timeout_s)}};
+  opt.before_load = [&group](const Flags& f) {
+    std::string msg = EncodePointFlags(f);
+    return group->BroadcastMessage(&msg, "experiment point");
+  };
+  absl::Status st = experiments::RunExperiment(*spec, opt);
+  std::string end;  // the other ranks wait for the next point: none
+  if (absl::Status sent = group->BroadcastMessage(&end, "experiment end"); !sent.ok() && st.ok()) st = sent;
+  return st;
 }
 
 // The report is Python (matplotlib): run experiments/report.py from the source tree, or the script

@@ -139,6 +139,39 @@ class TensorParallelTest(unittest.TestCase):
                     self.check_same(f"{name} sampled batch {path}", tps,
                                     model + ["--prompts-file", path, "--no-progress"] + spec, batch_tokens)
 
+    def test_experiment_run_matches_tp1(self):
+        # `mpirun -np 2 specula experiment run --tensor-parallel-size 2`: rank 0 sweeps and sends each
+        # point's flags; every point's output hash (all requests' tokens) equals the TP = 1 sweep's,
+        # offline and online (in process, through the serving core), with and without speculation.
+        spec_path = os.path.join(self.tmp, "tp.textproto")
+        for mode, extra in [("OFFLINE", ""), ("ONLINE", " request_rate: [50]")]:
+            with open(spec_path, "w") as f:
+                f.write(f'name: "tp-{mode}"\n'
+                        f'model {{ path: "{MODELS}/stories260K.bin" tokenizer: "{MODELS}/tok512.bin" }}\n'
+                        f'draft {{ path: "{MODELS}/llama2xs.bin" }}\n'
+                        f'workload {{ prompts_file: "{self.prompts}" num_requests: 16 max_tokens: 24 seed: 1 }}\n'
+                        f'mode: {mode}\n'
+                        f'sweep {{ max_num_seqs: [1, 8] spec_method: ["none", "draft", "ngram"] num_spec_tokens: [3, 0]{extra} }}\n'
+                        'repeats: 1\n')
+            hashes = []
+            for tp in (1, 2):
+                out = os.path.join(self.tmp, f"exp-{mode}-{tp}")
+                cmd = ([SPECULA] if tp == 1 else MPIRUN + ["-np", str(tp), SPECULA]) + \
+                    ["experiment", "run", spec_path, "--out", out, "--no-progress"] + \
+                    ([] if tp == 1 else ["--tensor-parallel-size", str(tp)])
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+                self.assertEqual(p.returncode, 0, f"{' '.join(cmd)}\n{p.stderr[-3000:]}")
+                with open(os.path.join(out, "results.jsonl")) as f:
+                    hashes.append({json.loads(l)["key"]: json.loads(l)["output_hash"] for l in f})
+            self.assertEqual(len(hashes[0]), 10, mode)  # 2 batch sizes x (none + 2 methods x 2 k)
+            self.assertEqual(hashes[1], hashes[0], mode)
+        # Without mpirun: refused before anything runs, with the command to use.
+        p = subprocess.run([SPECULA, "experiment", "run", spec_path, "--out", os.path.join(self.tmp, "exp-refused"),
+                            "--tensor-parallel-size", "2"], capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("needs 2 processes, but 1 were launched", p.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "exp-refused", "results.jsonl")))
+
     def test_refusals_name_the_numbers(self):
         # Without mpirun: the launch is refused with the command to use.
         p = subprocess.run([SPECULA, "generate", "--model", f"{MODELS}/stories260K.bin", "--prompt", "x",
