@@ -5,7 +5,7 @@
 # specs and chat templates). Prints a table of executions, seconds and exec/s per target; exits 1 if
 # any target reports a crash, a leak, a timeout, running out of memory or a sanitizer error.
 #
-#   bash scripts/fuzz.sh [--seconds N | --runs N] [TARGET...]
+#   bash scripts/fuzz.sh [--seconds N | --runs N] [--build-only | --no-build] [TARGET...]
 #
 # Default: --seconds 30, every target, SPECULA_FUZZ_PARALLEL (default nproc) at a time. Logs go to
 # build/fuzz/logs/TARGET.log, inputs that fail to build/fuzz/artifacts/TARGET/ (minimize one with:
@@ -17,8 +17,12 @@ cd "$(dirname "$0")/.."
 mode=seconds
 amount=30
 targets=()
+build=1
+run=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
+    --build-only) run=0; shift ;;
+    --no-build) build=0; shift ;;
     --seconds) mode=seconds; amount="$2"; shift 2 ;;
     --runs) mode=runs; amount="$2"; shift 2 ;;
     -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
@@ -48,9 +52,12 @@ for t in "${targets[@]}"; do
 done
 
 build_start=$(date +%s)
-cmake --preset fuzz >/dev/null
-cmake --build --preset fuzz -j "${SPECULA_FUZZ_JOBS:-2}" --target "${targets[@]}"
+if [[ $build == 1 ]]; then
+  [[ -f build/fuzz/build.ninja ]] || cmake --preset fuzz >/dev/null
+  cmake --build --preset fuzz -j "${SPECULA_FUZZ_JOBS:-2}" --target "${targets[@]}"
+fi
 build_s=$(( $(date +%s) - build_start ))
+[[ $run == 1 ]] || exit 0
 
 B=build/fuzz
 rm -rf "$B/seeds_generated"

@@ -28,7 +28,7 @@ bool Quick() {
   return q != nullptr && q[0] == '1';
 }
 std::vector<int32_t> Ks() { return Quick() ? std::vector<int32_t>{1, 4} : std::vector<int32_t>{1, 2, 4, 8}; }
-int64_t Samples() { return Quick() ? 20000 : 100000; }
+int64_t Samples() { return Quick() ? 8000 : 100000; }  // 8000: p < 1e-10 for the broken verifiers
 
 std::unique_ptr<LlamaModel> Load(const std::string& path, bool int8_weights = false) {
   auto w = LoadModel(path);

@@ -6,6 +6,7 @@
 //  - layer-skip and self-quant drafts of the real model are lossless and accepted.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 
 #include "absl/strings/str_join.h"
@@ -107,20 +108,26 @@ TEST(SmolLm2Test, Q4_1GreedyAgreesWithItsF32Conversion) {
       "Water boils at", "My favourite book is", "The quick brown fox", "In 1969, the first man",
       "A healthy breakfast includes", "Photosynthesis is the process", "The best way to learn a language is",
       "Here is a list of fruits:", "SELECT * FROM users WHERE"};
+  // SPECULA_QUICK=1 (the ASan run, where the 2 x 16 generations of 32 tokens took 12 minutes):
+  // the first 4 prompts, 16 tokens each, the same bound on disagreements.
+  const char* quick_env = std::getenv("SPECULA_QUICK");
+  const bool quick = quick_env != nullptr && std::string(quick_env) == "1";
+  const size_t num_prompts = quick ? 4 : prompts.size();
   int agree = 0;
-  for (const std::string& p : prompts) {
-    const std::vector<TokenId> ids = (*tok)->Encode(p, false);
+  for (size_t i = 0; i < num_prompts; ++i) {
+    const std::vector<TokenId> ids = (*tok)->Encode(prompts[i], false);
     GenerateOptions opt;
-    opt.max_tokens = 32;
+    opt.max_tokens = quick ? 16 : 32;
     auto a = Generate(*q41, ids, opt);
     auto b = Generate(*f32, ids, opt);
     ASSERT_TRUE(a.ok() && b.ok());
     agree += a->tokens == b->tokens;
   }
-  std::printf("[smollm2] greedy Q4_1 vs F32, first 32 tokens: %d/%zu prompts identical\n", agree, prompts.size());
+  std::printf("[smollm2] greedy Q4_1 vs F32, first %d tokens: %d/%zu prompts identical\n", quick ? 16 : 32, agree,
+              num_prompts);
   // The F32 file is the Q4_1 file dequantized (scripts/convert_gguf.py): only the arithmetic
   // differs. Measured 16/16 (with one 8-bit activation term, as llama.cpp: 6/16).
-  EXPECT_GE(agree, 14);
+  EXPECT_GE(agree, static_cast<int>(num_prompts) - (quick ? 1 : 2));
 }
 
 }  // namespace
