@@ -97,7 +97,8 @@ class OverloadTest(unittest.TestCase):
             m = metrics(s.http_base)
             refused = sum(metric(m, "specula:admission_rejected_total", reason=r)
                           for r in ("queue_len", "queue_delay", "ttft_slo"))
-            self.assertEqual(refused, over["rejected"])
+            # The capacity run's refusals count too (none in a quiet run; a few under TSan on a busy machine).
+            self.assertEqual(refused, cap["rejected"] + over["rejected"])
             from grpc_health.v1 import health_pb2, health_pb2_grpc
             with grpc.insecure_channel(s.grpc_target) as ch:
                 health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5 * time_scale())
