@@ -9,6 +9,7 @@
 #include <string>
 
 #include "fuzz/fuzz_util.h"
+#include "fuzz/tokenizer_check.h"
 #include "model/tokenizer.h"
 
 namespace {
@@ -25,13 +26,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto tok = specula::LoadLlama2cTokenizer(path, vocab_size);
   if (!tok.ok()) return 0;
   const specula::Tokenizer& t = **tok;
-  for (bool bos : {false, true}) {
-    const std::vector<specula::TokenId> ids = t.Encode(kText, bos);
-    for (specula::TokenId id : ids) {
-      if (id < 0 || id >= t.vocab_size()) __builtin_trap();  // Encode made an id outside the vocabulary
-    }
-    (void)t.Decode(ids);
-  }
-  for (specula::TokenId id = -1; id <= t.vocab_size() && id < 300; ++id) (void)t.DecodeToken(id - 1, id);
+  specula::fuzz::ExerciseTokenizer(t, kText);
+  specula::fuzz::DecodeEachToken(t);
   return 0;
 }

@@ -123,6 +123,29 @@ def random_model(shape="stories15m"):
     return _random_models[shape]
 
 
+def rss_mb(pid):
+    """The process's resident set size, MB (VmRSS of /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def wait_kv_empty(test, http_base, seconds, what):
+    """Polls /metrics until the KV cache is empty and nothing runs (fails `test` after `seconds`);
+    returns the last metrics, where nothing waits either."""
+    deadline = time.time() + seconds
+    while True:
+        m = metrics(http_base)
+        if metric(m, "specula:kv_cache_usage_perc") == 0 and metric(m, "specula:num_requests_running") == 0:
+            break
+        test.assertLess(time.time(), deadline, f"KV cache not empty after {what}")
+        time.sleep(0.05)
+    test.assertEqual(metric(m, "specula:num_requests_waiting"), 0)
+    return m
+
+
 def metrics(http_base):
     """/metrics parsed by prometheus_client: {(sample name, frozenset(labels)): value}."""
     import urllib.request

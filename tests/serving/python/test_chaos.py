@@ -9,7 +9,7 @@ import unittest
 
 import grpc
 
-from serving_util import Serve, metric, metrics, random_model, stubs, time_scale
+from serving_util import Serve, metric, random_model, stubs, time_scale, wait_kv_empty
 
 pb, pb_grpc = stubs()
 
@@ -111,14 +111,7 @@ class ChaosTest(unittest.TestCase):
             self.assertGreater(counts.get(("cancel", str(grpc.StatusCode.CANCELLED)), 0), 45)
             self.assertGreater(counts.get(("deadline", str(grpc.StatusCode.DEADLINE_EXCEEDED)), 0), 0)
 
-            deadline = time.time() + 5 * time_scale()
-            while True:
-                m = metrics(s.http_base)
-                if metric(m, "specula:kv_cache_usage_perc") == 0 and metric(m, "specula:num_requests_running") == 0:
-                    break
-                self.assertLess(time.time(), deadline, "KV cache not empty after the drill")
-                time.sleep(0.05)
-            self.assertEqual(metric(m, "specula:num_requests_waiting"), 0)
+            m = wait_kv_empty(self, s.http_base, 5 * time_scale(), "the drill")
             ok = sum(1 for r in results if r[0] == "ok")
             # A cancel or a deadline that lands after the server sent the last token, before the
             # client read the stream's end, is a failure for the client and a success for the

@@ -13,7 +13,7 @@ import unittest
 
 import grpc
 
-from serving_util import BINARY, SANITIZER, Serve, metric, metrics, random_model, time_scale
+from serving_util import BINARY, SANITIZER, Serve, metric, metrics, random_model, rss_mb, time_scale
 
 QUICK = bool(os.environ.get("SPECULA_QUICK"))
 SLO_MS = 6000 if QUICK else 1000
@@ -40,12 +40,6 @@ def bench(target, out, *flags):
         return json.load(f)
 
 
-def rss_mb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 class OverloadTest(unittest.TestCase):

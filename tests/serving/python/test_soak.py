@@ -23,7 +23,7 @@ import unittest
 
 import grpc
 
-from serving_util import BINARY, Serve, metric, metrics, random_model, stubs, time_scale
+from serving_util import BINARY, Serve, metric, random_model, rss_mb, stubs, time_scale, wait_kv_empty
 
 pb, pb_grpc = stubs()
 
@@ -42,12 +42,6 @@ MALFORMED = [
 ]
 
 
-def rss_mb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def bench(target, out, *flags):
@@ -160,14 +154,7 @@ class SoakTest(unittest.TestCase):
             self.assertGreater(cancelled, 0)
 
             # The KV cache is empty once the last streams end (a cancel frees its blocks within a step).
-            deadline = time.time() + 10 * time_scale()
-            while True:
-                m = metrics(s.http_base)
-                if metric(m, "specula:kv_cache_usage_perc") == 0 and metric(m, "specula:num_requests_running") == 0:
-                    break
-                self.assertLess(time.time(), deadline, "KV cache not empty after the soak")
-                time.sleep(0.1)
-            self.assertEqual(metric(m, "specula:num_requests_waiting"), 0)
+            m = wait_kv_empty(self, s.http_base, 10 * time_scale(), "the soak")
 
             warm = [r for t, r in samples if t <= SECONDS / 5]
             after = [r for t, r in samples if t > SECONDS / 5]
