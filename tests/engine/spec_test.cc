@@ -21,7 +21,7 @@
 namespace specula {
 namespace {
 
-// SPECULA_QUICK=1 (the sanitizer CI run) bounds these tests: fewer prompts, k values and samples,
+// SPECULA_QUICK=1 (CI, .ci/run) bounds these tests: fewer prompts, k values and samples,
 // the same assertions.
 bool Quick() {
   const char* q = std::getenv("SPECULA_QUICK");
@@ -261,39 +261,59 @@ struct Lossless {
   int dof;
 };
 
-// Samples the first `depth` generated tokens `n` times with speculation (k drafts) and compares
-// their joint distribution with the target's exact one.
-// k < 0: --num-spec-tokens auto with at most -k drafts (AutoSpec with a draft forward of 0.1 ms:
-// 256 sequences at once share one, and at temperature 1 the real pair accepts about half).
-Lossless SampleAndTest(LlamaModel& target, LlamaModel& draft, const std::vector<TokenId>& prompt, int depth, int k,
-                       const SamplingParams& sp, int64_t n, double synthetic_alpha = -1) {
+// The target's exact joint distribution of the first `depth` generated tokens after `prompt`:
+// prefixes enumerated level by level, each level's prefixes in batched forwards (one sequence each).
+using Joint = std::map<std::vector<TokenId>, double>;
+Joint ExactJoint(LlamaModel& target, const std::vector<TokenId>& prompt, int depth, const SamplingParams& sp) {
   const int32_t vocab = target.config().vocab_size;
-  // Exact joint distribution of the first `depth` tokens: enumerate prefixes level by level.
-  std::map<std::vector<TokenId>, double> probs = {{{}, 1.0}};
+  constexpr int32_t kPerForward = 64;  // sequences per forward
+  Joint probs = {{{}, 1.0}};
   Sampler sampler(sp);
   for (int level = 0; level < depth; ++level) {
-    std::map<std::vector<TokenId>, double> next;
+    std::vector<std::pair<std::vector<TokenId>, double>> live;
     for (const auto& [prefix, p] : probs) {
-      if (p < 1e-9) continue;
-      std::vector<TokenId> seq = prompt;
-      seq.insert(seq.end(), prefix.begin(), prefix.end());
-      KvCache kv(target.config(), {16, (static_cast<int32_t>(seq.size()) + 15) / 16});
-      std::vector<BlockId> table;
-      for (int32_t b = 0; b < kv.num_blocks(); ++b) table.push_back(b);
+      if (p >= 1e-9) live.emplace_back(prefix, p);
+    }
+    const int32_t blocks_per_seq = (static_cast<int32_t>(prompt.size()) + level + 15) / 16;
+    KvCache kv(target.config(), {16, kPerForward * blocks_per_seq});
+    Joint next;
+    for (size_t first = 0; first < live.size(); first += kPerForward) {
+      const size_t count = std::min<size_t>(kPerForward, live.size() - first);
+      // The batch's spans point into these: seqs [count][prompt + level], tables [count][blocks_per_seq].
+      std::vector<std::vector<TokenId>> seqs(count, prompt);
+      std::vector<std::vector<BlockId>> tables(count);
       ForwardBatch batch;
-      batch.seqs.push_back({seq, 0, table});
-      std::vector<float> logits, q;
-      EXPECT_TRUE(target.Forward(batch, kv, LogitsMode::kLastPerSequence, &logits).ok());
-      sampler.Probabilities(logits, seq, &q);
-      for (int32_t t = 0; t < vocab; ++t) {
-        if (q[t] <= 0) continue;
-        auto key = prefix;
-        key.push_back(t);
-        next[key] = p * q[t];
+      for (size_t i = 0; i < count; ++i) {
+        seqs[i].insert(seqs[i].end(), live[first + i].first.begin(), live[first + i].first.end());
+        for (int32_t b = 0; b < blocks_per_seq; ++b) tables[i].push_back(static_cast<BlockId>(i) * blocks_per_seq + b);
+        batch.seqs.push_back({seqs[i], 0, tables[i]});
+      }
+      std::vector<float> logits, q;  // logits: [count, vocab]
+      const absl::Status st = target.Forward(batch, kv, LogitsMode::kLastPerSequence, &logits);
+      EXPECT_TRUE(st.ok()) << st;
+      if (!st.ok()) return {};
+      for (size_t i = 0; i < count; ++i) {
+        const auto& [prefix, p] = live[first + i];
+        sampler.Probabilities(absl::MakeConstSpan(logits).subspan(i * vocab, vocab), batch.seqs[i].tokens, &q);
+        for (int32_t t = 0; t < vocab; ++t) {
+          if (q[t] <= 0) continue;
+          auto key = prefix;
+          key.push_back(t);
+          next[key] = p * q[t];
+        }
       }
     }
     probs = std::move(next);
   }
+  return probs;
+}
+
+// Samples the first `depth` generated tokens `n` times with speculation (k drafts) and compares
+// their joint distribution with the target's exact one (ExactJoint).
+// k < 0: --num-spec-tokens auto with at most -k drafts (AutoSpec with a draft forward of 0.1 ms:
+// 256 sequences at once share one, and at temperature 1 the real pair accepts about half).
+Lossless SampleAndTest(LlamaModel& target, LlamaModel& draft, const std::vector<TokenId>& prompt, const Joint& probs,
+                       int depth, int k, const SamplingParams& sp, int64_t n, double synthetic_alpha = -1) {
   // Speculative samples, a different seed per request.
   DraftModelProposer proposer(&draft, 16, 4096);
   SchedulerConfig c = Config(target, 256, 4096, std::abs(k));
@@ -336,22 +356,23 @@ TEST(SpecLosslessTest, TinyRandomModelsFollowTargetDistribution) {
   SamplingParams sp;
   sp.temperature = 1.0f;
   const std::vector<TokenId> prompt = {3, 7, 1};
-  const Lossless ok = SampleAndTest(*target, *draft, prompt, 3, 2, sp, Samples());
+  const Joint exact = ExactJoint(*target, prompt, 3, sp);
+  const Lossless ok = SampleAndTest(*target, *draft, prompt, exact, 3, 2, sp, Samples());
   std::printf("[lossless] tiny, T=1, 3 tokens, k=2: p = %.4f (dof %d)\n", ok.p_value, ok.dof);
   EXPECT_GT(ok.p_value, 0.001);
   // --num-spec-tokens auto: k from 0 to 4, changing per sequence and step.
-  const Lossless adaptive = SampleAndTest(*target, *draft, prompt, 3, -4, sp, Samples());
+  const Lossless adaptive = SampleAndTest(*target, *draft, prompt, exact, 3, -4, sp, Samples());
   std::printf("[lossless] tiny, T=1, 3 tokens, auto (k <= 4): p = %.4f (dof %d)\n", adaptive.p_value, adaptive.dof);
   EXPECT_GT(adaptive.p_value, 0.001);
   sp.top_p = 0.8f;
   sp.top_k = 6;
-  const Lossless filtered = SampleAndTest(*target, *draft, prompt, 3, 2, sp, Samples());
+  const Lossless filtered = SampleAndTest(*target, *draft, prompt, ExactJoint(*target, prompt, 3, sp), 3, 2, sp, Samples());
   std::printf("[lossless] tiny, T=1 top-p 0.8 top-k 6: p = %.4f (dof %d)\n", filtered.p_value, filtered.dof);
   EXPECT_GT(filtered.p_value, 0.001);
   // A broken verifier that accepts every draft yields the draft's distribution: rejected.
   sp = SamplingParams{};
   sp.temperature = 1.0f;
-  const Lossless broken = SampleAndTest(*target, *draft, prompt, 3, 2, sp, Samples(), /*synthetic_alpha=*/1.0);
+  const Lossless broken = SampleAndTest(*target, *draft, prompt, exact, 3, 2, sp, Samples(), /*synthetic_alpha=*/1.0);
   std::printf("[lossless] tiny, always-accept verifier: p = %.3g (dof %d)\n", broken.p_value, broken.dof);
   EXPECT_LT(broken.p_value, 0.001);
 }
@@ -366,11 +387,12 @@ TEST(SpecLosslessTest, SelfDraftsFollowTargetDistribution) {
   SamplingParams sp;
   sp.temperature = 1.0f;
   const std::vector<TokenId> prompt = {3, 7, 1};
+  const Joint exact = ExactJoint(*target, prompt, 3, sp);
   for (int method = 0; method < 2; ++method) {
     auto w = method == 0 ? LayerSkipDraftWeights(td, 1) : SelfQuantDraftWeights(td, QuantType::kQ4_0);
     ASSERT_TRUE(w.ok()) << w.status();
     LlamaModel draft(std::move(w).value(), MakeCpuBackend());
-    const Lossless r = SampleAndTest(*target, draft, prompt, 3, 2, sp, Samples());
+    const Lossless r = SampleAndTest(*target, draft, prompt, exact, 3, 2, sp, Samples());
     std::printf("[lossless] tiny, %s draft, T=1, 3 tokens, k=2: p = %.4f (dof %d)\n",
                 method == 0 ? "layer-skip 1 of 2" : "self-quant q4_0", r.p_value, r.dof);
     EXPECT_GT(r.p_value, 0.001);
@@ -385,13 +407,14 @@ TEST(SpecLosslessTest, RealPairFollowsTargetDistribution) {
   const std::vector<TokenId> prompt = (*tok)->Encode("Lily saw a", true);
   SamplingParams sp;
   sp.temperature = 1.0f;
-  const Lossless ok = SampleAndTest(*target, *draft, prompt, 2, 3, sp, Samples());
+  const Joint exact = ExactJoint(*target, prompt, 2, sp);
+  const Lossless ok = SampleAndTest(*target, *draft, prompt, exact, 2, 3, sp, Samples());
   std::printf("[lossless] real pair, T=1, 2 tokens, k=3: p = %.4f (dof %d)\n", ok.p_value, ok.dof);
   EXPECT_GT(ok.p_value, 0.001);
-  const Lossless adaptive = SampleAndTest(*target, *draft, prompt, 2, -8, sp, Samples());
+  const Lossless adaptive = SampleAndTest(*target, *draft, prompt, exact, 2, -8, sp, Samples());
   std::printf("[lossless] real pair, T=1, 2 tokens, auto (k <= 8): p = %.4f (dof %d)\n", adaptive.p_value, adaptive.dof);
   EXPECT_GT(adaptive.p_value, 0.001);
-  const Lossless broken = SampleAndTest(*target, *draft, prompt, 2, 3, sp, Samples(), 1.0);
+  const Lossless broken = SampleAndTest(*target, *draft, prompt, exact, 2, 3, sp, Samples(), 1.0);
   std::printf("[lossless] real pair, always-accept verifier: p = %.3g (dof %d)\n", broken.p_value, broken.dof);
   EXPECT_LT(broken.p_value, 0.001);
 }

@@ -108,7 +108,7 @@ TEST(SmolLm2Test, Q4_1GreedyAgreesWithItsF32Conversion) {
       "Water boils at", "My favourite book is", "The quick brown fox", "In 1969, the first man",
       "A healthy breakfast includes", "Photosynthesis is the process", "The best way to learn a language is",
       "Here is a list of fruits:", "SELECT * FROM users WHERE"};
-  // SPECULA_QUICK=1 (the ASan run, where the 2 x 16 generations of 32 tokens took 12 minutes):
+  // SPECULA_QUICK=1 (CI; under ASan the 2 x 16 generations of 32 tokens took 12 minutes):
   // the first 4 prompts, 16 tokens each, the same bound on disagreements.
   const char* quick_env = std::getenv("SPECULA_QUICK");
   const bool quick = quick_env != nullptr && std::string(quick_env) == "1";

@@ -4,7 +4,8 @@
 Environment: SPECULA_BINARY (the built `specula`), SPECULA_SOURCE_DIR (the repository),
 SPECULA_MODELS (the tinystories directory; default ../shared/models/tinystories), and
 SPECULA_SANITIZER (`tsan`: the binary is a ThreadSanitizer build, 5-15x slower; the tests' time
-limits are multiplied by time_scale(), their assertions stay the same).
+limits are multiplied by time_scale(), their assertions stay the same; `asan`: an ASan build, for
+which test_overload runs a shorter overload with looser latency limits).
 """
 import json
 import os
