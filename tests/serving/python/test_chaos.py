@@ -1,4 +1,4 @@
-"""Chaos drill against a real `specula serve` on loopback, bounded in count (300 requests) and time:
+"""Chaos drill against a real `specula serve` on loopback, bounded in count (300 requests; 100 under TSan) and time:
 a 5x burst, 30% of requests cancelled mid-stream, 10% malformed, some with short deadlines.
 Afterwards the KV cache is empty, every valid request that was neither cancelled nor timed out
 completed, the malformed ones got INVALID_ARGUMENT naming their field, and the server is healthy."""
@@ -9,11 +9,14 @@ import unittest
 
 import grpc
 
-from serving_util import Serve, metric, random_model, stubs, time_scale, wait_kv_empty
+from serving_util import SANITIZER, Serve, metric, random_model, stubs, time_scale, wait_kv_empty
 
 pb, pb_grpc = stubs()
 
-N = 300
+# Under ThreadSanitizer a third of the drill, in the same proportions: the whole one took 651 s there
+# beside CI's fuzzing (the other tests' time limits scale; this one's count does).
+PART = 3 if SANITIZER == "tsan" else 1
+N = 300 // PART
 BASE_RATE = 25.0          # requests/s
 BURST = (1.0, 2.0, 5.0)   # start s, duration s, factor
 MALFORMED = [             # (request fields, the field the error must name)
@@ -40,7 +43,9 @@ def arrivals(rng):
 class ChaosTest(unittest.TestCase):
     def test_chaos(self):
         rng = random.Random(7)
-        kinds = ["malformed"] * 30 + ["cancel"] * 90 + ["deadline"] * 30 + ["normal"] * 150
+        kinds = ["malformed"] * (30 // PART) + ["cancel"] * (90 // PART) + ["deadline"] * (30 // PART) + \
+            ["normal"] * (150 // PART)
+        self.assertEqual(len(kinds), N)
         rng.shuffle(kinds)
         times = arrivals(rng)
         results = [None] * N
@@ -108,7 +113,7 @@ class ChaosTest(unittest.TestCase):
                     if outcome == "ok":
                         self.assertEqual(tokens, max_tokens)
             print("chaos outcomes:", sorted(counts.items()))
-            self.assertGreater(counts.get(("cancel", str(grpc.StatusCode.CANCELLED)), 0), 45)
+            self.assertGreater(counts.get(("cancel", str(grpc.StatusCode.CANCELLED)), 0), 45 // PART)
             self.assertGreater(counts.get(("deadline", str(grpc.StatusCode.DEADLINE_EXCEEDED)), 0), 0)
 
             m = wait_kv_empty(self, s.http_base, 5 * time_scale(), "the drill")
@@ -120,7 +125,7 @@ class ChaosTest(unittest.TestCase):
             success = metric(m, "specula:request_success_total", finished_reason="length")
             self.assertGreaterEqual(success, ok, (success, ok, late))
             self.assertLessEqual(success, ok + late, (success, ok, late))
-            self.assertEqual(metric(m, "specula:admission_rejected_total", reason="invalid_argument"), 30)
+            self.assertEqual(metric(m, "specula:admission_rejected_total", reason="invalid_argument"), 30 // PART)
 
             from grpc_health.v1 import health_pb2, health_pb2_grpc
             health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5 * time_scale())
