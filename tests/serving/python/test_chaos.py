@@ -102,7 +102,8 @@ class ChaosTest(unittest.TestCase):
                     self.assertIn(field, info, f"request {i}")
                 elif kind == "normal":
                     # Not lost: every one ran to its length.
-                    self.assertEqual(outcome, "ok", f"request {i}: {info}")
+                    self.assertEqual(outcome, "ok", f"request {i}: {info}" + ("" if outcome == "ok" else
+                                     f"\nserver stderr (tail):\n{s.stderr()[-3000:]}"))
                     self.assertEqual(tokens, max_tokens, f"request {i}")
                     self.assertEqual(info, pb.FINISH_REASON_LENGTH)
                 elif kind == "cancel":
