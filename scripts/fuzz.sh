@@ -5,12 +5,15 @@
 # specs and chat templates). Prints a table of executions, seconds and exec/s per target; exits 1 if
 # any target reports a crash, a leak, a timeout, running out of memory or a sanitizer error.
 #
-#   bash scripts/fuzz.sh [--seconds N | --runs N] [--build-only | --no-build] [TARGET...]
+#   bash scripts/fuzz.sh [--seconds N | --runs N] [--build-only | --no-build] [--preset fuzz|asan] [TARGET...]
 #
-# Default: --seconds 30, every target, SPECULA_FUZZ_PARALLEL (default nproc) at a time. Logs go to
-# build/fuzz/logs/TARGET.log, inputs that fail to build/fuzz/artifacts/TARGET/ (minimize one with:
-# build/fuzz/fuzz/TARGET -minimize_crash=1 -runs=100000 FILE). The corpus under build/fuzz/corpus/TARGET is rebuilt from the seeds on each
-# run, so counts do not depend on earlier runs. SPECULA_FUZZ_JOBS sets the build's -j (default 2).
+# Default: --seconds 30, every target, SPECULA_FUZZ_PARALLEL (default nproc) at a time. --preset asan
+# uses the targets that the asan preset builds beside the test suite (the same flags, glue at -O0;
+# .ci/run does this, to build the sanitized tree once); the default `fuzz` preset builds only the
+# targets, all at -O1. With B = build/PRESET: logs go to B/logs/TARGET.log, inputs that fail to
+# B/artifacts/TARGET/ (minimize one with: B/fuzz/TARGET -minimize_crash=1 -runs=100000 FILE). The
+# corpus under B/corpus/TARGET is rebuilt from the seeds on each run, so counts do not depend on
+# earlier runs. SPECULA_FUZZ_JOBS sets the build's -j (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,17 +22,23 @@ amount=30
 targets=()
 build=1
 run=1
+preset=fuzz
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build-only) run=0; shift ;;
     --no-build) build=0; shift ;;
     --seconds) mode=seconds; amount="$2"; shift 2 ;;
     --runs) mode=runs; amount="$2"; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --preset) preset="$2"; shift 2 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     -*) echo "fuzz.sh: unknown flag $1" >&2; exit 2 ;;
     *) targets+=("${1%_fuzz}_fuzz"); shift ;;
   esac
 done
+if [[ "$preset" != fuzz && "$preset" != asan ]]; then
+  echo "fuzz.sh: --preset is fuzz or asan, got '$preset'" >&2
+  exit 2
+fi
 if ! [[ "$amount" =~ ^[0-9]+$ ]] || [[ "$amount" -le 0 ]]; then
   echo "fuzz.sh: --$mode needs a positive integer, got '$amount'" >&2
   exit 2
@@ -53,13 +62,14 @@ done
 
 build_start=$(date +%s)
 if [[ $build == 1 ]]; then
-  [[ -f build/fuzz/build.ninja ]] || cmake --preset fuzz >/dev/null
-  cmake --build --preset fuzz -j "${SPECULA_FUZZ_JOBS:-2}" --target "${targets[@]}"
+  [[ -f "build/$preset/build.ninja" ]] || cmake --preset "$preset" >/dev/null
+  cmake --build --preset "$preset" -j "${SPECULA_FUZZ_JOBS:-2}" --target "${targets[@]}"
 fi
 build_s=$(( $(date +%s) - build_start ))
 [[ $run == 1 ]] || exit 0
 
-B=build/fuzz
+B="build/$preset"
+[[ -x "$B/fuzz/${targets[0]}" ]] || { echo "fuzz.sh: $B/fuzz/${targets[0]} is not built (run without --no-build)" >&2; exit 2; }
 rm -rf "$B/seeds_generated"
 python3 fuzz/make_seeds.py "$B/seeds_generated" >/dev/null
 mkdir -p "$B/logs"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test.sh [--asan]: installs dependencies, builds, and runs the whole test suite with CTest.
-# --asan builds and runs the suite under AddressSanitizer + UndefinedBehaviorSanitizer instead.
+# --asan builds and runs the suite under AddressSanitizer + UndefinedBehaviorSanitizer instead
+# (clang-14; the asan preset also builds the fuzz targets, which scripts/fuzz.sh --preset asan runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset=release

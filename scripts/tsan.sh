@@ -38,7 +38,7 @@
 #
 #   bash scripts/tsan.sh [--build-only | --no-build] [extra ctest args, e.g. -R serving.test_chaos]
 # SPECULA_TSAN_JOBS sets the build's and ctest's -j (default 2). .ci/run builds first, then runs the
-# tests while the fuzz targets run beside them.
+# tests, with nothing beside them (beside a build, the TSan server crawls).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="${SPECULA_TSAN_JOBS:-2}"
