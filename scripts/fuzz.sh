@@ -69,7 +69,9 @@ build_s=$(( $(date +%s) - build_start ))
 [[ $run == 1 ]] || exit 0
 
 B="build/$preset"
-[[ -x "$B/fuzz/${targets[0]}" ]] || { echo "fuzz.sh: $B/fuzz/${targets[0]} is not built (run without --no-build)" >&2; exit 2; }
+for t in "${targets[@]}"; do
+  [[ -x "$B/fuzz/$t" ]] || { echo "fuzz.sh: $B/fuzz/$t is not built (run without --no-build)" >&2; exit 2; }
+done
 rm -rf "$B/seeds_generated"
 python3 fuzz/make_seeds.py "$B/seeds_generated" >/dev/null
 mkdir -p "$B/logs"
