@@ -76,8 +76,8 @@ class CpuBackend final : public Backend {
     return static_cast<int64_t>(utilization * static_cast<double>(avail));
   }
 
-  // Every product of a matrix takes one path whatever the number of tokens (packed on AVX-512,
-  // row-major tiles elsewhere), so a token's output does not depend on its batch; see
+  // Every product of a matrix takes one path whatever the number of tokens (packed on AVX-512
+  // and AVX2, row-major tiles elsewhere), so a token's output does not depend on its batch; see
   // packed_gemm.h. Int8 matrices (opt-in) are the exception: they change the output anyway.
   void Linear(const void* x, const void* w, const void* bias, int32_t m, int32_t n, int32_t k, void* y) override {
     const LinearOut out{w, bias, n, y};

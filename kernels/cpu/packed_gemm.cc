@@ -9,9 +9,7 @@
 
 #include <omp.h>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "kernels/cpu/simd.h"
 
 namespace specula::cpu {
 
@@ -61,48 +59,162 @@ void PackedMatrix::Row(int64_t r, float* out) const {
   for (int64_t j = 0; j < cols_; ++j) out[j] = g[j * kGroup];
 }
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(SPECULA_AVX2)
 
 bool PackedGemmAvailable() { return true; }
 
 namespace {
 
-constexpr int32_t kTileTokens = 6;  // 6 x 4 accumulators + 4 weight vectors + 1 broadcast <= 32 registers
+constexpr int32_t kTileTokens = 6;  // the most tokens in one register tile (both ISAs)
 constexpr int32_t kKChunk = 256;    // a group's 64 x 256 floats (64 KB) stay in L2 across token tiles
 constexpr int32_t kSlices = PackedMatrix::kGroup / PackedMatrix::kSlice;
 
-// y[MR tokens, NV slices of 16 rows] (+)= x[MR, kc] w_chunk[kc, NV * 16]; `w` points at the first
-// slice's rows within the group's [kc][64] chunk; `valid` masks rows past n.
+// Every loop over tokens, slices or halves of a tile is unrolled by pragma: without it, GCC 12 at -O3
+// kept the accumulators in memory (a store after every FMA, half the speed on AVX2).
+//
+// A register tile: y[MR tokens, NV slices of 16 rows] (+)= x[MR, kc] w_chunk[kc, NV * 16]. `w` points
+// at the first slice's rows within the group's [kc][64] chunk; valid[v] (0..16) is how many rows of
+// slice v exist (rows past n are zero in the packed data and never stored). Each output lane is
+// one chain of FMAs over k in order, on either ISA, so AVX2 and AVX-512 give the same bits.
+using TileFn = void (*)(const float* w, const float* x, int64_t ldx, int32_t kc, float* y, int64_t ldy,
+                        const int32_t* valid, bool accumulate);
+
+#if defined(__AVX512F__)
+
+// 32 registers: 6 x 4 accumulators + 4 weight vectors + 1 broadcast.
 template <int MR, int NV>
-void Tile(const float* w, const float* x, int64_t ldx, int32_t kc, float* y, int64_t ldy, const __mmask16* valid,
+void Tile(const float* w, const float* x, int64_t ldx, int32_t kc, float* y, int64_t ldy, const int32_t* valid,
           bool accumulate) {
+  __mmask16 mask[NV];
+  #pragma GCC unroll 16
+  for (int v = 0; v < NV; ++v) mask[v] = static_cast<__mmask16>((1u << valid[v]) - 1);
   __m512 acc[MR][NV];
+  #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
+    #pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) {
-      acc[i][v] = accumulate ? _mm512_maskz_loadu_ps(valid[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
+      acc[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], y + i * ldy + 16 * v) : _mm512_setzero_ps();
     }
   }
   for (int32_t kk = 0; kk < kc; ++kk) {
     const float* wk = w + static_cast<int64_t>(kk) * PackedMatrix::kGroup;
     __m512 wv[NV];
+    #pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) wv[v] = _mm512_load_ps(wk + 16 * v);
+    #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const __m512 b = _mm512_set1_ps(x[i * ldx + kk]);
+      #pragma GCC unroll 16
       for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(wv[v], b, acc[i][v]);
     }
   }
+  #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
-    for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(y + i * ldy + 16 * v, valid[v], acc[i][v]);
+    #pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(y + i * ldy + 16 * v, mask[v], acc[i][v]);
   }
 }
 
-using TileFn = void (*)(const float*, const float*, int64_t, int32_t, float*, int64_t, const __mmask16*, bool);
 template <int MR>
 constexpr std::array<TileFn, kSlices> TilesOf() {
   return {Tile<MR, 1>, Tile<MR, 2>, Tile<MR, 3>, Tile<MR, 4>};
 }
 constexpr std::array<TileFn, kSlices> kTiles[kTileTokens] = {TilesOf<1>(), TilesOf<2>(), TilesOf<3>(),
                                                              TilesOf<4>(), TilesOf<5>(), TilesOf<6>()};
+// Slices per tile call, by tokens: every shape fits the registers.
+constexpr int32_t MaxSlices(int32_t) { return kSlices; }
+
+#else  // AVX2 + FMA
+
+// A slice of 16 rows is two 8-lane vectors. 16 registers: 6 tokens x 2 accumulators + 2 weight
+// vectors + 1 broadcast at most, so tiles of 3 to 6 tokens take one slice at a time, 2 tokens two
+// slices, and 1 token four (8 independent chains, enough to hide the FMA latency at one token).
+inline __m256i LaneMask(int32_t lanes) {  // the first `lanes` (clamped to 0..8) lanes set
+  alignas(32) static const int32_t kOnes[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kOnes + 8 - std::clamp(lanes, 0, 8)));
+}
+
+// The FMA loop alone, on accumulators the caller loads and stores.
+template <int MR, int NH>
+__attribute__((always_inline)) inline void TileLoop(const float* w, const float* x, int64_t ldx, int32_t kc,
+                                                    __m256 (&acc)[MR][NH]) {
+  for (int32_t kk = 0; kk < kc; ++kk) {
+    const float* wk = w + static_cast<int64_t>(kk) * PackedMatrix::kGroup;
+    __m256 wv[NH];
+    #pragma GCC unroll 16
+    for (int h = 0; h < NH; ++h) wv[h] = _mm256_load_ps(wk + 8 * h);
+    #pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m256 b = _mm256_broadcast_ss(x + i * ldx + kk);
+      #pragma GCC unroll 16
+      for (int h = 0; h < NH; ++h) acc[i][h] = _mm256_fmadd_ps(wv[h], b, acc[i][h]);
+    }
+  }
+}
+
+template <int MR, int NV>
+void Tile(const float* w, const float* x, int64_t ldx, int32_t kc, float* y, int64_t ldy, const int32_t* valid,
+          bool accumulate) {
+  constexpr int NH = 2 * NV;  // 8-lane halves
+  bool full = true;
+  #pragma GCC unroll 16
+  for (int v = 0; v < NV; ++v) full = full && valid[v] == 16;
+  __m256 acc[MR][NH];
+  if (full) {
+    #pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      #pragma GCC unroll 16
+      for (int h = 0; h < NH; ++h) acc[i][h] = accumulate ? _mm256_loadu_ps(y + i * ldy + 8 * h) : _mm256_setzero_ps();
+    }
+    TileLoop<MR, NH>(w, x, ldx, kc, acc);
+    #pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      #pragma GCC unroll 16
+      for (int h = 0; h < NH; ++h) _mm256_storeu_ps(y + i * ldy + 8 * h, acc[i][h]);
+    }
+    return;
+  }
+  // The last slice of a matrix whose rows are not a multiple of 16.
+  __m256i mask[NH];
+  #pragma GCC unroll 16
+  for (int h = 0; h < NH; ++h) mask[h] = LaneMask(valid[h / 2] - 8 * (h % 2));
+  #pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+    #pragma GCC unroll 16
+    for (int h = 0; h < NH; ++h) {
+      acc[i][h] = accumulate ? _mm256_maskload_ps(y + i * ldy + 8 * h, mask[h]) : _mm256_setzero_ps();
+    }
+  }
+  TileLoop<MR, NH>(w, x, ldx, kc, acc);
+  #pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+    #pragma GCC unroll 16
+    for (int h = 0; h < NH; ++h) _mm256_maskstore_ps(y + i * ldy + 8 * h, mask[h], acc[i][h]);
+  }
+}
+
+// kTiles[MR - 1][NV - 1]; the shapes past MaxSlices(MR) are never called (null).
+template <int MR>
+constexpr std::array<TileFn, kSlices> TilesOf() {
+  if constexpr (MR == 1) return {Tile<1, 1>, Tile<1, 2>, Tile<1, 3>, Tile<1, 4>};
+  if constexpr (MR == 2) return {Tile<2, 1>, Tile<2, 2>, nullptr, nullptr};
+  return {Tile<MR, 1>, nullptr, nullptr, nullptr};
+}
+constexpr std::array<TileFn, kSlices> kTiles[kTileTokens] = {TilesOf<1>(), TilesOf<2>(), TilesOf<3>(),
+                                                             TilesOf<4>(), TilesOf<5>(), TilesOf<6>()};
+constexpr int32_t MaxSlices(int32_t mr) { return mr == 1 ? 4 : mr == 2 ? 2 : 1; }
+
+#endif
+
+// y[mr, nv slices] through tiles of at most MaxSlices(mr) slices.
+void RunTiles(int32_t mr, int32_t nv, const float* w, const float* x, int64_t ldx, int32_t kc, float* y, int64_t ldy,
+              const int32_t* valid, bool accumulate) {
+  constexpr int32_t S = PackedMatrix::kSlice;
+  const int32_t step = MaxSlices(mr);
+  for (int32_t v = 0; v < nv; v += step) {
+    kTiles[mr - 1][std::min(step, nv - v) - 1](w + S * v, x, ldx, kc, y + S * v, ldy, valid + v, accumulate);
+  }
+}
 
 }  // namespace
 
@@ -134,16 +246,16 @@ void PackedGemm(const float* x, int32_t m, const PackedOut* outs, int32_t num_ou
   auto run = [&](const Unit& u, int32_t nv) {
     const PackedOut& out = outs[u.out];
     const int32_t n = static_cast<int32_t>(out.w->rows()), r0 = u.group * G + u.slice * S;
-    __mmask16 valid[kSlices];
-    for (int v = 0; v < nv; ++v) valid[v] = static_cast<__mmask16>((1u << std::clamp(n - r0 - S * v, 0, S)) - 1);
+    int32_t valid[kSlices];
+    for (int v = 0; v < nv; ++v) valid[v] = std::clamp(n - r0 - S * v, 0, S);
     const float* wg = out.w->data() + static_cast<int64_t>(u.group) * k * G + u.slice * S;
     const int32_t t_end = std::min(m, (u.block + 1) * token_block);
     for (int32_t k0 = 0; k0 < k; k0 += kchunk) {
       const int32_t kc = std::min(kchunk, k - k0);
       for (int32_t t0 = u.block * token_block; t0 < t_end; t0 += kTileTokens) {
-        kTiles[std::min(kTileTokens, t_end - t0) - 1][nv - 1](wg + static_cast<int64_t>(k0) * G,
-                                                              x + static_cast<int64_t>(t0) * k + k0, k, kc,
-                                                              out.y + static_cast<int64_t>(t0) * n + r0, n, valid, k0 > 0);
+        RunTiles(std::min(kTileTokens, t_end - t0), nv, wg + static_cast<int64_t>(k0) * G,
+                 x + static_cast<int64_t>(t0) * k + k0, k, kc, out.y + static_cast<int64_t>(t0) * n + r0, n, valid,
+                 k0 > 0);
       }
     }
     if (out.bias != nullptr) {

@@ -1,9 +1,10 @@
-// The CPU backend's float32 GEMM on weights packed once at upload (AVX-512): w[n, k] is stored as
-// [ceil(n / 64)][k][64], so each thread reads its weights as one sequential stream (what the
-// prefetcher follows best) and a register tile of up to 6 tokens x 64 rows broadcasts the
-// activations instead of reducing dot products horizontally. (Groups of 16 rows read a 1B
-// model's weights 40% slower at one token; 16-row slices of a group are only the unit in which
-// work is split between threads, so that a small matrix at one token still splits evenly.)
+// The CPU backend's float32 GEMM on weights packed once at upload (AVX-512 or AVX2 + FMA): w[n, k] is
+// stored as [ceil(n / 64)][k][64], so each thread reads its weights as one sequential stream (what
+// the prefetcher follows best) and a register tile of up to 6 tokens x 64 rows (AVX2: 6 x 16, with
+// half the registers) broadcasts the activations instead of reducing dot products horizontally.
+// (Groups of 16 rows read a 1B model's weights 40% slower at one token; 16-row slices of a group
+// are only the unit in which work is split between threads, so that a small matrix at one token
+// still splits evenly.)
 //
 // Every product of a packed matrix goes through PackedGemm, whatever the number of tokens, and
 // every output element is one chain of FMAs over k in order: a token's result is the same bits
@@ -20,7 +21,8 @@
 
 namespace specula::cpu {
 
-// True where the packed kernel is compiled in (AVX-512); elsewhere weights stay row-major.
+// True where the packed kernel is compiled in (AVX-512, or AVX2 with FMA); elsewhere weights stay
+// row-major.
 bool PackedGemmAvailable();
 
 // Memory for packed matrices: chunks of 2 MB pages (where the kernel allows them), handed out in

@@ -1,5 +1,5 @@
-// Float GEMM over row-major weights (float32 or int8 rows): the CPU backend's path for every
-// product where the packed kernel is not compiled in (AVX2 machines), and for int8 weights.
+// Float GEMM over row-major weights (float32 or int8 rows): the CPU backend's path for int8 weights,
+// and for every product where the packed kernel is not compiled in (neither AVX-512 nor AVX2).
 #pragma once
 
 #include <algorithm>
