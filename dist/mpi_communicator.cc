@@ -38,6 +38,10 @@ bool g_initialized_here = false;
 struct Stats {
   int64_t calls[4] = {0, 0, 0, 0};  // all_reduce, all_gather, broadcast (incl. step plans), barrier
   double seconds[4] = {0, 0, 0, 0};
+  // Waits for the next step plan (ranks other than 0): rank 0's time outside the target's forward
+  // (scheduling, the draft, sampling and verification), during which the other ranks are idle.
+  int64_t idle_calls = 0;
+  double idle_seconds = 0;
   Clock::time_point start = Clock::now();
 } g_stats;
 
@@ -122,9 +126,13 @@ class MpiCommunicator final : public Communicator {
       int done = 0;
       if (int rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE); rc != MPI_SUCCESS) return Fail(op, what, seq, ErrorString(rc));
       if (done) {
-        if (!idle) {  // an idle wait for the next step plan is not the step's time
+        const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+        if (idle) {  // an idle wait for the next step plan is not the step's time
+          g_stats.idle_calls += 1;
+          g_stats.idle_seconds += seconds;
+        } else {
           g_stats.calls[OpIndex(op)] += 1;
-          g_stats.seconds[OpIndex(op)] += std::chrono::duration<double>(Clock::now() - begin).count();
+          g_stats.seconds[OpIndex(op)] += seconds;
         }
         return absl::OkStatus();
       }
@@ -251,12 +259,13 @@ void ShutdownMpi(bool ok) {
     }
     std::fprintf(stderr,
                  "[specula] rank %d collectives: all_reduce %lld calls %.3f s, all_gather %lld calls %.3f s, "
-                 "broadcast %lld calls %.3f s, barrier %lld calls %.3f s; %.3f s since start; RSS %.1f MB "
-                 "(peak %.1f MB)\n",
+                 "broadcast %lld calls %.3f s, barrier %lld calls %.3f s; waiting for step plans %lld calls %.3f s; "
+                 "%.3f s since start; RSS %.1f MB (peak %.1f MB)\n",
                  rank, static_cast<long long>(g_stats.calls[0]), g_stats.seconds[0],
                  static_cast<long long>(g_stats.calls[1]), g_stats.seconds[1], static_cast<long long>(g_stats.calls[2]),
-                 g_stats.seconds[2], static_cast<long long>(g_stats.calls[3]), g_stats.seconds[3], total,
-                 rss_kb / 1024.0, hwm_kb / 1024.0);
+                 g_stats.seconds[2], static_cast<long long>(g_stats.calls[3]), g_stats.seconds[3],
+                 static_cast<long long>(g_stats.idle_calls), g_stats.idle_seconds, total, rss_kb / 1024.0,
+                 hwm_kb / 1024.0);
   }
   if (!initialized || finalized || !g_initialized_here) return;
   if (ok) {
