@@ -71,7 +71,8 @@ def main():
         target, draft = os.path.join(tmp, "target"), os.path.join(tmp, "draft")
         subprocess.run([a.specula, "make-model", "--shape", "stories15m", "--out", target, "--seed", "1"], check=True,
                        capture_output=True)
-        config = json.load(open(os.path.join(target, "config.json")))
+        with open(os.path.join(target, "config.json")) as f:
+            config = json.load(f)
         config.update(hidden_size=64, intermediate_size=172, num_hidden_layers=2, num_attention_heads=2,
                       num_key_value_heads=2, head_dim=32)
         with open(os.path.join(tmp, "draft.json"), "w") as f:

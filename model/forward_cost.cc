@@ -78,10 +78,12 @@ absl::Status Measure(LlamaModel& model, const CostGrid& grid, std::vector<CostPo
   // The context the timed tokens attend to (positions [0, kStart)) is never written: zero it, so that
   // attention reads zeros rather than whatever the memory held (NaN scores, seen as undefined
   // behaviour under UBSan). Other TP ranks' pools are not reached from here; ExpApprox tolerates NaN.
+  const PagedKvLayer first_layer = kv.Layer(0);
+  const int64_t block_bytes =
+      static_cast<int64_t>(bs) * first_layer.num_kv_heads * first_layer.head_dim * DTypeBytes(first_layer.dtype);
+  const std::vector<char> zeros(block_bytes * std::min(blocks_per_seq, (kStart + bs - 1) / bs), 0);
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const PagedKvLayer layer = kv.Layer(l);
-    const int64_t block_bytes = static_cast<int64_t>(bs) * layer.num_kv_heads * layer.head_dim * DTypeBytes(layer.dtype);
-    const std::vector<char> zeros(block_bytes * std::min(blocks_per_seq, (kStart + bs - 1) / bs), 0);
     for (int32_t s = 0; s < batch; ++s) {
       const int64_t off = static_cast<int64_t>(s) * blocks_per_seq * block_bytes;
       model.backend().CopyIn(static_cast<char*>(layer.k) + off, zeros.data(), zeros.size());

@@ -156,40 +156,32 @@ template <int MR, int NV>
 void Tile(const float* w, const float* x, int64_t ldx, int32_t kc, float* y, int64_t ldy, const int32_t* valid,
           bool accumulate) {
   constexpr int NH = 2 * NV;  // 8-lane halves
+  // Masked loads and stores only for the last slice of a matrix whose rows are not a multiple of
+  // 16: a masked store is microcoded and slow on AMD.
   bool full = true;
-  #pragma GCC unroll 16
-  for (int v = 0; v < NV; ++v) full = full && valid[v] == 16;
-  __m256 acc[MR][NH];
-  if (full) {
-    #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      #pragma GCC unroll 16
-      for (int h = 0; h < NH; ++h) acc[i][h] = accumulate ? _mm256_loadu_ps(y + i * ldy + 8 * h) : _mm256_setzero_ps();
-    }
-    TileLoop<MR, NH>(w, x, ldx, kc, acc);
-    #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      #pragma GCC unroll 16
-      for (int h = 0; h < NH; ++h) _mm256_storeu_ps(y + i * ldy + 8 * h, acc[i][h]);
-    }
-    return;
-  }
-  // The last slice of a matrix whose rows are not a multiple of 16.
   __m256i mask[NH];
   #pragma GCC unroll 16
-  for (int h = 0; h < NH; ++h) mask[h] = LaneMask(valid[h / 2] - 8 * (h % 2));
+  for (int h = 0; h < NH; ++h) {
+    full = full && valid[h / 2] == 16;
+    mask[h] = LaneMask(valid[h / 2] - 8 * (h % 2));
+  }
+  __m256 acc[MR][NH];
   #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
     #pragma GCC unroll 16
     for (int h = 0; h < NH; ++h) {
-      acc[i][h] = accumulate ? _mm256_maskload_ps(y + i * ldy + 8 * h, mask[h]) : _mm256_setzero_ps();
+      float* p = y + i * ldy + 8 * h;
+      acc[i][h] = !accumulate ? _mm256_setzero_ps() : full ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask[h]);
     }
   }
   TileLoop<MR, NH>(w, x, ldx, kc, acc);
   #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
     #pragma GCC unroll 16
-    for (int h = 0; h < NH; ++h) _mm256_maskstore_ps(y + i * ldy + 8 * h, mask[h], acc[i][h]);
+    for (int h = 0; h < NH; ++h) {
+      float* p = y + i * ldy + 8 * h;
+      full ? _mm256_storeu_ps(p, acc[i][h]) : _mm256_maskstore_ps(p, mask[h], acc[i][h]);
+    }
   }
 }
 
