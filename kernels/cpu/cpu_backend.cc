@@ -162,8 +162,17 @@ class CpuBackend final : public Backend {
   void SiluMul(const void* gatev, const void* upv, int64_t n, void* outv) override {
     const float *gate = F(gatev), *up = F(upv);
     float* out = F(outv);
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) {
+    int64_t i = 0;
+#ifdef SPECULA_SIMD
+    // The vector layer's Exp: GCC kept the `omp simd` loop below scalar (ExpApprox's clamp).
+    using S = cpu::SimdWide;
+    const S::V one = S::Set1(1.0f);
+    for (; i + S::kLanes <= n; i += S::kLanes) {
+      const S::V g = S::Load(gate + i);
+      S::Store(out + i, S::Mul(S::Div(g, S::Add(one, S::Exp(S::Sub(S::Zero(), g)))), S::Load(up + i)));
+    }
+#endif
+    for (; i < n; ++i) {
       const float g = gate[i];
       out[i] = g / (1.0f + ExpApprox(-g)) * up[i];
     }

@@ -114,8 +114,32 @@ struct Simd8 {
   }
   static V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V Add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V Sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V Div(V a, V b) { return _mm256_div_ps(a, b); }
+  static V Max(V a, V b) { return _mm256_max_ps(a, b); }
   static V Zero() { return _mm256_setzero_ps(); }
   static V Set1(float x) { return _mm256_set1_ps(x); }
+  // ExpApprox lane by lane, the same operations in the same order (so the same bits).
+  static __attribute__((always_inline)) V Exp(V x) {
+    x = _mm256_max_ps(_mm256_min_ps(x, Set1(88.0f)), Set1(-87.0f));  // NaN -> 88, as ExpApprox
+    const V t = Mul(x, Set1(1.4426950409f));
+    const V n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const V f = Mul(Sub(t, n), Set1(0.6931471806f));
+    V p = Fma(Set1(1.0f / 720.0f), f, Set1(1.0f / 120.0f));
+    p = Fma(p, f, Set1(1.0f / 24.0f));
+    p = Fma(p, f, Set1(1.0f / 6.0f));
+    p = Fma(p, f, Set1(0.5f));
+    p = Fma(p, f, Set1(1.0f));
+    p = Fma(p, f, Set1(1.0f));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return Mul(p, _mm256_castsi256_ps(bits));
+  }
+  static float MaxLanes(V v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+  }
   static void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static void StoreFirst(float* p, V v, int32_t n) {  // the first n lanes only
     alignas(32) float t[8];
@@ -146,8 +170,36 @@ struct Simd16 {
   }
   static V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V Add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V Sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V Div(V a, V b) { return _mm512_div_ps(a, b); }
+  // The maskz forms below, as in Load: GCC 12's plain ones trip -Wmaybe-uninitialized (bug 105593).
+  static V Max(V a, V b) { return _mm512_maskz_max_ps(0xFFFF, a, b); }
   static V Zero() { return _mm512_setzero_ps(); }
   static V Set1(float x) { return _mm512_set1_ps(x); }
+  // ExpApprox lane by lane, the same operations in the same order (so the same bits).
+  static __attribute__((always_inline)) V Exp(V x) {
+    x = Max(_mm512_maskz_min_ps(0xFFFF, x, Set1(88.0f)), Set1(-87.0f));  // NaN -> 88, as ExpApprox
+    const V t = Mul(x, Set1(1.4426950409f));
+    const V n = _mm512_maskz_roundscale_ps(0xFFFF, t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const V f = Mul(Sub(t, n), Set1(0.6931471806f));
+    V p = Fma(Set1(1.0f / 720.0f), f, Set1(1.0f / 120.0f));
+    p = Fma(p, f, Set1(1.0f / 24.0f));
+    p = Fma(p, f, Set1(1.0f / 6.0f));
+    p = Fma(p, f, Set1(0.5f));
+    p = Fma(p, f, Set1(1.0f));
+    p = Fma(p, f, Set1(1.0f));
+    const __m512i e = _mm512_add_epi32(_mm512_maskz_cvttps_epi32(0xFFFF, n), _mm512_set1_epi32(127));
+    return Mul(p, _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, e, 23)));
+  }
+  static float MaxLanes(V v) {  // once per row, as Sum
+    alignas(64) float t[16];
+    _mm512_store_ps(t, v);
+    __m256 m8 = _mm256_max_ps(_mm256_load_ps(t), _mm256_load_ps(t + 8));
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+  }
   static void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static void StoreFirst(float* p, V v, int32_t n) {
     _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), v);

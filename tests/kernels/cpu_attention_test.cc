@@ -49,6 +49,36 @@ TEST(Bf16Test, RoundsToNearestEvenLikeTheCoreConversion) {
   }
 }
 
+#ifdef SPECULA_SIMD
+// The vector layer's Exp (softmax, SiluMul) against std::exp over ExpApprox's range, and at the
+// edges: NaN and +inf give exp(88) as ExpApprox does, -inf exp(-87).
+template <typename S>
+void CheckVectorExp() {
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(-87.0f, 88.0f);
+  std::vector<float> x(4096);
+  for (float& v : x) v = u(rng);
+  const float edges[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 88.0f, -87.0f, 100.0f, -100.0f, INFINITY, -INFINITY, NAN, 0.5f};
+  std::copy(std::begin(edges), std::end(edges), x.begin());
+  std::vector<float> y(x.size());
+  for (size_t i = 0; i < x.size(); i += S::kLanes) S::Store(y.data() + i, S::Exp(S::Load(x.data() + i)));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double c = std::isnan(x[i]) ? 88.0 : std::clamp(static_cast<double>(x[i]), -87.0, 88.0);
+    // 4e-7 near 0; x * log2(e) is rounded to float first: about |x| * 7e-8 more (6e-6 at |x| = 88).
+    ASSERT_NEAR(y[i], std::exp(c), (4e-7 + 8e-8 * std::abs(c)) * std::exp(c)) << "lanes " << S::kLanes << " x " << x[i];
+  }
+}
+
+TEST(SimdTest, VectorExpMatchesExp) {
+#ifdef SPECULA_AVX2
+  CheckVectorExp<cpu::Simd8>();
+#endif
+#ifdef __AVX512F__
+  CheckVectorExp<cpu::Simd16>();
+#endif
+}
+#endif
+
 // A pool of `dtype` elements for one layer, filled with random values; at() reads what it holds.
 struct Pool {
   DType dtype;

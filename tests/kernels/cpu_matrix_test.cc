@@ -139,6 +139,31 @@ TEST(CpuMatrixTest, TokensGetTheSameBitsInEveryBatch) {
 // Weight-only int8 (and, where VNNI is compiled in, int8 activations for up to 8 tokens): each
 // output within the worst case of the two roundings, and on average within 3% of the output scale
 // (two roundings of a step of max/127 each, on Gaussian data, come to about 1%).
+// SiluMul against the formula in double, and the same bits for an element whether it falls in a
+// vector or in the scalar tail: a row of 1540 (a multiple of neither 8 nor 16) alone ends in the
+// tail, and as the first of two rows it does not. Batch invariance (greedy speculation equal to plain
+// decoding) needs the two paths to agree.
+TEST(CpuActivationTest, SiluMulMatchesTheFormulaAndItsTailGivesTheVectorBits) {
+  auto be = MakeCpuBackend();
+  constexpr int32_t d = 1540;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-30.0f, 30.0f);
+  std::vector<float> gate(2 * d), up(2 * d), one(d), two(2 * d);
+  for (int32_t i = 0; i < d; ++i) gate[i] = gate[d + i] = u(rng), up[i] = up[d + i] = u(rng);
+  gate[0] = gate[d] = 0.0f;
+  gate[d - 1] = gate[2 * d - 1] = -100.0f;  // exp(100): clamped to exp(88), so silu(-100) is ~0
+  be->SiluMul(gate.data(), up.data(), d, one.data());
+  be->SiluMul(gate.data(), up.data(), 2 * d, two.data());
+  for (int32_t i = 0; i < d; ++i) {
+    const double g = gate[i], want = g / (1.0 + std::exp(-g)) * up[i];
+    ASSERT_NEAR(one[i], want, 1e-6 * std::max(1.0, std::abs(want))) << "element " << i << " gate " << g;
+    uint32_t a, b;
+    std::memcpy(&a, &one[i], 4);
+    std::memcpy(&b, &two[i], 4);
+    ASSERT_EQ(a, b) << "element " << i << ": alone " << one[i] << ", first of two rows " << two[i];
+  }
+}
+
 TEST(CpuInt8MatrixTest, LinearWithinQuantizationError) {
   auto be = MakeCpuBackend({/*int8_weights=*/true});
   std::mt19937 rng(3);
