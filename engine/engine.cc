@@ -1,7 +1,5 @@
 #include "engine/engine.h"
 
-#include <map>
-#include <mutex>
 #include <thread>
 
 #include "core/categorical.h"
@@ -27,20 +25,6 @@ namespace {
 constexpr int32_t kStartupTokens = 8;       // shapes measured when the engine is built: 1, 2, 4, 8 tokens
 constexpr double kCalibrationShare = 0.005;  // of the steps' time, for the larger shapes
 
-// Time in steps and time measuring between steps, per target model, for the life of the process, as
-// the measurements themselves are kept (model/forward_cost.h). Counted per engine, engines that
-// each ran a few seconds (an experiment's points, a benchmark's runs) never earned the time to
-// measure a shape past the startup ones: at batch 8, auto could then never choose k = 2 (24
-// tokens), which was the best fixed k on the synthetic pair.
-struct CalibrationLedger {
-  double step_seconds = 0, calibration_seconds = 0;
-};
-std::mutex ledger_mu;
-CalibrationLedger& LedgerOf(uint64_t model_id) {
-  static auto* ledgers = new std::map<uint64_t, CalibrationLedger>;
-  return (*ledgers)[model_id];
-}
-
 }  // namespace
 
 absl::Status Engine::Calibrate() {
@@ -62,26 +46,17 @@ absl::Status Engine::Calibrate() {
 }
 
 void Engine::CalibrateMore(double step_seconds) {
-  CalibrationLedger budget;
-  {
-    std::lock_guard<std::mutex> lock(ledger_mu);
-    CalibrationLedger& ledger = LedgerOf(model_->id());
-    ledger.step_seconds += step_seconds;
-    budget = ledger;
-  }
+  step_seconds_ += step_seconds;
   for (Meter* m : {&target_meter_, &draft_meter_}) {
     if (m->done) continue;
     // The next shape takes about twice the last one's time (2.5x measured on tiny models), two runs.
-    if (budget.calibration_seconds + 6 * m->seconds > kCalibrationShare * budget.step_seconds) return;
+    if (calibration_seconds_ + 6 * m->seconds > kCalibrationShare * step_seconds_) return;
     CostGrid grid = grid_;
     grid.max_tokens = 2 * m->tokens;
     const auto t0 = std::chrono::steady_clock::now();
     auto points = m == &target_meter_ ? MeasureForwardCost(*model_, grid) : spec_.proposer->MeasureCost(grid);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    {
-      std::lock_guard<std::mutex> lock(ledger_mu);
-      LedgerOf(model_->id()).calibration_seconds += seconds;
-    }
+    calibration_seconds_ += seconds;
     stats_.cost_measure_seconds += seconds;
     if (!points.ok() || points->empty() || points->back().tokens <= m->tokens) {
       m->done = true;  // the largest shape (or the budget) reached; a failure keeps the table it has

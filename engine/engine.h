@@ -161,6 +161,7 @@ class Engine {
   };
   Meter target_meter_, draft_meter_;
   CostGrid grid_;
+  double step_seconds_ = 0, calibration_seconds_ = 0;  // time in steps, and measuring between steps
   std::vector<float> target_probs_, draft_probs_;  // [k + 1, vocab], [k, vocab]
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };

@@ -519,43 +519,6 @@ TEST(SpecCostTest, MeasuresLargerShapesWithinItsShareOfTheSteps) {
   EXPECT_LE(later, 0.02 * run_seconds);
 }
 
-// The share is counted per model for the whole process, as the measurements are kept: engines
-// that each run briefly on one model (an experiment's points, a benchmark's runs) earn the time to
-// measure a larger shape together, and together stay within the share.
-TEST(SpecCostTest, EnginesOnOneModelShareTheMeasuringBudget) {
-  const std::string dir = testing::TinyStoriesDir();
-  auto target = Load(dir + "/stories260K.bin"), draft = Load(dir + "/llama2xs.bin");  // not measured yet
-  DraftModelProposer proposer(draft.get(), 16, 2048);
-  SpecConfig spec;
-  spec.proposer = &proposer;
-  spec.adaptive = true;
-  double run_seconds = 0, later = 0;
-  int32_t measured = 0, engines = 0;
-  for (; engines < 40 && measured <= 8; ++engines) {
-    Engine e(target.get(), nullptr, Config(*target, 32, 2048, 8), spec);
-    ASSERT_TRUE(e.Validate().ok()) << e.Validate();
-    const double startup = e.stats().cost_measure_seconds;
-    const double t0 = e.NowMs();
-    std::vector<Request> reqs;
-    for (int i = 0; i < 16; ++i) {  // one short wave per engine
-      Request r;
-      r.id = i;
-      r.prompt = {1, 100 + i % 50, 200 + i % 7};
-      r.max_tokens = 64;
-      r.ignore_eos = true;
-      reqs.push_back(r);
-    }
-    RunToEnd(e, reqs);
-    run_seconds += (e.NowMs() - t0) / 1000;
-    later += e.stats().cost_measure_seconds - startup;
-    measured = e.stats().cost_measured_tokens;
-  }
-  std::printf("[cost] %d engines, later %.2f ms over %.0f ms of runs, up to %d tokens\n", engines, 1e3 * later,
-              1e3 * run_seconds, measured);
-  EXPECT_GT(measured, 8);
-  EXPECT_LE(later, 0.02 * run_seconds);
-}
-
 TEST(SpecConfigTest, SyntheticProposerIsRefusedOutsideBenchmarks) {
   auto target = Load(testing::TinyStoriesDir() + "/stories260K.bin");
   NgramProposer p(1, 3);
