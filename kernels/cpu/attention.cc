@@ -14,34 +14,32 @@ namespace {
 // Softmax of row[0, n) in place. Written with the vector layer: the compiler kept the plain loops
 // scalar (the max, and ExpApprox's clamp), and they were a fifth of a decode step's attention.
 void Softmax(float* row, int32_t n) {
-  int32_t j = 0;
-  float mx = -INFINITY;
+  float mx = -INFINITY, sum = 0.0f;
+  int32_t tail = 0;  // the first element the scalar loops take
 #ifdef SPECULA_SIMD
   using S = SimdWide;
-  constexpr int32_t L = S::kLanes;
-  const int32_t nv = n / L * L;
-  if (nv > 0) {
-    typename S::V m = S::Load(row);
-    for (j = L; j < nv; j += L) m = S::Max(m, S::Load(row + j));
+  using V = S::V;
+  tail = n / S::kLanes * S::kLanes;
+  if (tail > 0) {
+    V m = S::Load(row);
+    for (int32_t p = S::kLanes; p < tail; p += S::kLanes) m = S::Max(m, S::Load(row + p));
     mx = S::MaxLanes(m);
   }
 #endif
-  for (int32_t p = j; p < n; ++p) mx = std::max(mx, row[p]);
-  float sum = 0.0f;
-  j = 0;
+  for (int32_t p = tail; p < n; ++p) mx = std::max(mx, row[p]);
 #ifdef SPECULA_SIMD
-  if (nv > 0) {
-    const typename S::V mv = S::Set1(mx);
-    typename S::V acc = S::Zero();
-    for (; j < nv; j += L) {
-      const typename S::V e = S::Exp(S::Sub(S::Load(row + j), mv));
-      S::Store(row + j, e);
+  if (tail > 0) {
+    const V mv = S::Set1(mx);
+    V acc = S::Zero();
+    for (int32_t p = 0; p < tail; p += S::kLanes) {
+      const V e = ExpLanes<S>(S::Sub(S::Load(row + p), mv));
+      S::Store(row + p, e);
       acc = S::Add(acc, e);
     }
     sum = S::Sum(acc);
   }
 #endif
-  for (int32_t p = j; p < n; ++p) {
+  for (int32_t p = tail; p < n; ++p) {
     row[p] = ExpApprox(row[p] - mx);
     sum += row[p];
   }

@@ -169,7 +169,7 @@ class CpuBackend final : public Backend {
     const S::V one = S::Set1(1.0f);
     for (; i + S::kLanes <= n; i += S::kLanes) {
       const S::V g = S::Load(gate + i);
-      S::Store(out + i, S::Mul(S::Div(g, S::Add(one, S::Exp(S::Sub(S::Zero(), g)))), S::Load(up + i)));
+      S::Store(out + i, S::Mul(S::Div(g, S::Add(one, cpu::ExpLanes<S>(S::Sub(S::Zero(), g)))), S::Load(up + i)));
     }
 #endif
     for (; i < n; ++i) {

@@ -120,20 +120,12 @@ struct Simd8 {
   static V Max(V a, V b) { return _mm256_max_ps(a, b); }
   static V Zero() { return _mm256_setzero_ps(); }
   static V Set1(float x) { return _mm256_set1_ps(x); }
-  // ExpApprox lane by lane, the same operations in the same order (so the same bits).
-  static __attribute__((always_inline)) V Exp(V x) {
-    x = _mm256_max_ps(_mm256_min_ps(x, Set1(88.0f)), Set1(-87.0f));  // NaN -> 88, as ExpApprox
-    const V t = Mul(x, Set1(1.4426950409f));
-    const V n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const V f = Mul(Sub(t, n), Set1(0.6931471806f));
-    V p = Fma(Set1(1.0f / 720.0f), f, Set1(1.0f / 120.0f));
-    p = Fma(p, f, Set1(1.0f / 24.0f));
-    p = Fma(p, f, Set1(1.0f / 6.0f));
-    p = Fma(p, f, Set1(0.5f));
-    p = Fma(p, f, Set1(1.0f));
-    p = Fma(p, f, Set1(1.0f));
-    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return Mul(p, _mm256_castsi256_ps(bits));
+  // ExpLanes' (below) width-specific steps: min with NaN -> b, round to nearest, and 2^n built in
+  // the exponent bits from an integer-valued n.
+  static V Min(V a, V b) { return _mm256_min_ps(a, b); }
+  static V Round(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V Pow2(V n) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23));
   }
   static float MaxLanes(V v) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -177,28 +169,16 @@ struct Simd16 {
   static V Max(V a, V b) { return _mm512_maskz_max_ps(0xFFFF, a, b); }
   static V Zero() { return _mm512_setzero_ps(); }
   static V Set1(float x) { return _mm512_set1_ps(x); }
-  // ExpApprox lane by lane, the same operations in the same order (so the same bits).
-  static __attribute__((always_inline)) V Exp(V x) {
-    x = Max(_mm512_maskz_min_ps(0xFFFF, x, Set1(88.0f)), Set1(-87.0f));  // NaN -> 88, as ExpApprox
-    const V t = Mul(x, Set1(1.4426950409f));
-    const V n = _mm512_maskz_roundscale_ps(0xFFFF, t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const V f = Mul(Sub(t, n), Set1(0.6931471806f));
-    V p = Fma(Set1(1.0f / 720.0f), f, Set1(1.0f / 120.0f));
-    p = Fma(p, f, Set1(1.0f / 24.0f));
-    p = Fma(p, f, Set1(1.0f / 6.0f));
-    p = Fma(p, f, Set1(0.5f));
-    p = Fma(p, f, Set1(1.0f));
-    p = Fma(p, f, Set1(1.0f));
+  static V Min(V a, V b) { return _mm512_maskz_min_ps(0xFFFF, a, b); }
+  static V Round(V x) { return _mm512_maskz_roundscale_ps(0xFFFF, x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V Pow2(V n) {
     const __m512i e = _mm512_add_epi32(_mm512_maskz_cvttps_epi32(0xFFFF, n), _mm512_set1_epi32(127));
-    return Mul(p, _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, e, 23)));
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, e, 23));
   }
   static float MaxLanes(V v) {  // once per row, as Sum
     alignas(64) float t[16];
     _mm512_store_ps(t, v);
-    __m256 m8 = _mm256_max_ps(_mm256_load_ps(t), _mm256_load_ps(t + 8));
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+    return Simd8::MaxLanes(_mm256_max_ps(_mm256_load_ps(t), _mm256_load_ps(t + 8)));
   }
   static void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static void StoreFirst(float* p, V v, int32_t n) {
@@ -239,6 +219,24 @@ using SimdWide = Simd8;
 #endif
 
 #ifdef SPECULA_SIMD
+// ExpApprox lane by lane, at either width: the same operations in the same order, so the same bits
+// (a scalar tail and the vector lanes agree).
+template <typename S>
+__attribute__((always_inline)) inline typename S::V ExpLanes(typename S::V x) {
+  using V = typename S::V;
+  x = S::Max(S::Min(x, S::Set1(88.0f)), S::Set1(-87.0f));  // NaN -> 88, as ExpApprox
+  const V t = S::Mul(x, S::Set1(1.4426950409f));
+  const V n = S::Round(t);
+  const V f = S::Mul(S::Sub(t, n), S::Set1(0.6931471806f));
+  V p = S::Fma(S::Set1(1.0f / 720.0f), f, S::Set1(1.0f / 120.0f));
+  p = S::Fma(p, f, S::Set1(1.0f / 24.0f));
+  p = S::Fma(p, f, S::Set1(1.0f / 6.0f));
+  p = S::Fma(p, f, S::Set1(0.5f));
+  p = S::Fma(p, f, S::Set1(1.0f));
+  p = S::Fma(p, f, S::Set1(1.0f));
+  return S::Mul(p, S::Pow2(n));
+}
+
 // The widest vector, under short names (the GEMM tiles).
 using Vec = SimdWide::V;
 constexpr int32_t kLanes = SimdWide::kLanes;

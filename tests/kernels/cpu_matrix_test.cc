@@ -136,9 +136,6 @@ TEST(CpuMatrixTest, TokensGetTheSameBitsInEveryBatch) {
   }
 }
 
-// Weight-only int8 (and, where VNNI is compiled in, int8 activations for up to 8 tokens): each
-// output within the worst case of the two roundings, and on average within 3% of the output scale
-// (two roundings of a step of max/127 each, on Gaussian data, come to about 1%).
 // SiluMul against the formula in double, and the same bits for an element whether it falls in a
 // vector or in the scalar tail: a row of 1540 (a multiple of neither 8 nor 16) alone ends in the
 // tail, and as the first of two rows it does not. Batch invariance (greedy speculation equal to plain
@@ -164,6 +161,9 @@ TEST(CpuActivationTest, SiluMulMatchesTheFormulaAndItsTailGivesTheVectorBits) {
   }
 }
 
+// Weight-only int8 (and, where VNNI is compiled in, int8 activations for up to 8 tokens): each
+// output within the worst case of the two roundings, and on average within 3% of the output scale
+// (two roundings of a step of max/127 each, on Gaussian data, come to about 1%).
 TEST(CpuInt8MatrixTest, LinearWithinQuantizationError) {
   auto be = MakeCpuBackend({/*int8_weights=*/true});
   std::mt19937 rng(3);
