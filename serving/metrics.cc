@@ -168,7 +168,9 @@ void ServingMetrics::OnRejected(const std::string& reason) {
   ++rejected_[reason];
 }
 
-std::string ServingMetrics::Render(const EngineSnapshot& s) const {
+std::string ServingMetrics::RenderFrom(const std::function<EngineSnapshot()>& snapshot) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const EngineSnapshot s = snapshot();
   Writer w("model_name=" + Quote(model_name_) + ",engine=\"0\"");
   const double kv_usage = s.kv_blocks_total > 0 ? static_cast<double>(s.kv_blocks_used) / s.kv_blocks_total : 0.0;
   w.Gauge("num_requests_running", "Number of requests in model execution batches.", s.num_running);
@@ -197,7 +199,6 @@ std::string ServingMetrics::Render(const EngineSnapshot& s) const {
              ",position=" + Quote(std::to_string(pos)));
   }
 
-  std::lock_guard<std::mutex> lock(mu_);
   w.Counter("prompt_tokens", "Number of prefill tokens processed.", static_cast<double>(prompt_tokens_));
   w.Counter("generation_tokens", "Number of generation tokens processed.", static_cast<double>(generation_tokens_));
   w.Family("request_success", "counter", "Count of successfully processed requests.");

@@ -10,10 +10,11 @@
 // ("3.0", "+Inf", "1e+06"), so `le` label values are the same strings vLLM exposes.
 //
 // Ours, not vLLM's: specula:admission_rejected_total{reason}.
-// No gRPC or HTTP types here: the front end serves Render()'s text.
+// No gRPC or HTTP types here: the front end serves RenderFrom()'s text.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -47,8 +48,14 @@ class ServingMetrics {
   void OnRejected(const std::string& reason);
 
   // The whole exposition: gauges and engine-wide counters (preemptions, prefix cache, spec decode)
-  // from the snapshot, the rest from what OnFinished / OnRejected recorded.
-  std::string Render(const EngineSnapshot& snapshot) const;
+  // from the engine's snapshot, the rest from what OnFinished / OnRejected recorded. The snapshot is
+  // taken while those are held, so it is never older than the outputs counted: the engine loop
+  // publishes a step's snapshot before its outputs (a snapshot taken first could still show the KV
+  // blocks of a request already counted as aborted). `snapshot` must not call back into this.
+  std::string RenderFrom(const std::function<EngineSnapshot()>& snapshot) const;
+  std::string Render(const EngineSnapshot& snapshot) const {
+    return RenderFrom([&snapshot] { return snapshot; });
+  }
 
  private:
   // Counts per bucket (not cumulative; the last one is +Inf), the sum and the count.

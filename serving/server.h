@@ -78,7 +78,9 @@ class Server {
   bool WaitIdle(std::chrono::milliseconds timeout);
   int64_t in_flight() const { return in_flight_; }
 
-  std::string MetricsText() const { return metrics_.Render(loop_->Snapshot()); }
+  std::string MetricsText() const {
+    return metrics_.RenderFrom([this] { return loop_->Snapshot(); });
+  }
   EngineSnapshot Snapshot() const { return loop_->Snapshot(); }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const ModelConfig& model_config() const { return model_; }
