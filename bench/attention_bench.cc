@@ -20,16 +20,23 @@ namespace {
 
 constexpr int32_t kLayers = 6, kHeads = 6, kHeadDim = 48, kBlockSize = 16;
 
-void Attention(benchmark::State& state, int32_t seqs, int32_t new_tokens, int32_t ctx) {
+// The pool comes from the backend (2 MB pages, as the engine's) unless `small_pages`, for comparison.
+void Attention(benchmark::State& state, int32_t seqs, int32_t new_tokens, int32_t ctx, bool small_pages = false) {
   const DType dtype = state.range(0) ? DType::kBF16 : DType::kF32;
   auto be = MakeCpuBackend();
   const int32_t per_seq = (ctx + kBlockSize - 1) / kBlockSize;
   const int32_t blocks = seqs * per_seq + 64;
   const int64_t row = kHeads * kHeadDim;
   const size_t layer_bytes = static_cast<size_t>(blocks) * kBlockSize * row * DTypeBytes(dtype);
-  std::vector<char> pool(2 * kLayers * layer_bytes);
+  std::vector<char> small(small_pages ? 2 * kLayers * layer_bytes : 0);
+  BackendBuffer huge;
+  if (!small_pages && !huge.Grow(be.get(), 2 * kLayers * layer_bytes, nullptr, /*scattered=*/true).ok()) return state.SkipWithError("pool");
+  char* const pool = small_pages ? small.data() : huge.as<char>();  // [2 * kLayers, layer_bytes]
   std::mt19937 rng(1);
-  for (size_t i = 0; i < pool.size(); i += 2) pool[i + 1] = static_cast<char>(0x3c + rng() % 2);  // ~1.0 (both types)
+  for (size_t i = 0; i < 2 * kLayers * layer_bytes; i += 2) {
+    pool[i] = 0;
+    pool[i + 1] = static_cast<char>(0x3c + rng() % 2);  // ~1.0 (both types)
+  }
   std::vector<int32_t> perm(blocks), tables(static_cast<size_t>(seqs) * per_seq), positions, query_start, slots;
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);  // blocks scattered over the pool, as after a long run
@@ -47,7 +54,7 @@ void Attention(benchmark::State& state, int32_t seqs, int32_t new_tokens, int32_
   for (int32_t p : positions) positions_read += p + 1;
   for (auto _ : state) {
     for (int32_t l = 0; l < kLayers; ++l) {
-      char* k = pool.data() + 2 * l * layer_bytes;
+      char* k = pool + 2 * l * layer_bytes;
       const PagedKvLayer kv{k, k + layer_bytes, blocks, kBlockSize, kHeads, kHeadDim, dtype};
       be->PagedAttention(q.data(), kv, meta, kHeads, 0.144f, out.data());
     }
@@ -59,6 +66,10 @@ void Attention(benchmark::State& state, int32_t seqs, int32_t new_tokens, int32_
 
 void BM_DecodeAttention(benchmark::State& state) { Attention(state, 32, 1, 400); }
 BENCHMARK(BM_DecodeAttention)->ArgName("kv_bf16")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The same in 4 KB pages: most of a scattered block's pages miss the TLB.
+void BM_DecodeAttentionSmallPages(benchmark::State& state) { Attention(state, 32, 1, 400, true); }
+BENCHMARK(BM_DecodeAttentionSmallPages)->ArgName("kv_bf16")->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // Eight sequences of 128: their KV (7 MB in bf16) stays in the last-level cache, so this is the kernel's
 // compute rate, for comparison with the streamed case above.

@@ -101,6 +101,10 @@ class Backend {
   // --- Memory -------------------------------------------------------------------------------
   // ResourceExhausted, naming the size, when out of memory.
   virtual absl::StatusOr<void*> Alloc(size_t bytes) = 0;
+  // Memory read in small pieces scattered over all of it (the KV pool, whose blocks a sequence
+  // takes anywhere), which a backend may place differently: the CPU backend uses 2 MB pages. Freed
+  // with Free().
+  virtual absl::StatusOr<void*> AllocScattered(size_t bytes) { return Alloc(bytes); }
   virtual void Free(void* p) = 0;
   // Converts n float32 host values to dtype() in backend memory owned by the backend for its
   // lifetime. The CPU backend (f32) returns `host` itself: no copy.
@@ -205,12 +209,13 @@ class BackendBuffer {
   BackendBuffer& operator=(const BackendBuffer&) = delete;
   ~BackendBuffer() { Reset(); }
 
-  // Makes room for `bytes`; *moved (if given) is set when the address changed.
-  absl::Status Grow(Backend* be, size_t bytes, bool* moved = nullptr) {
+  // Makes room for `bytes`; *moved (if given) is set when the address changed. `scattered`: the
+  // memory comes from AllocScattered.
+  absl::Status Grow(Backend* be, size_t bytes, bool* moved = nullptr, bool scattered = false) {
     if (moved != nullptr) *moved = false;
     if (bytes <= bytes_ && be == be_) return absl::OkStatus();
     Reset();
-    auto p = be->Alloc(bytes);
+    auto p = scattered ? be->AllocScattered(bytes) : be->Alloc(bytes);
     if (!p.ok()) return p.status();
     be_ = be;
     p_ = *p;

@@ -28,7 +28,7 @@ KvCache::KvCache(const ModelConfig& model, const KvCacheConfig& config, Backend*
     base_ = reinterpret_cast<char*>(host_.data());
     return;
   }
-  status_ = pool_.Grow(backend_, total);
+  status_ = pool_.Grow(backend_, total, nullptr, /*scattered=*/true);
   if (!status_.ok()) {
     status_ = absl::ResourceExhaustedError(absl::StrCat("KV cache of ", num_blocks_, " blocks (", total,
                                                         " bytes): ", status_.message()));

@@ -25,6 +25,11 @@ namespace specula::cpu {
 // row-major.
 bool PackedGemmAvailable();
 
+// `bytes` rounded up to whole 2 MB pages, 2 MB aligned and advised for transparent huge pages; null
+// when out of memory; std::free() releases it. Large buffers read in scattered pieces (the KV pool:
+// a sequence's blocks lie anywhere in it) otherwise miss the TLB on most 4 KB pages they touch.
+void* AllocHugePages(size_t bytes);
+
 // Memory for packed matrices: chunks of 2 MB pages (where the kernel allows them), handed out in
 // order and freed together. Packing a 60 MB model into 4 KB pages took most of its startup in page
 // faults: each layer's matrices are smaller than a huge page on their own.

@@ -199,6 +199,20 @@ TEST(CpuAttentionTest, EveryPathMatchesReference) {
   }
 }
 
+// The KV pool's memory (AllocScattered) starts on a 2 MB boundary, so that transparent huge pages
+// can back all of it, and every byte of what was asked for is usable (ASan checks the bounds).
+TEST(CpuAttentionTest, KvPoolMemoryIsHugePageAligned) {
+  auto be = MakeCpuBackend();
+  for (size_t bytes : {size_t{1}, size_t{3} << 20, (size_t{4} << 20) + 5}) {
+    auto p = be->AllocScattered(bytes);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(0u, reinterpret_cast<uintptr_t>(*p) % (size_t{2} << 20)) << bytes << " bytes";
+    std::memset(*p, 0x5a, bytes);
+    EXPECT_EQ(0x5a, static_cast<unsigned char*>(*p)[bytes - 1]);
+    be->Free(*p);
+  }
+}
+
 TEST(CpuAttentionTest, KvWriteConvertsAndCopyMovesWholeBlocks) {
   auto be = MakeCpuBackend();
   ASSERT_TRUE(be->SupportsKvDtype(DType::kF32));
