@@ -40,19 +40,13 @@ class CpuBackend final : public Backend {
   bool SupportsKvDtype(DType d) const override { return cpu::CpuKvDtype(d); }
 
   absl::StatusOr<void*> Alloc(size_t bytes) override {
-    void* p = std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64);
-    if (p == nullptr) return absl::ResourceExhaustedError(absl::StrCat("cpu: cannot allocate ", bytes, " bytes"));
-    return p;
+    return Allocated(std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64), bytes);
   }
   // In 2 MB pages: a 32-sequence decode step's attention reads 9 KB blocks scattered over the pool,
   // and missed the TLB on most of them in 4 KB pages (attention_bench: 1.1-1.2x slower). Only the KV
   // pool: with every buffer of 2 MB or more in huge pages, `generate --max-tokens 1` started in
   // 70.8 ms against 55.7 (startup_bench, one run of 9 each).
-  absl::StatusOr<void*> AllocScattered(size_t bytes) override {
-    void* p = cpu::AllocHugePages(bytes);
-    if (p == nullptr) return absl::ResourceExhaustedError(absl::StrCat("cpu: cannot allocate ", bytes, " bytes"));
-    return p;
-  }
+  absl::StatusOr<void*> AllocScattered(size_t bytes) override { return Allocated(cpu::AllocHugePages(bytes), bytes); }
   void Free(void* p) override { std::free(p); }
   absl::StatusOr<const void*> UploadWeight(const float* host, int64_t) override { return host; }
   absl::StatusOr<const void*> UploadMatrix(const float* host, int64_t rows, int64_t cols) override {
@@ -236,6 +230,11 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // An allocation's result: ResourceExhausted, naming the size, for null.
+  static absl::StatusOr<void*> Allocated(void* p, size_t bytes) {
+    if (p == nullptr) return absl::ResourceExhaustedError(absl::StrCat("cpu: cannot allocate ", bytes, " bytes"));
+    return p;
+  }
   // Host float views of the typed interface (the CPU backend's dtype is always f32).
   static float* F(void* p) { return static_cast<float*>(p); }
   static const float* F(const void* p) { return static_cast<const float*>(p); }

@@ -241,47 +241,41 @@ void PackedGemm(const float* x, int32_t m, const PackedOut* outs, int32_t num_ou
   const int32_t token_blocks = (m + 16 * kTileTokens - 1) / (16 * kTileTokens);
   const int32_t token_block = ((m + token_blocks - 1) / token_blocks + kTileTokens - 1) / kTileTokens * kTileTokens;
   const int32_t kchunk = m <= kTileTokens ? k : kKChunk;
-  // Work units, in order: output, token block, group, 16-row slice; each weighs rows x tokens.
+  // Work units, in order: output, token block, group, 16-row slice; each weighs rows x tokens, so
+  // the total is m x all rows. They are cut into chunks of about equal work: chunk c is units
+  // [bounds[c], bounds[c + 1]), those whose midpoint falls in its share of the total. One chunk per
+  // thread for one token tile: finer chunks split a group's slices into tiles of fewer slices, and
+  // at one token a tile of one slice has too few FMA chains to hide their latency (0.68x on a
+  // 1-token down projection).
   struct Unit {
     int32_t out, block, group, slice;
   };
-  auto units = [&](auto visit) {
-    for (int32_t o = 0; o < num_outs; ++o) {
-      const int32_t n = static_cast<int32_t>(outs[o].w->rows());
-      for (int32_t tb = 0; tb * token_block < m; ++tb) {
-        const int64_t tokens = std::min(m, (tb + 1) * token_block) - tb * token_block;
-        for (int32_t r = 0; r < n; r += S) visit(Unit{o, tb, r / G, (r % G) / S}, std::min(S, n - r) * tokens);
-      }
-    }
-  };
-  // The units, and chunks of about equal work over them: chunk c is units [bounds[c], bounds[c + 1]),
-  // those whose midpoint falls in its share of the total. One chunk per thread for one token tile:
-  // finer chunks split a group's slices into tiles of fewer slices, and at one token a tile of
-  // one slice has too few FMA chains to hide their latency (0.68x on a 1-token down projection).
-  const int32_t team_max = omp_get_max_threads(), chunks = (m > kTileTokens ? 8 : 1) * team_max;
+  const int32_t chunks = (m > kTileTokens ? 8 : 1) * omp_get_max_threads();
+  int64_t total = 0;
+  for (int32_t o = 0; o < num_outs; ++o) total += outs[o].w->rows() * m;
   // The caller's scratch, reached through these references (a thread_local named inside the
   // parallel region would be each worker's own).
   thread_local std::vector<Unit> list_tls;
-  thread_local std::vector<int64_t> weights_tls;
   thread_local std::vector<int32_t> bounds_tls;
   std::vector<Unit>& list = list_tls;
-  std::vector<int64_t>& weights = weights_tls;
   std::vector<int32_t>& bounds = bounds_tls;
   list.clear();
-  weights.clear();
-  int64_t total = 0;
-  units([&](const Unit& u, int64_t w) {
-    list.push_back(u);
-    weights.push_back(w);
-    total += w;
-  });
-  bounds.assign(chunks + 1, static_cast<int32_t>(list.size()));
-  int64_t before = 0;
-  for (int32_t i = 0, c = 0; i < static_cast<int32_t>(list.size()); ++i) {
-    const int32_t ci = static_cast<int32_t>((2 * before + weights[i]) * chunks / (2 * total));
-    while (c <= ci) bounds[c++] = i;
-    before += weights[i];
+  bounds.clear();
+  int64_t before = 0;  // work of the units listed so far
+  for (int32_t o = 0; o < num_outs; ++o) {
+    const int32_t n = static_cast<int32_t>(outs[o].w->rows());
+    for (int32_t tb = 0; tb * token_block < m; ++tb) {
+      const int64_t tokens = std::min(m, (tb + 1) * token_block) - tb * token_block;
+      for (int32_t r = 0; r < n; r += S) {
+        const int64_t w = std::min(S, n - r) * tokens;
+        const int64_t c = (2 * before + w) * chunks / (2 * total);
+        while (static_cast<int64_t>(bounds.size()) <= c) bounds.push_back(static_cast<int32_t>(list.size()));
+        list.push_back(Unit{o, tb, r / G, (r % G) / S});
+        before += w;
+      }
+    }
   }
+  bounds.resize(chunks + 1, static_cast<int32_t>(list.size()));
   // Runs consecutive slices of one (output, block, group) as one tile of NV slices.
   auto run = [&](const Unit& u, int32_t nv) {
     const PackedOut& out = outs[u.out];
@@ -322,8 +316,7 @@ void PackedGemm(const float* x, int32_t m, const PackedOut* outs, int32_t num_ou
   // Each thread runs its equal share of the chunks in order, then takes what is left of the others'
   // shares from their ends: on a shared machine one core is often slower, and an equal static split
   // left the faster one waiting at the barrier.
-  std::unique_ptr<std::atomic<bool>[]> claimed(new std::atomic<bool>[chunks]);
-  for (int32_t c = 0; c < chunks; ++c) claimed[c].store(false, std::memory_order_relaxed);
+  const auto claimed = std::make_unique<std::atomic<bool>[]>(chunks);  // all false
   auto claim = [&](int32_t c) { return !claimed[c].exchange(true, std::memory_order_relaxed); };
 #pragma omp parallel if (total * k >= (1 << 14))
   {
