@@ -2,7 +2,8 @@
 // token each over contexts of 400, every layer of a stories15m-shape model (6 heads of 48, 6
 // layers) through block tables scattered over one pool, f32 and bf16 KV. Reports the KV bytes read
 // per second (the kernel is bound by them); the same for 8 sequences of 128, whose KV stays in the
-// last-level cache (the kernel's compute rate); and a 512-token prefill chunk of one sequence.
+// last-level cache; the 32-sequence step again with every sequence on the same blocks (the same work,
+// its KV in cache); and a 512-token prefill chunk of one sequence.
 //
 //   build/release/bench/attention_bench
 #include <benchmark/benchmark.h>
@@ -21,7 +22,9 @@ namespace {
 constexpr int32_t kLayers = 6, kHeads = 6, kHeadDim = 48, kBlockSize = 16;
 
 // The pool comes from the backend (2 MB pages, as the engine's) unless `small_pages`, for comparison.
-void Attention(benchmark::State& state, int32_t seqs, int32_t new_tokens, int32_t ctx, bool small_pages = false) {
+// `shared`: every sequence's table points at the first one's blocks, so its KV stays in cache.
+void Attention(benchmark::State& state, int32_t seqs, int32_t new_tokens, int32_t ctx, bool small_pages = false,
+               bool shared = false) {
   const DType dtype = state.range(0) ? DType::kBF16 : DType::kF32;
   auto be = MakeCpuBackend();
   const int32_t per_seq = (ctx + kBlockSize - 1) / kBlockSize;
@@ -41,6 +44,9 @@ void Attention(benchmark::State& state, int32_t seqs, int32_t new_tokens, int32_
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);  // blocks scattered over the pool, as after a long run
   std::copy(perm.begin(), perm.begin() + tables.size(), tables.begin());
+  if (shared) {
+    for (size_t i = per_seq; i < tables.size(); ++i) tables[i] = tables[i % per_seq];
+  }
   for (int32_t s = 0; s < seqs; ++s) {
     query_start.push_back(static_cast<int32_t>(positions.size()));
     for (int32_t t = 0; t < new_tokens; ++t) positions.push_back(ctx - new_tokens + t);
@@ -75,6 +81,12 @@ BENCHMARK(BM_DecodeAttentionSmallPages)->ArgName("kv_bf16")->Arg(1)->Unit(benchm
 // compute rate, for comparison with the streamed case above.
 void BM_DecodeAttentionInCache(benchmark::State& state) { Attention(state, 8, 1, 128); }
 BENCHMARK(BM_DecodeAttentionInCache)->ArgName("kv_bf16")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The decode step above with every sequence reading one sequence's blocks (2.7 MB of bf16 KV, in the
+// last-level cache): the same work without the memory traffic. The time above less this one is what
+// the kernel waits for memory.
+void BM_DecodeAttentionShared(benchmark::State& state) { Attention(state, 32, 1, 400, false, true); }
+BENCHMARK(BM_DecodeAttentionShared)->ArgName("kv_bf16")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_PrefillAttention(benchmark::State& state) { Attention(state, 1, 512, 512); }
 BENCHMARK(BM_PrefillAttention)->ArgName("kv_bf16")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -4,8 +4,8 @@
 // bytes of a float32 one. One SIMD kernel serves AVX-512 (16 lanes) and AVX2 (8 lanes).
 #pragma once
 
+#include <array>
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -23,9 +23,10 @@ void WriteKv(const PagedKvLayer& kv, const float* k, const float* v, const Atten
 void CopyKvBlocks(const PagedKvLayer& kv, const int32_t* src, const int32_t* dst, int32_t n);
 
 // out[num_tokens, num_heads, head_dim] = softmax(q k^T * scale) v over each token's causal context,
-// one token at a time through one SIMD kernel (prefill chunks included: OpenBLAS's GEMMs, used
-// here before, fell back to their SSE3 kernels on CPUs that OpenBLAS 0.3.21 does not know, and
-// were a sixth of a batched run). Holds scratch between calls, so one instance per backend.
+// through one SIMD kernel, up to 8 tokens of a sequence together (prefill chunks included: OpenBLAS's
+// GEMMs, used here before, fell back to their SSE3 kernels on CPUs that OpenBLAS 0.3.21 does not
+// know, and were a sixth of a batched run). A token's output is the same bits in every grouping.
+// Holds scratch between calls, so one instance per backend.
 class PagedAttention {
  public:
   void Run(const float* q, const PagedKvLayer& kv, const AttentionMetadata& meta, int32_t num_heads, float scale,
@@ -36,7 +37,7 @@ class PagedAttention {
   void RunTyped(const float* q, const PagedKvLayer& kv, const AttentionMetadata& meta, int32_t num_heads,
                 float scale, float* out);
 
-  std::vector<std::pair<int32_t, int32_t>> tokens_;  // (token, sequence) of the step
+  std::vector<std::array<int32_t, 3>> items_;  // (first token, tokens, sequence) of the step
 };
 
 }  // namespace specula::cpu

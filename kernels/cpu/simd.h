@@ -134,6 +134,7 @@ struct Simd8 {
   }
   static void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static void StoreFirst(float* p, V v, int32_t n) {  // the first n lanes only
+    if (n == 8) return _mm256_storeu_ps(p, v);  // the common case: a copy through the stack cost 5% of attention
     alignas(32) float t[8];
     _mm256_store_ps(t, v);
     std::copy(t, t + n, p);

@@ -516,7 +516,10 @@ TEST(SpecCostTest, MeasuresLargerShapesWithinItsShareOfTheSteps) {
   std::printf("[cost] startup %.2f ms, later %.2f ms over a %.0f ms run, up to %d tokens\n", 1e3 * startup, 1e3 * later,
               1e3 * run_seconds, e.stats().cost_measured_tokens);
   EXPECT_GT(e.stats().cost_measured_tokens, 8);
-  EXPECT_LE(later, 0.02 * run_seconds);
+  // Plus 10 ms: on a shared 2-core machine one measurement sometimes lost ~6 ms to the scheduler
+  // (later 6.3-7.7 ms against 0.6-1.2 ms in most runs, before and after the same build). Measuring
+  // every shape at once, the fault this guards against, took 60-80 ms.
+  EXPECT_LE(later, 0.02 * run_seconds + 0.010);
 }
 
 TEST(SpecConfigTest, SyntheticProposerIsRefusedOutsideBenchmarks) {

@@ -199,6 +199,48 @@ TEST(CpuAttentionTest, EveryPathMatchesReference) {
   }
 }
 
+// A token's output is the same bits whether it runs alone (head by head), with one token of each of
+// many sequences, or in a group of up to 8 tokens of its sequence that share each block (a prefill
+// chunk's, a verification's): batched and speculative decoding rely on it.
+TEST(CpuAttentionTest, ATokenGetsTheSameBitsInEveryGrouping) {
+  std::mt19937 rng(11);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int32_t hd : {8, 12, 48, 64}) {
+      auto be = MakeCpuBackend();
+      const int32_t kv_heads = 2, heads = 6, bs = 16, blocks = 64, max_blocks = 8;
+      Pool pool(dtype, blocks, bs, kv_heads, hd, &rng);
+      // Sequence 0: 37 new tokens ending at position 99; sequences 1-9: one token each.
+      const int32_t seqs = 10, chunk = 37;
+      std::vector<int32_t> tables(seqs * max_blocks), positions, query_start, perm(blocks);
+      for (int32_t i = 0; i < blocks; ++i) perm[i] = i;
+      std::shuffle(perm.begin(), perm.end(), rng);
+      for (int32_t i = 0; i < seqs * max_blocks; ++i) tables[i] = perm[i % blocks];
+      for (int32_t s = 0; s < seqs; ++s) {
+        query_start.push_back(static_cast<int32_t>(positions.size()));
+        for (int32_t i = 0; i < (s == 0 ? chunk : 1); ++i) positions.push_back(s == 0 ? 100 - chunk + i : 20 + 9 * s);
+      }
+      const int32_t tokens = static_cast<int32_t>(positions.size());
+      query_start.push_back(tokens);
+      std::vector<int32_t> slots(tokens, -1);
+      std::normal_distribution<float> normal(0, 1);
+      std::vector<float> q(static_cast<size_t>(tokens) * heads * hd), all(q.size()), alone(heads * hd);
+      for (float& x : q) x = normal(rng);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      AttentionMetadata meta{seqs, tokens, query_start.data(), positions.data(), slots.data(), tables.data(), max_blocks};
+      be->PagedAttention(q.data(), pool.Layer(), meta, heads, scale, all.data());
+      for (int32_t s = 0; s < seqs; ++s) {
+        for (int32_t t = query_start[s]; t < query_start[s + 1]; ++t) {
+          const int32_t start[2] = {0, 1};
+          AttentionMetadata one{1, 1, start, &positions[t], slots.data(), &tables[s * max_blocks], max_blocks};
+          be->PagedAttention(q.data() + static_cast<size_t>(t) * heads * hd, pool.Layer(), one, heads, scale, alone.data());
+          ASSERT_EQ(0, std::memcmp(alone.data(), all.data() + static_cast<size_t>(t) * heads * hd, alone.size() * 4))
+              << DTypeName(dtype) << " hd " << hd << " sequence " << s << " token " << t;
+        }
+      }
+    }
+  }
+}
+
 // The KV pool's memory (AllocScattered) starts on a 2 MB boundary, so that transparent huge pages
 // can back all of it, and every byte of what was asked for is usable (ASan checks the bounds).
 TEST(CpuAttentionTest, KvPoolMemoryIsHugePageAligned) {
