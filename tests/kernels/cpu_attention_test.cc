@@ -226,13 +226,15 @@ TEST(CpuAttentionTest, ATokenGetsTheSameBitsInEveryGrouping) {
       std::vector<float> q(static_cast<size_t>(tokens) * heads * hd), all(q.size()), alone(heads * hd);
       for (float& x : q) x = normal(rng);
       const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-      AttentionMetadata meta{seqs, tokens, query_start.data(), positions.data(), slots.data(), tables.data(), max_blocks};
+      AttentionMetadata meta{seqs, tokens, query_start.data(), positions.data(),
+                             slots.data(), tables.data(), max_blocks};
       be->PagedAttention(q.data(), pool.Layer(), meta, heads, scale, all.data());
       for (int32_t s = 0; s < seqs; ++s) {
         for (int32_t t = query_start[s]; t < query_start[s + 1]; ++t) {
           const int32_t start[2] = {0, 1};
           AttentionMetadata one{1, 1, start, &positions[t], slots.data(), &tables[s * max_blocks], max_blocks};
-          be->PagedAttention(q.data() + static_cast<size_t>(t) * heads * hd, pool.Layer(), one, heads, scale, alone.data());
+          const float* qt = q.data() + static_cast<size_t>(t) * heads * hd;
+          be->PagedAttention(qt, pool.Layer(), one, heads, scale, alone.data());
           ASSERT_EQ(0, std::memcmp(alone.data(), all.data() + static_cast<size_t>(t) * heads * hd, alone.size() * 4))
               << DTypeName(dtype) << " hd " << hd << " sequence " << s << " token " << t;
         }
