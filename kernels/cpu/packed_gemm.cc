@@ -85,15 +85,19 @@ constexpr int32_t kSlices = PackedMatrix::kGroup / PackedMatrix::kSlice;
 // at the first slice's rows within the group's [kc][64] chunk; valid[v] (0..16) is how many rows of
 // slice v exist (rows past n are zero in the packed data and never stored). Each output lane is
 // one chain of FMAs over k in order, on either ISA, so AVX2 and AVX-512 give the same bits.
+//
+// `ahead`, unless null, is memory the tile asks for into L2 as it goes, kAheadBytes per step of k:
+// the weights of the group that follows (see PackedGemm).
 using TileFn = void (*)(const float* w, const float* x, int64_t ldx, int32_t kc, float* y, int64_t ldy,
-                        const int32_t* valid, bool accumulate);
+                        const int32_t* valid, bool accumulate, const char* ahead);
+constexpr int32_t kAheadBytes = 16;
 
 #if defined(__AVX512F__)
 
 // 32 registers: 6 x 4 accumulators + 4 weight vectors + 1 broadcast.
 template <int MR, int NV>
 void Tile(const float* w, const float* x, int64_t ldx, int32_t kc, float* y, int64_t ldy, const int32_t* valid,
-          bool accumulate) {
+          bool accumulate, const char* ahead) {
   __mmask16 mask[NV];
   #pragma GCC unroll 16
   for (int v = 0; v < NV; ++v) mask[v] = static_cast<__mmask16>((1u << valid[v]) - 1);
@@ -107,6 +111,7 @@ void Tile(const float* w, const float* x, int64_t ldx, int32_t kc, float* y, int
   }
   for (int32_t kk = 0; kk < kc; ++kk) {
     const float* wk = w + static_cast<int64_t>(kk) * PackedMatrix::kGroup;
+    if (ahead != nullptr) _mm_prefetch(ahead + kAheadBytes * kk, _MM_HINT_T1);  // the loop is unswitched
     __m512 wv[NV];
     #pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) wv[v] = _mm512_load_ps(wk + 16 * v);
@@ -150,9 +155,10 @@ constexpr int kPrefetchRows = 16;
 // The FMA loop alone, on accumulators the caller loads and stores.
 template <int MR, int NH>
 __attribute__((always_inline)) inline void TileLoop(const float* w, const float* x, int64_t ldx, int32_t kc,
-                                                    __m256 (&acc)[MR][NH]) {
+                                                    __m256 (&acc)[MR][NH], const char* ahead) {
   for (int32_t kk = 0; kk < kc; ++kk) {
     const float* wk = w + static_cast<int64_t>(kk) * PackedMatrix::kGroup;
+    if (ahead != nullptr) _mm_prefetch(ahead + kAheadBytes * kk, _MM_HINT_T1);  // the loop is unswitched
     if constexpr (NH <= 4) {
       // A tile of one or two slices reads one or two cache lines of each 256-byte row of the group:
       // a strided stream the hardware prefetcher follows poorly (the first weight load per row
@@ -176,7 +182,7 @@ __attribute__((always_inline)) inline void TileLoop(const float* w, const float*
 
 template <int MR, int NV>
 void Tile(const float* w, const float* x, int64_t ldx, int32_t kc, float* y, int64_t ldy, const int32_t* valid,
-          bool accumulate) {
+          bool accumulate, const char* ahead) {
   constexpr int NH = 2 * NV;  // 8-lane halves
   // Masked loads and stores only for the last slice of a matrix whose rows are not a multiple of
   // 16: a masked store is microcoded and slow on AMD.
@@ -196,7 +202,7 @@ void Tile(const float* w, const float* x, int64_t ldx, int32_t kc, float* y, int
       acc[i][h] = !accumulate ? _mm256_setzero_ps() : full ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask[h]);
     }
   }
-  TileLoop<MR, NH>(w, x, ldx, kc, acc);
+  TileLoop<MR, NH>(w, x, ldx, kc, acc, ahead);
   #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
     #pragma GCC unroll 16
@@ -220,13 +226,24 @@ constexpr int32_t MaxSlices(int32_t mr) { return mr == 1 ? 4 : mr == 2 ? 2 : 1; 
 
 #endif
 
+// Memory to ask for ahead of need, [next, end), a tile's share at a time.
+struct Ahead {
+  const char* next;
+  const char* end;
+};
+
 // y[mr, nv slices] through tiles of at most MaxSlices(mr) slices.
 void RunTiles(int32_t mr, int32_t nv, const float* w, const float* x, int64_t ldx, int32_t kc, float* y, int64_t ldy,
-              const int32_t* valid, bool accumulate) {
+              const int32_t* valid, bool accumulate, Ahead* ahead) {
   constexpr int32_t S = PackedMatrix::kSlice;
   const int32_t step = MaxSlices(mr);
   for (int32_t v = 0; v < nv; v += step) {
-    kTiles[mr - 1][std::min(step, nv - v) - 1](w + S * v, x, ldx, kc, y + S * v, ldy, valid + v, accumulate);
+    const char* a = nullptr;
+    if (ahead->next < ahead->end) {
+      a = ahead->next;
+      ahead->next += static_cast<int64_t>(kc) * kAheadBytes;
+    }
+    kTiles[mr - 1][std::min(step, nv - v) - 1](w + S * v, x, ldx, kc, y + S * v, ldy, valid + v, accumulate, a);
   }
 }
 
@@ -286,12 +303,20 @@ void PackedGemm(const float* x, int32_t m, const PackedOut* outs, int32_t num_ou
     for (int v = 0; v < nv; ++v) valid[v] = std::clamp(n - r0 - S * v, 0, S);
     const float* wg = out.w->data() + static_cast<int64_t>(u.group) * k * G + u.slice * S;
     const int32_t t_end = std::min(m, (u.block + 1) * token_block);
+    // Past one token tile, a group's first tile reads its weights from memory (the layers' matrices
+    // and the classifier stream from DRAM every step) and the others from L2: each tile asks for a
+    // share of the next group's weights, so that its first tile finds them in L2.
+    Ahead ahead{nullptr, nullptr};
+    if (m > kTileTokens && (u.group + 1) * G < n) {
+      ahead.next = reinterpret_cast<const char*>(out.w->data() + static_cast<int64_t>(u.group + 1) * k * G);
+      ahead.end = ahead.next + static_cast<int64_t>(k) * G * sizeof(float);
+    }
     for (int32_t k0 = 0; k0 < k; k0 += kchunk) {
       const int32_t kc = std::min(kchunk, k - k0);
       for (int32_t t0 = u.block * token_block; t0 < t_end; t0 += kTileTokens) {
         RunTiles(std::min(kTileTokens, t_end - t0), nv, wg + static_cast<int64_t>(k0) * G,
                  x + static_cast<int64_t>(t0) * k + k0, k, kc, out.y + static_cast<int64_t>(t0) * n + r0, n, valid,
-                 k0 > 0);
+                 k0 > 0, &ahead);
       }
     }
     if (out.bias != nullptr) {
