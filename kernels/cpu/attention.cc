@@ -301,7 +301,12 @@ void PagedAttention::RunTyped(const float* q, const PagedKvLayer& layer, const A
   const int64_t row = kv.row();
   const AttendFn<T> attend = PickAttend<T>(hd);
   auto table_of = [&](int32_t s) { return meta.block_tables + static_cast<int64_t>(s) * meta.max_blocks_per_seq; };
-  // Items of up to `per` consecutive tokens of one sequence.
+  // Items of up to `per` consecutive tokens of one sequence; count(per) is how many there are.
+  auto count = [&](int32_t per) {
+    int32_t n = 0;
+    for (int32_t s = 0; s < meta.num_seqs; ++s) n += (meta.query_start[s + 1] - meta.query_start[s] + per - 1) / per;
+    return n;
+  };
   auto split = [&](int32_t per) {
     items_.clear();
     for (int32_t s = 0; s < meta.num_seqs; ++s) {
@@ -311,15 +316,17 @@ void PagedAttention::RunTyped(const float* q, const PagedKvLayer& layer, const A
     }
   };
   if (tokens >= 4 * threads) {
-    // Enough tokens to keep the cores busy: all heads of a token together, and up to 8 tokens of a
-    // sequence (a prefill chunk's, a verification's) together while at least 4 items per thread remain:
-    // they share every block of K and V read.
-    int32_t per = 8;
-    for (split(per); per > 1 && static_cast<int32_t>(items_.size()) < 4 * threads; split(per)) per /= 2;
+    // Enough tokens to keep the cores busy: all heads of a token together, and up to kMaxGroup tokens
+    // of a sequence (a prefill chunk's, a verification's) together while at least 4 items per thread
+    // remain: they share every block of K and V read.
+    constexpr int32_t kMaxGroup = 8;
+    int32_t per = kMaxGroup;
+    while (per > 1 && count(per) < 4 * threads) per /= 2;
+    split(per);
 #pragma omp parallel for schedule(dynamic, 1)
     for (size_t i = 0; i < items_.size(); ++i) {
       const auto [t, nq, s] = items_[i];
-      int32_t ctx[8], cmax = 0;
+      int32_t ctx[kMaxGroup], cmax = 0;
       for (int32_t j = 0; j < nq; ++j) cmax = std::max(cmax, ctx[j] = meta.positions[t + j] + 1);
       thread_local std::vector<float> sc;  // [nq, num_heads, cmax]
       sc.resize(static_cast<size_t>(nq) * num_heads * cmax);

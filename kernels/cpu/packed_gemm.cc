@@ -259,7 +259,8 @@ void PackedGemm(const float* x, int32_t m, const PackedOut* outs, int32_t num_ou
   const int32_t token_block = ((m + token_blocks - 1) / token_blocks + kTileTokens - 1) / kTileTokens * kTileTokens;
   // k of up to 384 in one pass: 288 cut into 256 + 32 spent a second pass of accumulator loads and
   // stores on 32 FMAs per lane.
-  const int32_t kchunk = m <= kTileTokens || k <= 384 ? k : (k + (k + kKChunk - 1) / kKChunk - 1) / ((k + kKChunk - 1) / kKChunk);
+  const int32_t k_pieces = (k + kKChunk - 1) / kKChunk;  // past 384: equal pieces of at most kKChunk
+  const int32_t kchunk = m <= kTileTokens || k <= 384 ? k : (k + k_pieces - 1) / k_pieces;
   // Work units, in order: output, token block, group, 16-row slice; each weighs rows x tokens, so
   // the total is m x all rows. They are cut into chunks of about equal work: chunk c is units
   // [bounds[c], bounds[c + 1]), those whose midpoint falls in its share of the total. One chunk per
