@@ -113,7 +113,7 @@ void BM_StreamGemm(benchmark::State& state) {
 
 void Args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"tokens", "matrix"})
-      ->ArgsProduct({{1, 3, 5, 32, 104, 512}, {0, 1, 2, 3}})
+      ->ArgsProduct({{1, 2, 3, 5, 9, 32, 104, 512}, {0, 1, 2, 3}})
       ->Unit(benchmark::kMicrosecond)
       ->UseRealTime();
 }

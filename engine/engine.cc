@@ -22,14 +22,18 @@ Engine::Engine(LlamaModel* model, const Tokenizer* tokenizer, const SchedulerCon
 
 namespace {
 
-constexpr int32_t kStartupTokens = 8;       // shapes measured when the engine is built: 1, 2, 4, 8 tokens
+// The shapes measured when the engine is built: 1, 2, 4, ... tokens up to 8 for one or two
+// sequences, 16 for up to 4 and 32 past that. The controller predicts up to twice the largest, and
+// the lazy measurement below rarely reaches past it in a run of a few seconds: with 8 tokens
+// measured, a batch of 8 could not take 2 drafts each (24 tokens), the best fixed k there.
+int32_t StartupTokens(int32_t batch) { return batch <= 2 ? 8 : batch <= 4 ? 16 : 32; }
 constexpr double kCalibrationShare = 0.005;  // of the steps' time, for the larger shapes
 
 }  // namespace
 
 absl::Status Engine::Calibrate() {
   grid_ = CostGrid{std::min(scheduler_.config().max_num_seqs, 8), scheduler_.config().block_size,
-                   spec_.calibration_seconds, kStartupTokens};
+                   spec_.calibration_seconds, StartupTokens(scheduler_.config().max_num_seqs)};
   auto target = spec_.target_cost.has_value() ? *spec_.target_cost : MeasureForwardCost(*model_, grid_);
   if (!target.ok()) return target.status();
   if (!spec_.target_cost.has_value()) target_meter_ = Meter::Of(*target);

@@ -116,11 +116,10 @@ double SpecController::FirstDraftFlops(const SpecCandidate& c) const {
 
 std::vector<int32_t> SpecController::Choose(double base_flops, double fixed_tokens,
                                             absl::Span<const SpecCandidate> c) {
-  // Sequences whose first draft is out of the tables' reach (a target step or a catch-up forward
-  // larger than measured) get none, and no draw: 32 sequences' draws and walks over drafts that
-  // could never be chosen were 5% of a real-pair step at batch 32.
+  // Sequences whose first draft is out of the target table's reach (a step larger than measured) get
+  // none, and no draw: 32 sequences' draws and walks over drafts that could never be chosen were 5%
+  // of a real-pair step at batch 32. The draft's forwards have no such bound (see kReach).
   const double target_room = kReach * target_cost_.max_flops() - base_flops;
-  const double draft_reach = draft_cost_ != nullptr ? kReach * draft_cost_->max_flops() : 0.0;
   // Thompson sampling: the best choice for one draw from each request's posterior. A request known
   // well gets its mean; one with little evidence (a new request, or one whose first drafts were
   // rejected and that has not speculated since) sometimes draws high enough to try drafts again.
@@ -128,7 +127,6 @@ std::vector<int32_t> SpecController::Choose(double base_flops, double fixed_toke
   bool any = false;
   for (size_t i = 0; i < c.size(); ++i) {
     if (c[i].max_k <= 0 || ForwardFlops(*target_, 1, 1, c[i].len + 1) > target_room) continue;
-    if (draft_cost_ != nullptr && FirstDraftFlops(c[i]) > draft_reach) continue;
     const auto [a, b] = Posterior(c[i].id);
     alpha[i] = std::min(SampleBeta(a, b, &rng_), 0.99);
     any = true;
@@ -191,11 +189,12 @@ std::vector<int32_t> SpecController::Select(double base_flops, double fixed_toke
   }
   const int32_t max_k = static_cast<int32_t>(level_gain.size()) - 1;
 
-  std::vector<int32_t> best(n, 0), k(n), stop(n);  // stop[i]: sequence i's first draft out of reach
+  std::vector<int32_t> best(n, 0), k(n);
   const double target_reach = kReach * target_cost_.max_flops();
-  const double draft_reach = draft_cost_ != nullptr ? kReach * draft_cost_->max_flops() : 0.0;
   std::vector<double> forwards;  // [cap] the draft's forwards' work
-  double best_goodput = (fixed_tokens + static_cast<double>(n)) / std::max(target_cost_.Predict(base_flops), 1e-9);
+  // Drafts must beat the plain step by kMargin: where they gain less, the cost model's errors decide.
+  double best_goodput =
+      (1 + kMargin) * (fixed_tokens + static_cast<double>(n)) / std::max(target_cost_.Predict(base_flops), 1e-9);
   // The draft runs as many forwards as the longest proposal, so drafts cost less once that many are
   // paid for: one walk per cap on the forwards, each adding drafts in order of gain, keeping the
   // prefix of largest goodput (the best set is a prefix for its cap).
@@ -214,7 +213,6 @@ std::vector<int32_t> SpecController::Select(double base_flops, double fixed_toke
     max_tokens += level_gain[cap];
     if (max_tokens / std::max(base_seconds + first_forward + (cap - 1) * min_forward, 1e-9) <= best_goodput) continue;
     std::fill(k.begin(), k.end(), 0);
-    std::fill(stop.begin(), stop.end(), max_k + 1);
     forwards.assign(cap, 0.0);
     double target = base_flops, tokens = fixed_tokens + static_cast<double>(n), draft_seconds = 0;
     // The walk ends once even every remaining draft at no further cost could not beat the best:
@@ -225,17 +223,12 @@ std::vector<int32_t> SpecController::Select(double base_flops, double fixed_toke
       const Draft* next = at(idx);
       if (next == nullptr) break;
       const Draft& d = *next;
-      if (d.j > cap || d.j >= stop[d.seq]) continue;
+      if (d.j > cap) continue;
       if ((tokens + remaining) / std::max(seconds, 1e-9) <= best_goodput) break;
       remaining -= d.gain;
-      // Not measured that far yet: every further draft adds target work, and this one's forward
-      // (a sequence's later drafts need it) would run past the draft's table.
+      // Not measured that far yet: every further draft adds target work.
       if (target + d.target_flops > target_reach) break;
       double& f = forwards[d.j - 1];
-      if (draft_cost_ != nullptr && f + d.draft_flops > draft_reach) {
-        stop[d.seq] = d.j;
-        continue;
-      }
       ++k[d.seq];  // == d.j: a sequence's drafts come in order of j
       target += d.target_flops;
       if (draft_cost_ != nullptr) draft_seconds -= f > 0 ? draft_cost_->Predict(f) : 0.0;

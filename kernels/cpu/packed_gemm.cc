@@ -86,18 +86,17 @@ constexpr int32_t kSlices = PackedMatrix::kGroup / PackedMatrix::kSlice;
 // slice v exist (rows past n are zero in the packed data and never stored). Each output lane is
 // one chain of FMAs over k in order, on either ISA, so AVX2 and AVX-512 give the same bits.
 //
-// `ahead`, unless null, is memory the tile asks for into L2 as it goes, kAheadBytes per step of k:
-// the weights of the group that follows (see PackedGemm).
+// `ahead`, unless null, is memory the tile asks for into L2 as it goes, `ahead_step` bytes per step
+// of k: the weights of the group that follows (see PackedGemm).
 using TileFn = void (*)(const float* w, const float* x, int64_t ldx, int32_t kc, float* y, int64_t ldy,
-                        const int32_t* valid, bool accumulate, const char* ahead);
-constexpr int32_t kAheadBytes = 16;
+                        const int32_t* valid, bool accumulate, const char* ahead, int32_t ahead_step);
 
 #if defined(__AVX512F__)
 
 // 32 registers: 6 x 4 accumulators + 4 weight vectors + 1 broadcast.
 template <int MR, int NV>
 void Tile(const float* w, const float* x, int64_t ldx, int32_t kc, float* y, int64_t ldy, const int32_t* valid,
-          bool accumulate, const char* ahead) {
+          bool accumulate, const char* ahead, int32_t ahead_step) {
   __mmask16 mask[NV];
   #pragma GCC unroll 16
   for (int v = 0; v < NV; ++v) mask[v] = static_cast<__mmask16>((1u << valid[v]) - 1);
@@ -111,7 +110,7 @@ void Tile(const float* w, const float* x, int64_t ldx, int32_t kc, float* y, int
   }
   for (int32_t kk = 0; kk < kc; ++kk) {
     const float* wk = w + static_cast<int64_t>(kk) * PackedMatrix::kGroup;
-    if (ahead != nullptr) _mm_prefetch(ahead + kAheadBytes * kk, _MM_HINT_T1);  // the loop is unswitched
+    if (ahead != nullptr) _mm_prefetch(ahead + ahead_step * kk, _MM_HINT_T1);  // the loop is unswitched
     __m512 wv[NV];
     #pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) wv[v] = _mm512_load_ps(wk + 16 * v);
@@ -155,10 +154,10 @@ constexpr int kPrefetchRows = 16;
 // The FMA loop alone, on accumulators the caller loads and stores.
 template <int MR, int NH>
 __attribute__((always_inline)) inline void TileLoop(const float* w, const float* x, int64_t ldx, int32_t kc,
-                                                    __m256 (&acc)[MR][NH], const char* ahead) {
+                                                    __m256 (&acc)[MR][NH], const char* ahead, int32_t ahead_step) {
   for (int32_t kk = 0; kk < kc; ++kk) {
     const float* wk = w + static_cast<int64_t>(kk) * PackedMatrix::kGroup;
-    if (ahead != nullptr) _mm_prefetch(ahead + kAheadBytes * kk, _MM_HINT_T1);  // the loop is unswitched
+    if (ahead != nullptr) _mm_prefetch(ahead + ahead_step * kk, _MM_HINT_T1);  // the loop is unswitched
     if constexpr (NH <= 4) {
       // A tile of one or two slices reads one or two cache lines of each 256-byte row of the group:
       // a strided stream the hardware prefetcher follows poorly (the first weight load per row
@@ -182,7 +181,7 @@ __attribute__((always_inline)) inline void TileLoop(const float* w, const float*
 
 template <int MR, int NV>
 void Tile(const float* w, const float* x, int64_t ldx, int32_t kc, float* y, int64_t ldy, const int32_t* valid,
-          bool accumulate, const char* ahead) {
+          bool accumulate, const char* ahead, int32_t ahead_step) {
   constexpr int NH = 2 * NV;  // 8-lane halves
   // Masked loads and stores only for the last slice of a matrix whose rows are not a multiple of
   // 16: a masked store is microcoded and slow on AMD.
@@ -202,7 +201,7 @@ void Tile(const float* w, const float* x, int64_t ldx, int32_t kc, float* y, int
       acc[i][h] = !accumulate ? _mm256_setzero_ps() : full ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask[h]);
     }
   }
-  TileLoop<MR, NH>(w, x, ldx, kc, acc, ahead);
+  TileLoop<MR, NH>(w, x, ldx, kc, acc, ahead, ahead_step);
   #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
     #pragma GCC unroll 16
@@ -230,6 +229,7 @@ constexpr int32_t MaxSlices(int32_t mr) { return mr == 1 ? 4 : mr == 2 ? 2 : 1; 
 struct Ahead {
   const char* next;
   const char* end;
+  int32_t step;  // bytes per step of k
 };
 
 // y[mr, nv slices] through tiles of at most MaxSlices(mr) slices.
@@ -241,9 +241,10 @@ void RunTiles(int32_t mr, int32_t nv, const float* w, const float* x, int64_t ld
     const char* a = nullptr;
     if (ahead->next < ahead->end) {
       a = ahead->next;
-      ahead->next += static_cast<int64_t>(kc) * kAheadBytes;
+      ahead->next += static_cast<int64_t>(kc) * ahead->step;
     }
-    kTiles[mr - 1][std::min(step, nv - v) - 1](w + S * v, x, ldx, kc, y + S * v, ldy, valid + v, accumulate, a);
+    kTiles[mr - 1][std::min(step, nv - v) - 1](w + S * v, x, ldx, kc, y + S * v, ldy, valid + v, accumulate, a,
+                                               ahead->step);
   }
 }
 
@@ -296,6 +297,20 @@ void PackedGemm(const float* x, int32_t m, const PackedOut* outs, int32_t num_ou
     }
   }
   bounds.resize(chunks + 1, static_cast<int32_t>(list.size()));
+  // The bytes of the next group each tile asks for per step of k, so that a group's tiles (its
+  // token tiles times the tiles of each one's slices) cover the whole next group, at most a line
+  // per step. Tiles of fewer than 4 slices read a line or two of each 256-byte row of the group, a
+  // strided stream the hardware prefetcher follows poorly: on AVX2, a 3- or 5-token product with
+  // the classifier (37 MB, from DRAM) took 1.7-2x a 1-token one without it, 1.2-1.4x with it. One
+  // token tile of one or two tiles per group (1 and 2 tokens on AVX2, up to 6 on AVX-512) reads
+  // whole rows or halves, and asks for nothing.
+  int32_t calls = 0;  // tiles per (group, k chunk) of a whole token block
+  for (int32_t t0 = 0; t0 < std::min(m, token_block); t0 += kTileTokens) {
+    calls += kSlices / MaxSlices(std::min(kTileTokens, std::min(m, token_block) - t0));
+  }
+  const int32_t ahead_step = calls >= 3             ? std::clamp((G * 4 / calls + 15) / 16 * 16, 16, 64)
+                             : m > kTileTokens ? 16
+                                               : 0;
   // Runs consecutive slices of one (output, block, group) as one tile of NV slices.
   auto run = [&](const Unit& u, int32_t nv) {
     const PackedOut& out = outs[u.out];
@@ -306,9 +321,9 @@ void PackedGemm(const float* x, int32_t m, const PackedOut* outs, int32_t num_ou
     const int32_t t_end = std::min(m, (u.block + 1) * token_block);
     // Past one token tile, a group's first tile reads its weights from memory (the layers' matrices
     // and the classifier stream from DRAM every step) and the others from L2: each tile asks for a
-    // share of the next group's weights, so that its first tile finds them in L2.
-    Ahead ahead{nullptr, nullptr};
-    if (m > kTileTokens && (u.group + 1) * G < n) {
+    // share of the next group's weights (ahead_step above), so that its first tile finds them in L2.
+    Ahead ahead{nullptr, nullptr, ahead_step};
+    if (ahead_step > 0 && (u.group + 1) * G < n) {
       ahead.next = reinterpret_cast<const char*>(out.w->data() + static_cast<int64_t>(u.group + 1) * k * G);
       ahead.end = ahead.next + static_cast<int64_t>(k) * G * sizeof(float);
     }
