@@ -102,6 +102,10 @@ class SpecController {
   // less than the cost model's error (batch 8 on the synthetic pair: k = 1 and 2 at 0.95-1.02x of
   // no speculation), auto speculated on most steps in some runs and lost 6.5% to no speculation.
   static constexpr double kMargin = 0.03;
+  // Choose without the skipping of long plain runs.
+  std::vector<int32_t> Evaluate(double base_flops, double fixed_tokens, absl::Span<const SpecCandidate> c);
+  static constexpr int32_t kOffRun = 8, kOffEvery = 4;
+  int32_t off_run_ = 0;  // plain choices in a row (up to kOffRun), then counts the steps past them
   // The best k per candidate for acceptances `alpha` (per candidate).
   std::vector<int32_t> Select(double base_flops, double fixed_tokens, absl::Span<const SpecCandidate> c,
                               const std::vector<double>& alpha) const;
