@@ -7,8 +7,9 @@
 // arithmetic at many, and where between it turns depends on the machine: a line fitted to the
 // steps the engine happens to run cannot tell a fixed cost from a per-token one when those steps
 // all have the same size (it overestimated plain decode steps by 60% once every step verified one
-// draft). The factor (an average of measured over predicted: of every step at first, then of ~30) carries what the table
-// does not: the machine's load of the moment and the host work around a forward.
+// draft). The factor (an average of measured over predicted: of every step at first, then of the
+// last ~30) carries what the table does not: the machine's load of the moment and the host work
+// around a forward.
 #pragma once
 
 #include <cstdint>
