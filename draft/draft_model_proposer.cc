@@ -48,13 +48,20 @@ absl::Status DraftModelProposer::Propose(absl::Span<const ProposeInput> inputs, 
       const ProposeInput& in = inputs[a.index];
       Proposal& p = (*out)[a.index];
       a.state->computed = static_cast<int32_t>(a.tokens.size());
-      SamplingProbabilities(*in.sampling, absl::MakeConstSpan(logits_).subspan(j * vocab, vocab), a.tokens, &probs_);
+      const absl::Span<const float> row = absl::MakeConstSpan(logits_).subspan(j * vocab, vocab);
       TokenId d;
-      if (in.sampling->temperature == 0.0f) {
-        d = static_cast<TokenId>(std::max_element(probs_.begin(), probs_.end()) - probs_.begin());
+      if (in.sampling->temperature == 0.0f && in.sampling->repetition_penalty == 1.0f) {
+        // Greedy without a penalty: the argmax that the one-hot distribution would give, without its
+        // three passes over the vocabulary (a tenth of a 1-token forward of a small draft at 32,000).
+        d = static_cast<TokenId>(Argmax(row));
       } else {
-        d = SampleCategorical(probs_, std::uniform_real_distribution<double>(0.0, 1.0)(a.state->rng));
-        p.probs.insert(p.probs.end(), probs_.begin(), probs_.end());
+        SamplingProbabilities(*in.sampling, row, a.tokens, &probs_);
+        if (in.sampling->temperature == 0.0f) {
+          d = static_cast<TokenId>(std::max_element(probs_.begin(), probs_.end()) - probs_.begin());
+        } else {
+          d = SampleCategorical(probs_, std::uniform_real_distribution<double>(0.0, 1.0)(a.state->rng));
+          p.probs.insert(p.probs.end(), probs_.begin(), probs_.end());
+        }
       }
       p.tokens.push_back(d);
       a.tokens.push_back(d);

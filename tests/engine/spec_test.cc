@@ -174,6 +174,19 @@ TEST_F(SpecGreedyTest, AutoEqualsPlainGreedy) {
 
 // A draft with int8 weights (--draft-quantization int8) changes what is proposed, never what is
 // output; its acceptance stays close to the f32 draft's.
+// The target drafting for itself: a token's logits are the same bits in any batch, so every greedy
+// draft is the target's own next token and is accepted. Checks that the draft model proposes its
+// argmax (a wrong draft would only lower the acceptance, never change the output).
+TEST_F(SpecGreedyTest, TargetAsItsOwnDraftAcceptsEveryDraft) {
+  DraftModelProposer self(target_, 16, 512);
+  Engine e(target_, nullptr, Config(*target_, 8, 512, 4), SpecConfig{&self});
+  auto out = RunToEnd(e, requests_);
+  ASSERT_EQ(out.size(), requests_.size());
+  for (size_t i = 0; i < requests_.size(); ++i) EXPECT_EQ(out[i].tokens, plain_[i]) << "request " << i;
+  EXPECT_GT(e.stats().spec.draft_tokens, 0);
+  EXPECT_EQ(e.stats().spec.accepted_tokens, e.stats().spec.draft_tokens);
+}
+
 TEST_F(SpecGreedyTest, Int8DraftEqualsPlainGreedy) {
   auto draft_q8 = Load(testing::TinyStoriesDir() + "/llama2xs.bin", true);
   double rate[2];
