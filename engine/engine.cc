@@ -53,8 +53,10 @@ void Engine::CalibrateMore(double step_seconds) {
   step_seconds_ += step_seconds;
   for (Meter* m : {&target_meter_, &draft_meter_}) {
     if (m->done) continue;
-    // The next shape takes about twice the last one's time (2.5x measured on tiny models), two runs.
-    if (calibration_seconds_ + 6 * m->seconds > kCalibrationShare * step_seconds_) return;
+    // The next shape takes about twice the last one's time (2.5x measured on tiny models), two runs;
+    // at once where the controller found a step that might gain past the measured shapes.
+    const bool wanted = m == &target_meter_ && controller_->wants_larger_shapes();
+    if (!wanted && calibration_seconds_ + 6 * m->seconds > kCalibrationShare * step_seconds_) return;
     CostGrid grid = grid_;
     grid.max_tokens = 2 * m->tokens;
     const auto t0 = std::chrono::steady_clock::now();

@@ -205,7 +205,7 @@ std::vector<int32_t> SpecController::Select(double base_flops, double fixed_toke
   const int32_t max_k = static_cast<int32_t>(level_gain.size()) - 1;
 
   std::vector<int32_t> best(n, 0), k(n);
-  const double target_reach = kReach * target_cost_.max_flops();
+  const double table_max = target_cost_.max_flops(), target_reach = kReach * table_max;
   std::vector<double> forwards;  // [cap] the draft's forwards' work
   // Drafts must beat the plain step by kMargin: where they gain less, the cost model's errors decide.
   double best_goodput =
@@ -251,6 +251,11 @@ std::vector<int32_t> SpecController::Select(double base_flops, double fixed_toke
       if (draft_cost_ != nullptr) draft_seconds += f > 0 ? draft_cost_->Predict(f) : 0.0;
       tokens += d.gain;
       seconds = target_cost_.Predict(target) * verify_extra_.factor() + draft_seconds;
+      if (!wants_larger_shapes_ && target > table_max &&
+          tokens / std::max(target_cost_.PredictLine(target) * verify_extra_.factor() + draft_seconds, 1e-9) >
+              best_goodput) {
+        wants_larger_shapes_ = true;
+      }
       const double goodput = tokens / std::max(seconds, 1e-9);
       if (goodput > best_goodput) {
         best_goodput = goodput;

@@ -69,7 +69,16 @@ class SpecController {
 
   // Tables with more shapes measured (engine/engine.h measures the larger ones lazily); each keeps
   // its factor. The draft's is ignored without a draft model.
-  void SetTargetPoints(std::vector<CostPoint> points) { target_cost_.SetPoints(std::move(points)); }
+  void SetTargetPoints(std::vector<CostPoint> points) {
+    target_cost_.SetPoints(std::move(points));
+    wants_larger_shapes_ = false;
+  }
+  // True once a step could have gained from drafts that put it past the target's measured shapes,
+  // priced by the table's last segment (PredictLine; the choices price them in proportion to work
+  // there, which no draft beats). The engine then measures the next shape at once instead of within
+  // its share of the steps' time: at batch 8 that share took ~60 s of steps to allow 16 tokens, and
+  // auto ran plain steps where one or two drafts each gained 1.1-1.2x.
+  bool wants_larger_shapes() const { return wants_larger_shapes_; }
   void SetDraftPoints(std::vector<CostPoint> points) {
     if (draft_cost_ != nullptr) draft_cost_->SetPoints(std::move(points));
   }
@@ -90,6 +99,7 @@ class SpecController {
     double target_flops, draft_flops;
   };
   mutable std::vector<Draft> drafts_, heap_;  // Select's scratch
+  mutable bool wants_larger_shapes_ = false;  // set by Select
   // A target step is only predicted up to this multiple of its table's largest measured one (its
   // factor learns only from such steps, and so does the draft's). The draft's forwards are predicted
   // at any size: the table's extension (in proportion to work past the last point) overprices them,

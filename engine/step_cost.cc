@@ -25,9 +25,9 @@ void StepCost::SetPoints(std::vector<CostPoint> points) {
   }
 }
 
-double StepCost::Table(double flops) const {
+double StepCost::Table(double flops, bool proportional) const {
   if (points_.empty()) return 0.0;
-  if (points_.size() == 1) return points_[0].seconds * std::max(flops / points_[0].flops, 1.0);
+  if (points_.size() == 1) return points_[0].seconds * (proportional ? std::max(flops / points_[0].flops, 1.0) : 1.0);
   if (flops <= points_[0].flops) return points_[0].seconds;  // below the smallest forward: its time
   size_t i = 1;
   while (i + 1 < points_.size() && flops > points_[i].flops) ++i;
@@ -38,7 +38,7 @@ double StepCost::Table(double flops) const {
   // table that ends where reading the weights still dominates has a flat last segment, and its line
   // called the next sizes cheap until arithmetic took over (auto speculated on 4% of the steps of a
   // batch of 8 where every fixed k lost, with forwards of up to 8 tokens measured).
-  return flops > b.flops ? std::max(line, b.seconds * flops / b.flops) : line;
+  return flops > b.flops && proportional ? std::max(line, b.seconds * flops / b.flops) : line;
 }
 
 void StepCost::ObserveRatio(double ratio) {

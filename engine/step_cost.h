@@ -29,6 +29,9 @@ class StepCost {
   void SetPoints(std::vector<CostPoint> points);
 
   double Predict(double flops) const { return factor_ * Table(flops); }
+  // Predict with the table extended past its last point by the last segment's line alone: the
+  // cheapest the next shapes could be (while reading the weights still dominates, what they cost).
+  double PredictLine(double flops) const { return factor_ * Table(flops, false); }
   // A measured forward (or step) of `flops` work.
   void Observe(double flops, double seconds) { ObserveRatio(seconds / Table(flops)); }
   // Measured over predicted-by-the-table time, for several forwards measured together.
@@ -42,7 +45,8 @@ class StepCost {
   double max_flops() const { return points_.empty() ? 0.0 : points_.back().flops; }
 
  private:
-  double Table(double flops) const;
+  // `proportional`: past the last point, at least in proportion to work (see Table's comment).
+  double Table(double flops, bool proportional = true) const;
 
   std::vector<CostPoint> points_;  // by increasing work
   double factor_ = 1.0;

@@ -258,6 +258,29 @@ TEST(SpecControllerTest, StaysWithinTheMeasuredShapes) {
   EXPECT_GT(std::accumulate(k.begin(), k.end(), 0), 32);
 }
 
+// A batch of 8 with forwards of up to 8 tokens measured: one draft each (16 tokens) is priced in
+// proportion to work past the table, and no draft is chosen; the table's last segment says such a
+// step might pay, so the controller asks for the next shape. Measured, drafts are chosen. With
+// drafts that are always rejected, or a draft forward as costly as the target's step, it never asks.
+TEST(SpecControllerTest, AsksForLargerShapesWhereTheyMightPay) {
+  const std::vector<CostPoint> target = Table(kTarget, 1e-3, 1e-5), draft = Table(kDraft, 5e-5, 1e-7);
+  const std::vector<CostPoint> upto8(target.begin(), target.begin() + 4);
+  const std::vector<SpecCandidate> eight = Candidates(8);
+  auto all_zero = [](const std::vector<int32_t>& k) { return std::all_of(k.begin(), k.end(), [](int32_t x) { return x == 0; }); };
+  for (const auto& [alpha, per_forward] : {std::pair{0.8, 5e-5}, std::pair{0.02, 5e-5}, std::pair{0.8, 2e-3}}) {
+    SpecController c(&kTarget, StepCost(upto8), &kDraft, std::make_unique<StepCost>(Table(kDraft, per_forward, 1e-7)));
+    std::mt19937 rng(11);
+    for (int i = 0; i < 8; ++i) Simulate(c, i, alpha, 2000, &rng);
+    for (int step = 0; step < 20; ++step) EXPECT_TRUE(all_zero(c.Choose(Base(8), 0, eight))) << alpha;
+    const bool pays = alpha > 0.5 && per_forward < 1e-3;
+    EXPECT_EQ(c.wants_larger_shapes(), pays) << "alpha " << alpha << ", draft forward " << per_forward;
+    if (!pays) continue;
+    c.SetTargetPoints(target);
+    EXPECT_FALSE(c.wants_larger_shapes());
+    EXPECT_FALSE(all_zero(c.Choose(Base(8), 0, eight)));
+  }
+}
+
 // Sequences whose draft lags 40 tokens behind (40 steps without drafts), with the draft measured up
 // to 8-token forwards: the catch-up forward (320 tokens, its work 2.8x the largest measured) is
 // priced past the table, and drafts that pay are still chosen. (Bounded to twice the table, such a
