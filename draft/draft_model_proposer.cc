@@ -57,7 +57,7 @@ absl::Status DraftModelProposer::Propose(absl::Span<const ProposeInput> inputs, 
       } else {
         SamplingProbabilities(*in.sampling, row, a.tokens, &probs_);
         if (in.sampling->temperature == 0.0f) {
-          d = static_cast<TokenId>(std::max_element(probs_.begin(), probs_.end()) - probs_.begin());
+          d = static_cast<TokenId>(Argmax(probs_));  // the penalized argmax's one-hot
         } else {
           d = SampleCategorical(probs_, std::uniform_real_distribution<double>(0.0, 1.0)(a.state->rng));
           p.probs.insert(p.probs.end(), probs_.begin(), probs_.end());

@@ -304,11 +304,13 @@ void PackedGemm(const float* x, int32_t m, const PackedOut* outs, int32_t num_ou
   // the classifier (37 MB, from DRAM) took 1.7-2x a 1-token one without it, 1.2-1.4x with it. One
   // token tile of one or two tiles per group (1 and 2 tokens on AVX2, up to 6 on AVX-512) reads
   // whole rows or halves, and asks for nothing.
+  const int32_t first_block = std::min(m, token_block);
   int32_t calls = 0;  // tiles per (group, k chunk) of a whole token block
-  for (int32_t t0 = 0; t0 < std::min(m, token_block); t0 += kTileTokens) {
-    calls += kSlices / MaxSlices(std::min(kTileTokens, std::min(m, token_block) - t0));
+  for (int32_t t0 = 0; t0 < first_block; t0 += kTileTokens) {
+    calls += kSlices / MaxSlices(std::min(kTileTokens, first_block - t0));
   }
-  const int32_t ahead_step = calls >= 3             ? std::clamp((G * 4 / calls + 15) / 16 * 16, 16, 64)
+  constexpr int32_t kRowBytes = G * sizeof(float);  // one step of k of a group
+  const int32_t ahead_step = calls >= 3             ? std::clamp((kRowBytes / calls + 15) / 16 * 16, 16, 64)
                              : m > kTileTokens ? 16
                                                : 0;
   // Runs consecutive slices of one (output, block, group) as one tile of NV slices.

@@ -172,8 +172,6 @@ TEST_F(SpecGreedyTest, AutoEqualsPlainGreedy) {
   ExpectEqualsPlain(ngram, -8, 32, 512, false, "auto ngram, batch 32");
 }
 
-// A draft with int8 weights (--draft-quantization int8) changes what is proposed, never what is
-// output; its acceptance stays close to the f32 draft's.
 // The target drafting for itself: a token's logits are the same bits in any batch, so every greedy
 // draft is the target's own next token and is accepted. Checks that the draft model proposes its
 // argmax (a wrong draft would only lower the acceptance, never change the output).
@@ -187,6 +185,8 @@ TEST_F(SpecGreedyTest, TargetAsItsOwnDraftAcceptsEveryDraft) {
   EXPECT_EQ(e.stats().spec.accepted_tokens, e.stats().spec.draft_tokens);
 }
 
+// A draft with int8 weights (--draft-quantization int8) changes what is proposed, never what is
+// output; its acceptance stays close to the f32 draft's.
 TEST_F(SpecGreedyTest, Int8DraftEqualsPlainGreedy) {
   auto draft_q8 = Load(testing::TinyStoriesDir() + "/llama2xs.bin", true);
   double rate[2];
