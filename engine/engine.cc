@@ -305,6 +305,18 @@ std::vector<RequestOutput> Engine::Step() {
   }
   const int32_t vocab = model_->config().vocab_size;
   const double now = NowMs();
+  // Tokens of the rows without drafts first, over every core: each is a pass over its vocabulary
+  // row (an argmax when greedy), 2.6% of a 32-sequence step's time on one core while the others
+  // waited. Each sequence has its own sampler (and random stream), so any order gives the same tokens.
+  const int64_t num = static_cast<int64_t>(plan.seqs.size());
+  sampled_.assign(num, -1);
+#pragma omp parallel for schedule(static) if (num >= 8)
+  for (int64_t i = 0; i < num; ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
+    if (!s.samples || spec_index[i] != SIZE_MAX) continue;
+    const float* row = logits_.data() + static_cast<size_t>(row_of[i]) * vocab;
+    sampled_[i] = active_.at(s.id).sampler->Sample(absl::MakeConstSpan(row, vocab), scheduler_.Get(s.id)->tokens);
+  }
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
     if (!s.samples) continue;
@@ -321,7 +333,7 @@ std::vector<RequestOutput> Engine::Step() {
       stats_.spec.Record(o.num_drafts, v.num_accepted);
       if (controller_ != nullptr) controller_->ObserveAcceptance(s.id, o.num_drafts, v.num_accepted);
     } else {
-      o.new_tokens = {a.sampler->Sample(absl::MakeConstSpan(row, vocab), st->tokens)};
+      o.new_tokens = {sampled_[i]};
     }
     if (a.out.tokens.empty()) {
       a.out.first_token_ms = now;

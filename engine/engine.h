@@ -145,6 +145,7 @@ class Engine {
   std::unordered_map<RequestId, Active> active_;
   std::vector<RequestOutput> aborted_;  // returned by the next Step()
   std::vector<float> logits_;           // [num_seqs, vocab]
+  std::vector<TokenId> sampled_;        // [num_seqs]: the step's tokens of rows without drafts
   EngineStats stats_;
   SpecConfig spec_;
   std::unique_ptr<SpecController> controller_;  // adaptive speculation

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/cpu/parallel_rows.h"
 #include "kernels/cpu/simd.h"
 
 namespace specula::cpu {
@@ -256,9 +257,9 @@ bool CpuKvDtype(DType d) { return d == DType::kF32 || d == DType::kBF16; }
 
 void WriteKv(const PagedKvLayer& kv, const float* k, const float* v, const AttentionMetadata& meta) {
   const int64_t row = static_cast<int64_t>(kv.num_kv_heads) * kv.head_dim;
-  for (int32_t t = 0; t < meta.num_tokens; ++t) {
+  ParallelFor(meta.num_tokens, 2 * row, [&](int64_t t) {
     const int64_t slot = meta.slot_mapping[t];
-    if (slot < 0) continue;  // padding
+    if (slot < 0) return;  // padding
     const float *ks = k + t * row, *vs = v + t * row;
     if (kv.dtype == DType::kBF16) {
       Bf16* kd = static_cast<Bf16*>(kv.k) + slot * row;
@@ -269,7 +270,7 @@ void WriteKv(const PagedKvLayer& kv, const float* k, const float* v, const Atten
       std::memcpy(static_cast<float*>(kv.k) + slot * row, ks, sizeof(float) * row);
       std::memcpy(static_cast<float*>(kv.v) + slot * row, vs, sizeof(float) * row);
     }
-  }
+  });
 }
 
 void CopyKvBlocks(const PagedKvLayer& kv, const int32_t* src, const int32_t* dst, int32_t n) {

@@ -18,6 +18,7 @@
 #include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/quant_gemm.h"
 #include "kernels/cpu/packed_gemm.h"
+#include "kernels/cpu/parallel_rows.h"
 #include "kernels/cpu/sampling.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/stream_gemm.h"
@@ -118,7 +119,7 @@ class CpuBackend final : public Backend {
   void RmsNorm(const void* xv, const void* wv, int32_t m, int32_t d, float eps, void* yv) override {
     const float *x = F(xv), *w = F(wv);
     float* y = F(yv);
-    for (int32_t i = 0; i < m; ++i) NormRow(x + static_cast<int64_t>(i) * d, w, d, eps, y + static_cast<int64_t>(i) * d);
+    cpu::ParallelFor(m, d, [&](int64_t i) { NormRow(x + i * d, w, d, eps, y + i * d); });
   }
 
   void AddRmsNorm(void* xv, const void* deltav, const void* wv, int32_t m, int32_t d, float eps,
@@ -126,20 +127,20 @@ class CpuBackend final : public Backend {
     float* x = F(xv);
     const float *delta = F(deltav), *w = F(wv);
     float* y = F(yv);
-    for (int32_t i = 0; i < m; ++i) {
-      float* xr = x + static_cast<int64_t>(i) * d;
-      const float* dr = delta + static_cast<int64_t>(i) * d;
+    cpu::ParallelFor(m, d, [&](int64_t i) {
+      float* xr = x + i * d;
+      const float* dr = delta + i * d;
 #pragma omp simd
       for (int32_t j = 0; j < d; ++j) xr[j] += dr[j];
-      NormRow(xr, w, d, eps, y + static_cast<int64_t>(i) * d);
-    }
+      NormRow(xr, w, d, eps, y + i * d);
+    });
   }
 
   void Rope(void* xv, const int32_t* positions, int32_t m, int32_t num_heads, const RopeParams& p) override {
     float* x = F(xv);
     const int32_t hd = p.head_dim;
     const int32_t half = hd / 2;
-    for (int32_t t = 0; t < m; ++t) {
+    cpu::ParallelFor(m, static_cast<int64_t>(num_heads) * hd, [&](int64_t t) {
       const float* cos_t = p.cos_sin + static_cast<int64_t>(positions[t]) * hd;
       const float* sin_t = cos_t + half;
       for (int32_t h = 0; h < num_heads; ++h) {
@@ -159,26 +160,32 @@ class CpuBackend final : public Backend {
           }
         }
       }
-    }
+    });
   }
 
   void SiluMul(const void* gatev, const void* upv, int64_t n, void* outv) override {
     const float *gate = F(gatev), *up = F(upv);
     float* out = F(outv);
-    int64_t i = 0;
+    // Pieces of kPiece elements (a multiple of every vector width), so that each element takes
+    // the vector or the scalar path as it would in one pass: the same bits on any thread count.
+    constexpr int64_t kPiece = 1024;
+    cpu::ParallelFor((n + kPiece - 1) / kPiece, kPiece, [&](int64_t piece) {
+      int64_t i = piece * kPiece;
+      const int64_t end = std::min(n, i + kPiece);
 #ifdef SPECULA_SIMD
-    // The vector layer's Exp: GCC kept the `omp simd` loop below scalar (ExpApprox's clamp).
-    using S = cpu::SimdWide;
-    const S::V one = S::Set1(1.0f);
-    for (; i + S::kLanes <= n; i += S::kLanes) {
-      const S::V g = S::Load(gate + i);
-      S::Store(out + i, S::Mul(S::Div(g, S::Add(one, cpu::ExpLanes<S>(S::Sub(S::Zero(), g)))), S::Load(up + i)));
-    }
+      // The vector layer's Exp: GCC kept the `omp simd` loop below scalar (ExpApprox's clamp).
+      using S = cpu::SimdWide;
+      const S::V one = S::Set1(1.0f);
+      for (; i + S::kLanes <= end; i += S::kLanes) {
+        const S::V g = S::Load(gate + i);
+        S::Store(out + i, S::Mul(S::Div(g, S::Add(one, cpu::ExpLanes<S>(S::Sub(S::Zero(), g)))), S::Load(up + i)));
+      }
 #endif
-    for (; i < n; ++i) {
-      const float g = gate[i];
-      out[i] = g / (1.0f + ExpApprox(-g)) * up[i];
-    }
+      for (; i < end; ++i) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + ExpApprox(-g)) * up[i];
+      }
+    });
   }
 
   void Add(void* xv, const void* yv, int64_t n) override {
@@ -191,7 +198,9 @@ class CpuBackend final : public Backend {
     const float* table = F(tablev);
     float* out = F(outv);
     if (const cpu::PackedMatrix* p = Find(packed_, tablev)) {
-      for (int32_t i = 0; i < m; ++i) p->Row(ids[i], out + static_cast<int64_t>(i) * d);
+      // A packed row is a column of its group: d cache lines, each a miss (the table streams
+      // past between steps); two cores wait on twice as many at once.
+      cpu::ParallelFor(m, d, [&](int64_t i) { p->Row(ids[i], out + i * d); });
       return;
     }
     if (const cpu::QuantMatrix* q = Find(quant_, tablev)) {

@@ -2,6 +2,8 @@
 // and prefix caching) gives exactly the tokens each prompt gives alone.
 #include "engine/engine.h"
 
+#include <omp.h>
+
 #include <map>
 
 #include "engine/generate.h"
@@ -48,6 +50,7 @@ class EngineTest : public ::testing::Test {
   std::vector<TokenId> Alone(const Request& r) {
     GenerateOptions opt;
     opt.max_tokens = r.max_tokens;
+    opt.sampling = r.sampling;
     auto g = Generate(*model_, r.prompt, opt);
     EXPECT_TRUE(g.ok());
     return g->tokens;
@@ -104,6 +107,25 @@ TEST_F(EngineTest, SmallPoolPreemptsAndStillEqualsAlone) {
   EXPECT_GT(e.scheduler().num_preemptions(), 0);
   ExpectSameAsAlone(reqs, got);
   std::printf("[engine] small pool: %lld preemptions\n", static_cast<long long>(e.scheduler().num_preemptions()));
+}
+
+// A step samples its rows without drafts on every core (from 8 rows): each sequence draws from its
+// own seeded stream and penalizes its own history, so sampled tokens are still those of each prompt
+// alone. The test presets give tests one OpenMP thread; this one asks for two.
+TEST_F(EngineTest, SampledPromptsOnTwoThreadsEqualEachAlone) {
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(2);
+  auto reqs = Requests();
+  for (Request& r : reqs) {
+    r.sampling.temperature = 0.9f;
+    r.sampling.top_p = 0.95f;
+    r.sampling.repetition_penalty = 1.1f;
+    r.sampling.seed = 1000 + r.id;
+  }
+  Engine e(model_.get(), tok_.get(), Config(512, false));
+  auto got = RunAll(e, reqs);
+  omp_set_num_threads(threads);
+  ExpectSameAsAlone(reqs, got);
 }
 
 // A bf16 KV cache (the engine's, and Generate's for the single runs) keeps batching exact: the same

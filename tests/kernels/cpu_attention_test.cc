@@ -263,40 +263,50 @@ TEST(CpuAttentionTest, KvWriteConvertsAndCopyMovesWholeBlocks) {
   ASSERT_TRUE(be->SupportsKvDtype(DType::kBF16));
   EXPECT_FALSE(be->SupportsKvDtype(DType::kF16));
   std::mt19937 rng(9);
-  const int32_t blocks = 6, bs = 4, kv_heads = 3, hd = 8, row = kv_heads * hd;
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
-    Pool pool(dtype, blocks, bs, kv_heads, hd, &rng);
-    const std::vector<int32_t> slots = {5, -1, 0, 23};  // -1: padding, nothing written
-    std::normal_distribution<float> normal(0, 1);
-    std::vector<float> k(slots.size() * row), v(k.size());
-    for (float& x : k) x = normal(rng);
-    for (float& x : v) x = normal(rng);
-    Pool before = pool;
-    AttentionMetadata meta;
-    meta.num_tokens = static_cast<int32_t>(slots.size());
-    meta.slot_mapping = slots.data();
-    be->KvWrite(pool.Layer(), k.data(), v.data(), meta);
-    for (int64_t slot = 0; slot < blocks * bs; ++slot) {
-      const auto it = std::find(slots.begin(), slots.end(), slot);
-      for (int32_t i = 0; i < row; ++i) {
-        double want_k = before.at(true, slot, i / hd, i % hd), want_v = before.at(false, slot, i / hd, i % hd);
-        if (it != slots.end()) {
-          const size_t t = it - slots.begin();
-          want_k = dtype == DType::kBF16 ? ToF32(ToBf16(k[t * row + i])) : k[t * row + i];
-          want_v = dtype == DType::kBF16 ? ToF32(ToBf16(v[t * row + i])) : v[t * row + i];
+  // A few tokens, and a prefill chunk of 500 (at the stories15m shape), whose rows the write splits
+  // over both cores (these runs have 2 OpenMP threads).
+  struct Case {
+    int32_t blocks, bs, kv_heads, hd;
+    std::vector<int32_t> slots;  // -1: padding, nothing written
+  };
+  std::vector<int32_t> chunk(500);
+  for (int32_t i = 0; i < 500; ++i) chunk[i] = i % 50 == 7 ? -1 : (i * 7) % 640;  // 7 is prime to 640
+  for (const Case& c : {Case{6, 4, 3, 8, {5, -1, 0, 23}}, Case{40, 16, 6, 48, chunk}}) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const int32_t blocks = c.blocks, bs = c.bs, kv_heads = c.kv_heads, hd = c.hd, row = kv_heads * hd;
+      Pool pool(dtype, blocks, bs, kv_heads, hd, &rng);
+      const std::vector<int32_t>& slots = c.slots;
+      std::normal_distribution<float> normal(0, 1);
+      std::vector<float> k(slots.size() * row), v(k.size());
+      for (float& x : k) x = normal(rng);
+      for (float& x : v) x = normal(rng);
+      Pool before = pool;
+      AttentionMetadata meta;
+      meta.num_tokens = static_cast<int32_t>(slots.size());
+      meta.slot_mapping = slots.data();
+      be->KvWrite(pool.Layer(), k.data(), v.data(), meta);
+      for (int64_t slot = 0; slot < blocks * bs; ++slot) {
+        const auto it = std::find(slots.begin(), slots.end(), slot);
+        for (int32_t i = 0; i < row; ++i) {
+          double want_k = before.at(true, slot, i / hd, i % hd), want_v = before.at(false, slot, i / hd, i % hd);
+          if (it != slots.end()) {
+            const size_t t = it - slots.begin();
+            want_k = dtype == DType::kBF16 ? ToF32(ToBf16(k[t * row + i])) : k[t * row + i];
+            want_v = dtype == DType::kBF16 ? ToF32(ToBf16(v[t * row + i])) : v[t * row + i];
+          }
+          ASSERT_EQ(pool.at(true, slot, i / hd, i % hd), want_k) << DTypeName(dtype) << " slot " << slot;
+          ASSERT_EQ(pool.at(false, slot, i / hd, i % hd), want_v) << DTypeName(dtype) << " slot " << slot;
         }
-        ASSERT_EQ(pool.at(true, slot, i / hd, i % hd), want_k) << DTypeName(dtype) << " slot " << slot;
-        ASSERT_EQ(pool.at(false, slot, i / hd, i % hd), want_v) << DTypeName(dtype) << " slot " << slot;
       }
-    }
-    const std::vector<int32_t> src = {0, 5}, dst = {2, 3};
-    before = pool;
-    be->CopyKvBlocks(pool.Layer(), src.data(), dst.data(), 2);
-    for (int32_t b = 0; b < blocks; ++b) {
-      const int32_t from = b == 2 ? 0 : b == 3 ? 5 : b;
-      for (int32_t j = 0; j < bs * row; ++j) {
-        ASSERT_EQ(pool.at(true, b * bs + j / row, j % row / hd, j % hd), before.at(true, from * bs + j / row, j % row / hd, j % hd));
-        ASSERT_EQ(pool.at(false, b * bs + j / row, j % row / hd, j % hd), before.at(false, from * bs + j / row, j % row / hd, j % hd));
+      const std::vector<int32_t> src = {0, 5}, dst = {2, 3};
+      before = pool;
+      be->CopyKvBlocks(pool.Layer(), src.data(), dst.data(), 2);
+      for (int32_t b = 0; b < blocks; ++b) {
+        const int32_t from = b == 2 ? 0 : b == 3 ? 5 : b;
+        for (int32_t j = 0; j < bs * row; ++j) {
+          ASSERT_EQ(pool.at(true, b * bs + j / row, j % row / hd, j % hd), before.at(true, from * bs + j / row, j % row / hd, j % hd));
+          ASSERT_EQ(pool.at(false, b * bs + j / row, j % row / hd, j % hd), before.at(false, from * bs + j / row, j % row / hd, j % hd));
+        }
       }
     }
   }

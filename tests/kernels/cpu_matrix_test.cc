@@ -161,6 +161,62 @@ TEST(CpuActivationTest, SiluMulMatchesTheFormulaAndItsTailGivesTheVectorBits) {
   }
 }
 
+// The element-wise ops split a batch's rows (SiluMul: pieces of its elements) over both cores once
+// there are enough (these runs have 2 OpenMP threads): every row of a batch must get the bits it
+// gets alone, on one thread. 64 rows of 288 and of 1540 are past the split's threshold.
+TEST(CpuElementwiseTest, BatchedRowsGetTheBitsOfRowsAlone) {
+  auto be = MakeCpuBackend();
+  std::mt19937 rng(13);
+  constexpr int32_t m = 64, d = 288, heads = 6, hd = 48, hid = 1540;
+  auto same = [](const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; };
+  const std::vector<float> x = Random(static_cast<size_t>(m) * d, &rng), delta = Random(x.size(), &rng),
+                           w = Random(d, &rng);
+  std::vector<float> all(x.size()), one(d);
+  be->RmsNorm(x.data(), w.data(), m, d, 1e-5f, all.data());
+  for (int32_t i = 0; i < m; ++i) {
+    be->RmsNorm(x.data() + i * d, w.data(), 1, d, 1e-5f, one.data());
+    ASSERT_TRUE(same(one.data(), all.data() + i * d, d)) << "RmsNorm row " << i;
+  }
+  std::vector<float> xs = x, ys(x.size());
+  be->AddRmsNorm(xs.data(), delta.data(), w.data(), m, d, 1e-5f, ys.data());
+  for (int32_t i = 0; i < m; ++i) {
+    std::vector<float> xr(x.begin() + i * d, x.begin() + (i + 1) * d);
+    be->AddRmsNorm(xr.data(), delta.data() + i * d, w.data(), 1, d, 1e-5f, one.data());
+    ASSERT_TRUE(same(xr.data(), xs.data() + i * d, d)) << "AddRmsNorm residual row " << i;
+    ASSERT_TRUE(same(one.data(), ys.data() + i * d, d)) << "AddRmsNorm row " << i;
+  }
+  const std::vector<float> cos_sin = Random(static_cast<size_t>(m) * hd, &rng);  // [positions, hd]
+  std::vector<int32_t> positions(m);
+  for (int32_t& p : positions) p = static_cast<int32_t>(rng() % m);
+  for (bool interleaved : {false, true}) {
+    const RopeParams rope{hd, interleaved, cos_sin.data()};
+    std::vector<float> q = x;  // [m, heads, hd]
+    be->Rope(q.data(), positions.data(), m, heads, rope);
+    for (int32_t i = 0; i < m; ++i) {
+      std::vector<float> qr(x.begin() + i * d, x.begin() + (i + 1) * d);
+      be->Rope(qr.data(), &positions[i], 1, heads, rope);
+      ASSERT_TRUE(same(qr.data(), q.data() + i * d, d)) << "Rope row " << i << " interleaved " << interleaved;
+    }
+  }
+  const std::vector<float> gate = Random(static_cast<size_t>(m) * hid, &rng, 4.0f), up = Random(gate.size(), &rng);
+  std::vector<float> act(gate.size()), act_one(hid);
+  be->SiluMul(gate.data(), up.data(), static_cast<int64_t>(m) * hid, act.data());
+  for (int32_t i = 0; i < m; ++i) {
+    be->SiluMul(gate.data() + i * hid, up.data() + i * hid, hid, act_one.data());
+    ASSERT_TRUE(same(act_one.data(), act.data() + i * hid, hid)) << "SiluMul row " << i;
+  }
+  const int32_t vocab = 500;
+  const std::vector<float> table = Random(static_cast<size_t>(vocab) * d, &rng);
+  const void* packed = *be->UploadMatrix(table.data(), vocab, d);
+  std::vector<int32_t> ids(m);
+  for (int32_t& id : ids) id = static_cast<int32_t>(rng() % vocab);
+  std::vector<float> rows(x.size(), NAN);
+  be->EmbeddingGather(packed, d, ids.data(), m, rows.data());
+  for (int32_t i = 0; i < m; ++i) {
+    ASSERT_TRUE(same(rows.data() + i * d, table.data() + static_cast<size_t>(ids[i]) * d, d)) << "gathered row " << i;
+  }
+}
+
 // Weight-only int8 (and, where VNNI is compiled in, int8 activations for up to 8 tokens): each
 // output within the worst case of the two roundings, and on average within 3% of the output scale
 // (two roundings of a step of max/127 each, on Gaussian data, come to about 1%).
