@@ -120,9 +120,36 @@ inline __attribute__((always_inline)) void ScoreLanes(const typename S::V (&q)[N
   S::StoreFirst(sc, S::Mul(S::SumLanes(acc), S::Set1(scale)), n);
 }
 
+// ScoreLanes for two tokens' queries on the same n keys: each key vector is loaded (and widened from
+// bf16) once for both. Each score is the same chain of FMAs and the same lane sum as ScoreLanes'.
+template <typename S, int NV, typename T>
+inline __attribute__((always_inline)) void ScorePair(const typename S::V (&q0)[NV], const typename S::V (&q1)[NV],
+                                                     const T* k, int64_t row, int32_t n, float scale, float* s0,
+                                                     float* s1) {
+  typename S::V a0[S::kLanes], a1[S::kLanes];
+#pragma GCC unroll 16
+  for (int32_t j = 0; j < S::kLanes; ++j) {
+    a0[j] = a1[j] = S::Zero();
+    if (j < n) {
+      const T* kj = k + j * row;
+      for (int i = 0; i < NV; ++i) {
+        const typename S::V kv = S::Load(kj + S::kLanes * i);
+        a0[j] = S::Fma(q0[i], kv, a0[j]);
+        a1[j] = S::Fma(q1[i], kv, a1[j]);
+      }
+    }
+  }
+  S::StoreFirst(s0, S::Mul(S::SumLanes(a0), S::Set1(scale)), n);
+  S::StoreFirst(s1, S::Mul(S::SumLanes(a1), S::Set1(scale)), n);
+}
+
 // Asks for the KV heads [0, kv_heads) of the first n slots of `block` (of K or V: `pool`) while the
 // current block is computed: a sequence's blocks are scattered over the pool, where the hardware
-// prefetcher cannot follow (measured: 1.1-2x on a bf16 decode step's attention).
+// prefetcher cannot follow (measured: 1.1-2x on a bf16 decode step's attention). Non-temporal: a
+// batched decode step reads each sequence's KV once (78 MB at 32 x ~350 positions), which otherwise
+// pushed the layers' weights out of the last-level cache before the next step's products (a
+// 32-sequence batching run: 2-3% faster in each of two alternated pairs, the products 2-5%).
+
 template <typename T>
 inline __attribute__((always_inline)) void PrefetchBlock(const T* pool, int32_t block, int32_t bs, int32_t n, int64_t row,
                                                          int32_t kv_heads, int32_t hd) {
@@ -130,7 +157,7 @@ inline __attribute__((always_inline)) void PrefetchBlock(const T* pool, int32_t 
   const int64_t bytes = static_cast<int64_t>(kv_heads) * hd * sizeof(T);
   for (int32_t j = 0; j < n; ++j) {
     const char* p = reinterpret_cast<const char*>(b + j * row);
-    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_NTA);
   }
 }
 
@@ -145,7 +172,7 @@ inline __attribute__((always_inline)) void PrefetchPart(const T* pool, int32_t b
                                                         int32_t part, int32_t parts) {
   const char* b = reinterpret_cast<const char*>(pool + static_cast<int64_t>(block) * bs * row);
   const int64_t lines = (n * row * static_cast<int64_t>(sizeof(T)) + 63) / 64;
-  for (int64_t l = lines * part / parts; l < lines * (part + 1) / parts; ++l) _mm_prefetch(b + 64 * l, _MM_HINT_T0);
+  for (int64_t l = lines * part / parts; l < lines * (part + 1) / parts; ++l) _mm_prefetch(b + 64 * l, _MM_HINT_NTA);
 }
 
 // hd = S::kLanes * NV. Block by block, every head's keys (then values) of a block before the next
@@ -163,6 +190,16 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
   constexpr int32_t L = S::kLanes, hd = L * NV;
   const int32_t cmax = *std::max_element(ctx, ctx + nq);
   const bool whole_rows = static_cast<int64_t>(heads / group) * hd == row;  // every KV head of a slot
+  // Tokens in pairs on AVX2 (a prefill chunk's or a verification's): the 16 registers hold two
+  // tokens' accumulators of 8 lanes. The AVX-512 kernel takes one token at a time, as before.
+  constexpr bool kPairs = L == 8 && NV <= 6;
+  auto load_q = [&](int32_t i, int32_t h, V(&qh)[NV]) __attribute__((always_inline)) {
+    const float* qt = q + (static_cast<int64_t>(i) * heads + h) * hd;
+    for (int u = 0; u < NV; ++u) qh[u] = S::Load(qt + L * u);
+  };
+  auto score_row = [&](int32_t i, int32_t h, int32_t p0) __attribute__((always_inline)) {
+    return sc + (static_cast<int64_t>(i) * heads + h) * cmax + p0;
+  };
   // Asks for the next block of `pool`: a part per head (see PrefetchPart), or all at once for the
   // head that a call on one head reads.
   auto prefetch = [&](const T* pool, int32_t p0, int32_t h) __attribute__((always_inline)) {
@@ -179,15 +216,33 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
     for (int32_t h = 0; h < heads; ++h) {
       prefetch(k, p0, h);
       const T* kh = kb + (h / group) * hd;
-      for (int32_t i = 0; i < nq; ++i) {
-        const int32_t n = std::min(bs, ctx[i] - p0);
-        if (n <= 0) continue;
-        const float* qt = q + (static_cast<int64_t>(i) * heads + h) * hd;
+      // Token i's keys [from, n) of the block, on their own.
+      auto one = [&](int32_t i, int32_t from, int32_t n) __attribute__((always_inline)) {
+        if (from >= n) return;
         V qh[NV];
-        for (int u = 0; u < NV; ++u) qh[u] = S::Load(qt + L * u);
-        float* s = sc + (static_cast<int64_t>(i) * heads + h) * cmax + p0;
-        for (int32_t j = 0; j < n; j += L) ScoreLanes<S, NV>(qh, kh + j * row, row, std::min(L, n - j), scale, s + j);
+        load_q(i, h, qh);
+        float* s = score_row(i, h, p0);
+        for (int32_t j = from; j < n; j += L) ScoreLanes<S, NV>(qh, kh + j * row, row, std::min(L, n - j), scale, s + j);
+      };
+      int32_t i = 0;
+      if constexpr (kPairs) {
+        for (; i + 1 < nq; i += 2) {
+          const int32_t n0 = std::min(bs, ctx[i] - p0), n1 = std::min(bs, ctx[i + 1] - p0);
+          const int32_t both = std::max(0, std::min(n0, n1));
+          if (both > 0) {
+            V q0[NV], q1[NV];
+            load_q(i, h, q0);
+            load_q(i + 1, h, q1);
+            float *s0 = score_row(i, h, p0), *s1 = score_row(i + 1, h, p0);
+            for (int32_t j = 0; j < both; j += L) {
+              ScorePair<S, NV>(q0, q1, kh + j * row, row, std::min(L, both - j), scale, s0 + j, s1 + j);
+            }
+          }
+          one(i, both, n0);
+          one(i + 1, both, n1);
+        }
       }
+      for (; i < nq; ++i) one(i, 0, std::min(bs, ctx[i] - p0));
     }
   }
   for (int32_t i = 0; i < nq; ++i) {
@@ -199,19 +254,45 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
     for (int32_t h = 0; h < heads; ++h) {
       prefetch(v, p0, h);
       const T* vh = vb + (h / group) * hd;
-      for (int32_t i = 0; i < nq; ++i) {
-        const int32_t n = std::min(bs, ctx[i] - p0);
-        if (n <= 0) continue;
+      // Token i's values [from, n) of the block, on their own.
+      auto one = [&](int32_t i, int32_t from, int32_t n) __attribute__((always_inline)) {
+        if (from >= n) return;
         float* o = out + (static_cast<int64_t>(i) * heads + h) * hd;
-        const float* w = sc + (static_cast<int64_t>(i) * heads + h) * cmax + p0;
+        const float* w = score_row(i, h, p0);
         V acc[NV];
         for (int u = 0; u < NV; ++u) acc[u] = S::Load(o + L * u);
-        for (int32_t j = 0; j < n; ++j) {
+        for (int32_t j = from; j < n; ++j) {
           const V wj = S::Set1(w[j]);
           for (int u = 0; u < NV; ++u) acc[u] = S::Fma(S::Load(vh + j * row + L * u), wj, acc[u]);
         }
         for (int u = 0; u < NV; ++u) S::Store(o + L * u, acc[u]);
+      };
+      int32_t i = 0;
+      if constexpr (kPairs) {
+        // Two tokens share each value vector loaded; each output is the same chain over j as alone.
+        for (; i + 1 < nq; i += 2) {
+          const int32_t n0 = std::min(bs, ctx[i] - p0), n1 = std::min(bs, ctx[i + 1] - p0);
+          const int32_t both = std::max(0, std::min(n0, n1));
+          if (both > 0) {
+            float *o0 = out + (static_cast<int64_t>(i) * heads + h) * hd, *o1 = o0 + static_cast<int64_t>(heads) * hd;
+            const float *w0 = score_row(i, h, p0), *w1 = score_row(i + 1, h, p0);
+            V a0[NV], a1[NV];
+            for (int u = 0; u < NV; ++u) a0[u] = S::Load(o0 + L * u), a1[u] = S::Load(o1 + L * u);
+            for (int32_t j = 0; j < both; ++j) {
+              const V x0 = S::Set1(w0[j]), x1 = S::Set1(w1[j]);
+              for (int u = 0; u < NV; ++u) {
+                const V vv = S::Load(vh + j * row + L * u);
+                a0[u] = S::Fma(vv, x0, a0[u]);
+                a1[u] = S::Fma(vv, x1, a1[u]);
+              }
+            }
+            for (int u = 0; u < NV; ++u) S::Store(o0 + L * u, a0[u]), S::Store(o1 + L * u, a1[u]);
+          }
+          one(i, both, n0);
+          one(i + 1, both, n1);
+        }
       }
+      for (; i < nq; ++i) one(i, 0, std::min(bs, ctx[i] - p0));
     }
   }
 }

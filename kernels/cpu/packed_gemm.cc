@@ -283,13 +283,15 @@ void PackedGemm(const float* x, int32_t m, const PackedOut* outs, int32_t num_ou
   list.clear();
   bounds.clear();
   int64_t before = 0;  // work of the units listed so far
+  int64_t c = 0;       // the chunk of the last unit: (2 before + w) chunks / (2 total), without a
+                       // division per unit (the classifier's 2,000 took 1.7% of a batched run)
   for (int32_t o = 0; o < num_outs; ++o) {
     const int32_t n = static_cast<int32_t>(outs[o].w->rows());
     for (int32_t tb = 0; tb * token_block < m; ++tb) {
       const int64_t tokens = std::min(m, (tb + 1) * token_block) - tb * token_block;
       for (int32_t r = 0; r < n; r += S) {
         const int64_t w = std::min(S, n - r) * tokens;
-        const int64_t c = (2 * before + w) * chunks / (2 * total);
+        while ((2 * before + w) * chunks >= (c + 1) * 2 * total) ++c;
         while (static_cast<int64_t>(bounds.size()) <= c) bounds.push_back(static_cast<int32_t>(list.size()));
         list.push_back(Unit{o, tb, r / G, (r % G) / S});
         before += w;
