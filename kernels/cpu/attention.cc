@@ -149,7 +149,6 @@ inline __attribute__((always_inline)) void ScorePair(const typename S::V (&q0)[N
 // batched decode step reads each sequence's KV once (78 MB at 32 x ~350 positions), which otherwise
 // pushed the layers' weights out of the last-level cache before the next step's products (a
 // 32-sequence batching run: 2-3% faster in each of two alternated pairs, the products 2-5%).
-
 template <typename T>
 inline __attribute__((always_inline)) void PrefetchBlock(const T* pool, int32_t block, int32_t bs, int32_t n, int64_t row,
                                                          int32_t kv_heads, int32_t hd) {
