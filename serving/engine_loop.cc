@@ -84,26 +84,26 @@ std::shared_ptr<RequestStream> EngineLoop::Submit(Request r) {
   auto stream = std::make_shared<RequestStream>(r.id);
   const double now = engine_->NowMs();  // the engine's clock is safe to read from any thread
   {
+    // Notified under the lock, here and in Cancel and CancelAll: these run on gRPC's and HTTP's
+    // threads, and a notify after the unlock could still be touching cv_ when the server, drained,
+    // destroys the loop (TSan saw it once in the chaos drill's shutdown). The destructor's lock then
+    // orders every such notify before the destruction.
     std::lock_guard<std::mutex> lock(mu_);
     adds_.push_back(Add{std::move(r), stream, now});
+    cv_.notify_all();
   }
-  cv_.notify_all();
   return stream;
 }
 
 void EngineLoop::Cancel(RequestId id) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    cancels_.push_back(id);
-  }
+  std::lock_guard<std::mutex> lock(mu_);
+  cancels_.push_back(id);
   cv_.notify_all();
 }
 
 void EngineLoop::CancelAll() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    cancel_all_ = true;
-  }
+  std::lock_guard<std::mutex> lock(mu_);
+  cancel_all_ = true;
   cv_.notify_all();
 }
 

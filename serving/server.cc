@@ -34,10 +34,10 @@ void Server::OnFinished(const RequestOutput& out) {
 }
 
 void Server::Done() {
-  {
-    std::lock_guard<std::mutex> lock(idle_mu_);
-    --in_flight_;
-  }
+  // Notified under the lock (see EngineLoop::Submit): the last Done may run on a gRPC thread while
+  // the main thread, woken by it, goes on to destroy the server.
+  std::lock_guard<std::mutex> lock(idle_mu_);
+  --in_flight_;
   idle_cv_.notify_all();
 }
 
