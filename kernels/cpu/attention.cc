@@ -199,6 +199,21 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
   auto score_row = [&](int32_t i, int32_t h, int32_t p0) __attribute__((always_inline)) {
     return sc + (static_cast<int64_t>(i) * heads + h) * cmax + p0;
   };
+  // Every token over the block at p0: with kPairs, pair(i, both) takes tokens i and i + 1 on the
+  // keys [0, both) they both reach; then one(i, from, n) takes each token's keys [from, n) alone.
+  auto by_pairs = [&](int32_t p0, auto&& pair, auto&& one) __attribute__((always_inline)) {
+    int32_t i = 0;
+    if constexpr (kPairs) {
+      for (; i + 1 < nq; i += 2) {
+        const int32_t n0 = std::min(bs, ctx[i] - p0), n1 = std::min(bs, ctx[i + 1] - p0);
+        const int32_t both = std::max(0, std::min(n0, n1));
+        if (both > 0) pair(i, both);
+        one(i, both, n0);
+        one(i + 1, both, n1);
+      }
+    }
+    for (; i < nq; ++i) one(i, 0, std::min(bs, ctx[i] - p0));
+  };
   // Asks for the next block of `pool`: a part per head (see PrefetchPart), or all at once for the
   // head that a call on one head reads.
   auto prefetch = [&](const T* pool, int32_t p0, int32_t h) __attribute__((always_inline)) {
@@ -223,25 +238,16 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
         float* s = score_row(i, h, p0);
         for (int32_t j = from; j < n; j += L) ScoreLanes<S, NV>(qh, kh + j * row, row, std::min(L, n - j), scale, s + j);
       };
-      int32_t i = 0;
-      if constexpr (kPairs) {
-        for (; i + 1 < nq; i += 2) {
-          const int32_t n0 = std::min(bs, ctx[i] - p0), n1 = std::min(bs, ctx[i + 1] - p0);
-          const int32_t both = std::max(0, std::min(n0, n1));
-          if (both > 0) {
-            V q0[NV], q1[NV];
-            load_q(i, h, q0);
-            load_q(i + 1, h, q1);
-            float *s0 = score_row(i, h, p0), *s1 = score_row(i + 1, h, p0);
-            for (int32_t j = 0; j < both; j += L) {
-              ScorePair<S, NV>(q0, q1, kh + j * row, row, std::min(L, both - j), scale, s0 + j, s1 + j);
-            }
-          }
-          one(i, both, n0);
-          one(i + 1, both, n1);
+      auto pair = [&](int32_t i, int32_t both) __attribute__((always_inline)) {
+        V q0[NV], q1[NV];
+        load_q(i, h, q0);
+        load_q(i + 1, h, q1);
+        float *s0 = score_row(i, h, p0), *s1 = score_row(i + 1, h, p0);
+        for (int32_t j = 0; j < both; j += L) {
+          ScorePair<S, NV>(q0, q1, kh + j * row, row, std::min(L, both - j), scale, s0 + j, s1 + j);
         }
-      }
-      for (; i < nq; ++i) one(i, 0, std::min(bs, ctx[i] - p0));
+      };
+      by_pairs(p0, pair, one);
     }
   }
   for (int32_t i = 0; i < nq; ++i) {
@@ -266,32 +272,23 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
         }
         for (int u = 0; u < NV; ++u) S::Store(o + L * u, acc[u]);
       };
-      int32_t i = 0;
-      if constexpr (kPairs) {
-        // Two tokens share each value vector loaded; each output is the same chain over j as alone.
-        for (; i + 1 < nq; i += 2) {
-          const int32_t n0 = std::min(bs, ctx[i] - p0), n1 = std::min(bs, ctx[i + 1] - p0);
-          const int32_t both = std::max(0, std::min(n0, n1));
-          if (both > 0) {
-            float *o0 = out + (static_cast<int64_t>(i) * heads + h) * hd, *o1 = o0 + static_cast<int64_t>(heads) * hd;
-            const float *w0 = score_row(i, h, p0), *w1 = score_row(i + 1, h, p0);
-            V a0[NV], a1[NV];
-            for (int u = 0; u < NV; ++u) a0[u] = S::Load(o0 + L * u), a1[u] = S::Load(o1 + L * u);
-            for (int32_t j = 0; j < both; ++j) {
-              const V x0 = S::Set1(w0[j]), x1 = S::Set1(w1[j]);
-              for (int u = 0; u < NV; ++u) {
-                const V vv = S::Load(vh + j * row + L * u);
-                a0[u] = S::Fma(vv, x0, a0[u]);
-                a1[u] = S::Fma(vv, x1, a1[u]);
-              }
-            }
-            for (int u = 0; u < NV; ++u) S::Store(o0 + L * u, a0[u]), S::Store(o1 + L * u, a1[u]);
+      // Two tokens share each value vector loaded; each output is the same chain over j as alone.
+      auto pair = [&](int32_t i, int32_t both) __attribute__((always_inline)) {
+        float *o0 = out + (static_cast<int64_t>(i) * heads + h) * hd, *o1 = o0 + static_cast<int64_t>(heads) * hd;
+        const float *w0 = score_row(i, h, p0), *w1 = score_row(i + 1, h, p0);
+        V a0[NV], a1[NV];
+        for (int u = 0; u < NV; ++u) a0[u] = S::Load(o0 + L * u), a1[u] = S::Load(o1 + L * u);
+        for (int32_t j = 0; j < both; ++j) {
+          const V x0 = S::Set1(w0[j]), x1 = S::Set1(w1[j]);
+          for (int u = 0; u < NV; ++u) {
+            const V vv = S::Load(vh + j * row + L * u);
+            a0[u] = S::Fma(vv, x0, a0[u]);
+            a1[u] = S::Fma(vv, x1, a1[u]);
           }
-          one(i, both, n0);
-          one(i + 1, both, n1);
         }
-      }
-      for (; i < nq; ++i) one(i, 0, std::min(bs, ctx[i] - p0));
+        for (int u = 0; u < NV; ++u) S::Store(o0 + L * u, a0[u]), S::Store(o1 + L * u, a1[u]);
+      };
+      by_pairs(p0, pair, one);
     }
   }
 }
