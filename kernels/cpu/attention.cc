@@ -143,12 +143,26 @@ inline __attribute__((always_inline)) void ScorePair(const typename S::V (&q0)[N
   S::StoreFirst(s1, S::Mul(S::SumLanes(a1), S::Set1(scale)), n);
 }
 
+// A KV prefetch's hint, by vendor. AMD (Zen 3): non-temporal, so that a batched decode step's reads
+// of each sequence's KV once (78 MB at 32 x ~350 positions) do not push the layers' weights out of
+// the last-level cache (a 32-sequence batching run: 2-3% faster in each of two alternated pairs).
+// Intel (a Xeon with AVX-512, 2026-11-25): into L2. There PREFETCHNTA stalled the loads it ran
+// beside (77% of the kernel's samples; a 32 x 400 bf16 decode step ran 3.6x slower than with T0),
+// and T1 read KV from DRAM 13% faster than T0 (attention_bench at 32 x 1600) and took 10% off the
+// decode steps' attention in a 32-sequence batching run.
+inline const bool kKvPrefetchNta = __builtin_cpu_is("amd");
+
+inline __attribute__((always_inline)) void PrefetchKvLine(const char* p) {
+  if (kKvPrefetchNta) {
+    _mm_prefetch(p, _MM_HINT_NTA);
+  } else {
+    _mm_prefetch(p, _MM_HINT_T1);
+  }
+}
+
 // Asks for the KV heads [0, kv_heads) of the first n slots of `block` (of K or V: `pool`) while the
 // current block is computed: a sequence's blocks are scattered over the pool, where the hardware
-// prefetcher cannot follow (measured: 1.1-2x on a bf16 decode step's attention). Non-temporal: a
-// batched decode step reads each sequence's KV once (78 MB at 32 x ~350 positions), which otherwise
-// pushed the layers' weights out of the last-level cache before the next step's products (a
-// 32-sequence batching run: 2-3% faster in each of two alternated pairs, the products 2-5%).
+// prefetcher cannot follow (measured: 1.1-2x on a bf16 decode step's attention).
 template <typename T>
 inline __attribute__((always_inline)) void PrefetchBlock(const T* pool, int32_t block, int32_t bs, int32_t n, int64_t row,
                                                          int32_t kv_heads, int32_t hd) {
@@ -156,7 +170,7 @@ inline __attribute__((always_inline)) void PrefetchBlock(const T* pool, int32_t 
   const int64_t bytes = static_cast<int64_t>(kv_heads) * hd * sizeof(T);
   for (int32_t j = 0; j < n; ++j) {
     const char* p = reinterpret_cast<const char*>(b + j * row);
-    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_NTA);
+    for (int64_t o = 0; o < bytes; o += 64) PrefetchKvLine(p + o);
   }
 }
 
@@ -171,7 +185,7 @@ inline __attribute__((always_inline)) void PrefetchPart(const T* pool, int32_t b
                                                         int32_t part, int32_t parts) {
   const char* b = reinterpret_cast<const char*>(pool + static_cast<int64_t>(block) * bs * row);
   const int64_t lines = (n * row * static_cast<int64_t>(sizeof(T)) + 63) / 64;
-  for (int64_t l = lines * part / parts; l < lines * (part + 1) / parts; ++l) _mm_prefetch(b + 64 * l, _MM_HINT_NTA);
+  for (int64_t l = lines * part / parts; l < lines * (part + 1) / parts; ++l) PrefetchKvLine(b + 64 * l);
 }
 
 // hd = S::kLanes * NV. Block by block, every head's keys (then values) of a block before the next

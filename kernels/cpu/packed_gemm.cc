@@ -225,6 +225,16 @@ constexpr int32_t MaxSlices(int32_t mr) { return mr == 1 ? 4 : mr == 2 ? 2 : 1; 
 
 #endif
 
+// A block of `tokens` in as few register tiles as fit, of near-equal size: 32 tokens as 6, 6, 5, 5,
+// 5, 5 rather than five tiles of 6 and one of 2, whose every weight vector (from L2) fed only two
+// tokens' FMAs. Each output is the same chain of FMAs in whichever tile its token lands.
+struct TokenTiles {
+  int32_t n, base, extra;  // n tiles; the first `extra` of them hold base + 1 tokens, the others base
+  explicit TokenTiles(int32_t tokens)
+      : n((tokens + kTileTokens - 1) / kTileTokens), base(tokens / n), extra(tokens % n) {}
+  int32_t size(int32_t i) const { return base + (i < extra ? 1 : 0); }
+};
+
 // Memory to ask for ahead of need, [next, end), a tile's share at a time.
 struct Ahead {
   const char* next;
@@ -309,9 +319,8 @@ void PackedGemm(const float* x, int32_t m, const PackedOut* outs, int32_t num_ou
   // whole rows or halves, and asks for nothing.
   const int32_t first_block = std::min(m, token_block);
   int32_t calls = 0;  // tiles per (group, k chunk) of a whole token block
-  for (int32_t t0 = 0; t0 < first_block; t0 += kTileTokens) {
-    calls += kSlices / MaxSlices(std::min(kTileTokens, first_block - t0));
-  }
+  const TokenTiles first_tiles(first_block);
+  for (int32_t i = 0; i < first_tiles.n; ++i) calls += kSlices / MaxSlices(first_tiles.size(i));
   constexpr int32_t kRowBytes = G * sizeof(float);  // one step of k of a group
   const int32_t ahead_step = calls >= 3             ? std::clamp((kRowBytes / calls + 15) / 16 * 16, 16, 64)
                              : m > kTileTokens ? 16
@@ -323,7 +332,8 @@ void PackedGemm(const float* x, int32_t m, const PackedOut* outs, int32_t num_ou
     int32_t valid[kSlices];
     for (int v = 0; v < nv; ++v) valid[v] = std::clamp(n - r0 - S * v, 0, S);
     const float* wg = out.w->data() + static_cast<int64_t>(u.group) * k * G + u.slice * S;
-    const int32_t t_end = std::min(m, (u.block + 1) * token_block);
+    const int32_t t_begin = u.block * token_block, t_end = std::min(m, (u.block + 1) * token_block);
+    const TokenTiles tiles(t_end - t_begin);
     // Past one token tile, a group's first tile reads its weights from memory (the layers' matrices
     // and the classifier stream from DRAM every step) and the others from L2: each tile asks for a
     // share of the next group's weights (ahead_step above), so that its first tile finds them in L2.
@@ -334,14 +344,14 @@ void PackedGemm(const float* x, int32_t m, const PackedOut* outs, int32_t num_ou
     }
     for (int32_t k0 = 0; k0 < k; k0 += kchunk) {
       const int32_t kc = std::min(kchunk, k - k0);
-      for (int32_t t0 = u.block * token_block; t0 < t_end; t0 += kTileTokens) {
-        RunTiles(std::min(kTileTokens, t_end - t0), nv, wg + static_cast<int64_t>(k0) * G,
+      for (int32_t i = 0, t0 = t_begin; i < tiles.n; t0 += tiles.size(i++)) {
+        RunTiles(tiles.size(i), nv, wg + static_cast<int64_t>(k0) * G,
                  x + static_cast<int64_t>(t0) * k + k0, k, kc, out.y + static_cast<int64_t>(t0) * n + r0, n, valid,
                  k0 > 0, &ahead);
       }
     }
     if (out.bias != nullptr) {
-      for (int32_t t = u.block * token_block; t < t_end; ++t) {
+      for (int32_t t = t_begin; t < t_end; ++t) {
         for (int32_t r = r0; r < std::min(n, r0 + S * nv); ++r) out.y[static_cast<int64_t>(t) * n + r] += out.bias[r];
       }
     }
