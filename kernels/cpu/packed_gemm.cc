@@ -47,18 +47,21 @@ PackedMatrix::PackedMatrix(const float* w, int64_t rows, int64_t cols, PackedAre
   const int64_t groups = (rows + kGroup - 1) / kGroup;
   float* d = arena->Alloc(static_cast<size_t>(groups * cols * kGroup));
   data_ = d;
-  // Rows are read in order (the source is a mapped file); each lands in its column of the group.
+  // A group's transpose in tiles of kCols columns: the tile's output (kCols x 64 floats, 4 KB) and
+  // the 64 rows' pieces it reads stay in L1. Row by row over whole columns, each row's stores
+  // strode through the group's whole output (74 KB at 288 columns), and packing took 40% of the
+  // samples of `specula generate --max-tokens 1` on a stories15m-shape file.
+  constexpr int64_t kCols = 16;
 #pragma omp parallel for schedule(static) if (groups * cols * kGroup >= (1 << 16))
   for (int64_t g = 0; g < groups; ++g) {
     float* out = d + g * cols * kGroup;
-    for (int64_t r = 0; r < kGroup; ++r) {
-      const int64_t row = g * kGroup + r;
-      if (row >= rows) {
-        for (int64_t j = 0; j < cols; ++j) out[j * kGroup + r] = 0.0f;
-        continue;
+    for (int64_t j0 = 0; j0 < cols; j0 += kCols) {
+      const int64_t j1 = std::min(cols, j0 + kCols);
+      for (int64_t r = 0; r < kGroup; ++r) {
+        const int64_t row = g * kGroup + r;
+        const float* src = w + row * cols;
+        for (int64_t j = j0; j < j1; ++j) out[j * kGroup + r] = row < rows ? src[j] : 0.0f;
       }
-      const float* src = w + row * cols;
-      for (int64_t j = 0; j < cols; ++j) out[j * kGroup + r] = src[j];
     }
   }
 }
