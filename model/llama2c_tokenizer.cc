@@ -5,8 +5,8 @@
 #include <cstring>
 #include <fstream>
 #include <queue>
-#include <unordered_map>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "core/mapped_file.h"
 #include "core/status_macros.h"
@@ -36,6 +36,9 @@ class Llama2cTokenizer final : public Tokenizer {
       : pieces_(std::move(pieces)), scores_(std::move(scores)) {
     bos_id_ = kBos;
     eos_ids_ = {kEos};
+    // Keys are views of pieces_, whose strings stay in place once moved in. A flat map reserved
+    // once: the node map's 32,000 allocations took ~2 ms of a 40 ms `generate --max-tokens 1`.
+    ids_.reserve(pieces_.size());
     for (size_t i = 0; i < pieces_.size(); ++i) ids_.emplace(pieces_[i], static_cast<TokenId>(i));
     byte_tokens_ = pieces_.size() >= 259 && pieces_[kFirstByteToken] == "<0x00>";
   }
@@ -55,7 +58,7 @@ class Llama2cTokenizer final : public Tokenizer {
     for (size_t i = 0; i < text.size();) {
       size_t j = i + 1;
       while (j < text.size() && j - i < 4 && (static_cast<uint8_t>(text[j]) & 0xC0) == 0x80) ++j;
-      auto it = ids_.find(std::string(text.substr(i, j - i)));
+      auto it = ids_.find(text.substr(i, j - i));
       if (it != ids_.end()) {
         syms.push_back(it->second);
       } else {
@@ -130,7 +133,7 @@ class Llama2cTokenizer final : public Tokenizer {
 
   std::vector<std::string> pieces_;
   std::vector<float> scores_;
-  std::unordered_map<std::string, TokenId> ids_;
+  absl::flat_hash_map<std::string_view, TokenId> ids_;  // the first id of each piece
   bool byte_tokens_ = false;
 };
 
