@@ -5,6 +5,9 @@
 //   specula experiment run SPEC --out DIR | report DIR   (tools/experiment.cc)
 //   specula make-model  --shape NAME|--config config.json --out DIR ...
 
+#include <dlfcn.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -29,9 +32,7 @@
 #include "tools/batch_generate.h"
 #include "engine/engine_setup.h"
 #include "core/flags.h"
-#include "tools/bench_serve.h"
-#include "tools/experiment.h"
-#include "tools/serve.h"
+#include "tools/command_exit.h"
 
 namespace specula {
 namespace {
@@ -277,6 +278,28 @@ absl::Status RunMakeModel(int argc, char** argv) {
   return absl::OkStatus();
 }
 
+// serve, bench-serve and experiment: libspecula_cli.so (tools/cli_module.cc), beside this binary
+// or where the build wrote it, so that `generate` does not load their gRPC and Protobuf libraries.
+int RunCliModule(int argc, char** argv) {
+  std::string path = SPECULA_CLI_MODULE;
+  char exe[4096];
+  if (const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1); n > 0) {
+    const std::string self(exe, n);
+    const std::string beside = self.substr(0, self.find_last_of('/') + 1) + "libspecula_cli.so";
+    if (::access(beside.c_str(), F_OK) == 0) path = beside;
+  }
+  void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  using Main = int (*)(int, char**);
+  Main run = h != nullptr ? reinterpret_cast<Main>(::dlsym(h, "specula_cli_main")) : nullptr;
+  if (run == nullptr) {
+    const char* why = ::dlerror();
+    std::cerr << "specula " << argv[1] << ": error: cannot load " << path << ": "
+              << (why != nullptr ? why : "no specula_cli_main") << "\n";
+    return 1;
+  }
+  return run(argc, argv);
+}
+
 }  // namespace
 }  // namespace specula
 
@@ -287,26 +310,15 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string cmd = argv[1];
+  if (cmd == "serve" || cmd == "bench-serve" || cmd == "experiment") return specula::RunCliModule(argc, argv);
   absl::Status st;
   if (cmd == "generate") {
     st = specula::RunGenerate(argc - 2, argv + 2);
-  } else if (cmd == "serve") {
-    st = specula::RunServe(argc - 2, argv + 2);
-  } else if (cmd == "bench-serve") {
-    st = specula::RunBenchServe(argc - 2, argv + 2);
-  } else if (cmd == "experiment") {
-    st = specula::RunExperimentCommand(argc - 2, argv + 2);
   } else if (cmd == "make-model") {
     st = specula::RunMakeModel(argc - 2, argv + 2);
   } else {
     std::cerr << "specula: unknown command '" << cmd << "'\n\n" << specula::kUsage;
     return 1;
   }
-  if (!st.ok()) {
-    std::cerr << "specula " << cmd << ": " << (absl::IsCancelled(st) ? "" : "error: ") << st.message() << "\n";
-    specula::ShutdownMpi(false);  // under mpirun: stops every rank, so none is left waiting
-    return absl::IsCancelled(st) ? 130 : 1;
-  }
-  specula::ShutdownMpi(true);
-  return 0;
+  return specula::FinishCommand(cmd, st);
 }
