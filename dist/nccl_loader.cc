@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "core/beside_executable.h"
 #include "dist/communicator.h"
 
 namespace specula {
@@ -21,11 +22,9 @@ const NcclModule& Module() {
     m.error = "this build has no NCCL communicator (configure where nvcc and NCCL are installed)";
 #else
     std::string path = SPECULA_NCCL_MODULE;
-    char exe[4096];
-    if (const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1); n > 0) {
-      const std::string self(exe, n);
-      const std::string beside = self.substr(0, self.find_last_of('/') + 1) + "libspecula_nccl.so";
-      if (::access(beside.c_str(), F_OK) == 0) path = beside;
+    if (const std::string beside = BesideExecutable("libspecula_nccl.so");
+        !beside.empty() && ::access(beside.c_str(), F_OK) == 0) {
+      path = beside;
     }
     void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (h == nullptr) {

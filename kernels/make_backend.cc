@@ -3,9 +3,8 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
-#include <climits>
-
 #include "absl/strings/str_cat.h"
+#include "core/beside_executable.h"
 #include "kernels/cpu/cpu_backend.h"
 
 namespace specula {
@@ -24,12 +23,7 @@ struct CudaModule {
 // (test and benchmark binaries live in other folders), then the library search path.
 std::vector<std::string> ModulePaths() {
   std::vector<std::string> paths;
-  char exe[PATH_MAX];
-  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (n > 0) {
-    const std::string self(exe, n);
-    paths.push_back(self.substr(0, self.find_last_of('/') + 1) + "libspecula_cuda.so");
-  }
+  if (std::string beside = BesideExecutable("libspecula_cuda.so"); !beside.empty()) paths.push_back(beside);
 #ifdef SPECULA_CUDA_MODULE
   paths.push_back(SPECULA_CUDA_MODULE);
 #endif

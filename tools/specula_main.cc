@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/beside_executable.h"
 #include "core/mapped_file.h"
 #include "dist/communicator.h"
 #include "engine/engine.h"
@@ -282,11 +283,9 @@ absl::Status RunMakeModel(int argc, char** argv) {
 // or where the build wrote it, so that `generate` does not load their gRPC and Protobuf libraries.
 int RunCliModule(int argc, char** argv) {
   std::string path = SPECULA_CLI_MODULE;
-  char exe[4096];
-  if (const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1); n > 0) {
-    const std::string self(exe, n);
-    const std::string beside = self.substr(0, self.find_last_of('/') + 1) + "libspecula_cli.so";
-    if (::access(beside.c_str(), F_OK) == 0) path = beside;
+  if (const std::string beside = BesideExecutable("libspecula_cli.so");
+      !beside.empty() && ::access(beside.c_str(), F_OK) == 0) {
+    path = beside;
   }
   void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   using Main = int (*)(int, char**);
