@@ -8,6 +8,9 @@
 //                                  (3 x 288x288, fused), 1: gate/up (2 x 768x288), 2: down (288x768),
 //                                  3: the classifier (32000x288). Reports GFLOP/s and peak.
 //  BM_StreamGemm/tokens:M/matrix:W the same products through the row-major tiles.
+//  BM_GemmCold/tokens:M/matrix:W   BM_Gemm with the weights from DRAM, as in a batched decode step
+//                                  (whose weights and KV together outgrow the L3): each call takes
+//                                  the next of enough packed copies to fill 320 MB. Adds weight GB/s.
 //
 //   build/release/bench/gemm_bench
 #include <benchmark/benchmark.h>
@@ -101,6 +104,26 @@ void BM_Gemm(benchmark::State& state) {
   p.Report(state);
 }
 
+void BM_GemmCold(benchmark::State& state) {
+  if (!cpu::PackedGemmAvailable()) return state.SkipWithError("the packed GEMM needs AVX-512 or AVX2 with FMA");
+  Problem p(state);
+  const double bytes = 4.0 * p.s.n * p.s.k * p.s.count;  // weights read per call
+  const int copies = static_cast<int>(320e6 / bytes) + 1;
+  cpu::PackedArena arena;
+  std::vector<cpu::PackedMatrix> mats;
+  mats.reserve(static_cast<size_t>(copies) * p.s.count);
+  for (int i = 0; i < copies * p.s.count; ++i) mats.emplace_back(p.w.data(), p.s.n, p.s.k, &arena);
+  std::vector<cpu::PackedOut> outs;  // [copies][count]
+  for (int i = 0; i < copies * p.s.count; ++i) outs.push_back({&mats[i], nullptr, p.ys[i % p.s.count].data()});
+  int next = 0;
+  for (auto _ : state) {
+    cpu::PackedGemm(p.x.data(), p.m, outs.data() + static_cast<size_t>(next) * p.s.count, p.s.count);
+    next = (next + 1) % copies;
+  }
+  p.Report(state);
+  state.counters["weight_GB/s"] = benchmark::Counter(bytes * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+
 void BM_StreamGemm(benchmark::State& state) {
   Problem p(state);
   std::vector<cpu::StreamOut<float>> outs;
@@ -119,6 +142,7 @@ void Args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_Gemm)->Apply(Args);
 BENCHMARK(BM_StreamGemm)->Apply(Args);
+BENCHMARK(BM_GemmCold)->Apply(Args);
 
 }  // namespace
 }  // namespace specula
