@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/parallel_rows.h"
 #include "kernels/cpu/simd.h"
@@ -103,6 +105,27 @@ void AttendPortable(const float* q, const T* k, const T* v, const int32_t* table
 }
 
 #ifdef SPECULA_SIMD
+// A head's hd = NV * kLanes elements of K or V as vectors. bf16 goes in pairs of vectors (LoadSplit):
+// vector 2p holds the even-indexed elements of [2p * kLanes, (2p + 2) * kLanes) and vector 2p + 1
+// the odd-indexed ones, and an unpaired last vector is in order. Widening bf16 in order took a
+// shuffle and a shift per vector, on the two ports the FMAs need as well; the queries and the
+// outputs take the same order (Deinterleave, Interleave), and each output element is the same
+// chain of FMAs.
+template <typename T>
+constexpr bool kSplitKv = std::is_same_v<T, Bf16>;
+
+template <typename S, int NV, typename T>
+inline __attribute__((always_inline)) void LoadKv(const T* p, typename S::V (&v)[NV]) {
+  if constexpr (kSplitKv<T>) {
+#pragma GCC unroll 16
+    for (int u = 0; u + 1 < NV; u += 2) S::LoadSplit(p + S::kLanes * u, v[u], v[u + 1]);
+    if constexpr (NV % 2 == 1) v[NV - 1] = S::Load(p + S::kLanes * (NV - 1));
+  } else {
+#pragma GCC unroll 16
+    for (int u = 0; u < NV; ++u) v[u] = S::Load(p + S::kLanes * u);
+  }
+}
+
 // sc[j] = scale * q . k_j for the n <= kLanes keys k_j = k + j * row: kLanes dot products reduced
 // together by one lane-sum tree instead of a horizontal sum each.
 template <typename S, int NV, typename T>
@@ -113,8 +136,9 @@ inline __attribute__((always_inline)) void ScoreLanes(const typename S::V (&q)[N
   for (int32_t j = 0; j < S::kLanes; ++j) {
     acc[j] = S::Zero();
     if (j < n) {
-      const T* kj = k + j * row;
-      for (int i = 0; i < NV; ++i) acc[j] = S::Fma(q[i], S::Load(kj + S::kLanes * i), acc[j]);
+      typename S::V kv[NV];
+      LoadKv<S, NV>(k + j * row, kv);
+      for (int i = 0; i < NV; ++i) acc[j] = S::Fma(q[i], kv[i], acc[j]);
     }
   }
   S::StoreFirst(sc, S::Mul(S::SumLanes(acc), S::Set1(scale)), n);
@@ -131,11 +155,11 @@ inline __attribute__((always_inline)) void ScorePair(const typename S::V (&q0)[N
   for (int32_t j = 0; j < S::kLanes; ++j) {
     a0[j] = a1[j] = S::Zero();
     if (j < n) {
-      const T* kj = k + j * row;
+      typename S::V kv[NV];
+      LoadKv<S, NV>(k + j * row, kv);
       for (int i = 0; i < NV; ++i) {
-        const typename S::V kv = S::Load(kj + S::kLanes * i);
-        a0[j] = S::Fma(q0[i], kv, a0[j]);
-        a1[j] = S::Fma(q1[i], kv, a1[j]);
+        a0[j] = S::Fma(q0[i], kv[i], a0[j]);
+        a1[j] = S::Fma(q1[i], kv[i], a1[j]);
       }
     }
   }
@@ -206,6 +230,23 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
   // Tokens in pairs on AVX2 (a prefill chunk's or a verification's): the 16 registers hold two
   // tokens' accumulators of 8 lanes. The AVX-512 kernel takes one token at a time, as before.
   constexpr bool kPairs = L == 8 && NV <= 6;
+  // The queries in LoadKv's order, once: a query head is loaded for every block.
+  if constexpr (kSplitKv<T>) {
+    thread_local std::vector<float> split;  // [nq, heads, hd]
+    split.resize(static_cast<size_t>(nq) * heads * hd);
+    for (int64_t r = 0; r < static_cast<int64_t>(nq) * heads; ++r) {
+      float* d = split.data() + r * hd;
+      const float* s = q + r * hd;
+      for (int u = 0; u + 1 < NV; u += 2) {
+        V even, odd;
+        S::Deinterleave(s + L * u, even, odd);
+        S::Store(d + L * u, even);
+        S::Store(d + L * (u + 1), odd);
+      }
+      if constexpr (NV % 2 == 1) S::Store(d + L * (NV - 1), S::Load(s + L * (NV - 1)));
+    }
+    q = split.data();
+  }
   auto load_q = [&](int32_t i, int32_t h, V(&qh)[NV]) __attribute__((always_inline)) {
     const float* qt = q + (static_cast<int64_t>(i) * heads + h) * hd;
     for (int u = 0; u < NV; ++u) qh[u] = S::Load(qt + L * u);
@@ -282,7 +323,9 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
         for (int u = 0; u < NV; ++u) acc[u] = S::Load(o + L * u);
         for (int32_t j = from; j < n; ++j) {
           const V wj = S::Set1(w[j]);
-          for (int u = 0; u < NV; ++u) acc[u] = S::Fma(S::Load(vh + j * row + L * u), wj, acc[u]);
+          V vv[NV];
+          LoadKv<S, NV>(vh + j * row, vv);
+          for (int u = 0; u < NV; ++u) acc[u] = S::Fma(vv[u], wj, acc[u]);
         }
         for (int u = 0; u < NV; ++u) S::Store(o + L * u, acc[u]);
       };
@@ -294,15 +337,22 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
         for (int u = 0; u < NV; ++u) a0[u] = S::Load(o0 + L * u), a1[u] = S::Load(o1 + L * u);
         for (int32_t j = 0; j < both; ++j) {
           const V x0 = S::Set1(w0[j]), x1 = S::Set1(w1[j]);
+          V vv[NV];
+          LoadKv<S, NV>(vh + j * row, vv);
           for (int u = 0; u < NV; ++u) {
-            const V vv = S::Load(vh + j * row + L * u);
-            a0[u] = S::Fma(vv, x0, a0[u]);
-            a1[u] = S::Fma(vv, x1, a1[u]);
+            a0[u] = S::Fma(vv[u], x0, a0[u]);
+            a1[u] = S::Fma(vv[u], x1, a1[u]);
           }
         }
         for (int u = 0; u < NV; ++u) S::Store(o0 + L * u, a0[u]), S::Store(o1 + L * u, a1[u]);
       };
       by_pairs(p0, pair, one);
+    }
+  }
+  if constexpr (kSplitKv<T>) {  // the outputs back from LoadKv's order
+    for (int64_t r = 0; r < static_cast<int64_t>(nq) * heads; ++r) {
+      float* o = out + r * hd;
+      for (int u = 0; u + 1 < NV; u += 2) S::Interleave(S::Load(o + L * u), S::Load(o + L * (u + 1)), o + L * u);
     }
   }
 }

@@ -112,6 +112,25 @@ struct Simd8 {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
+  // 2 x 8 bf16 -> f32 without the widening shuffle: `even` gets the even-indexed elements (the low
+  // halves of the 32-bit pairs, shifted up) and `odd` the odd-indexed ones (the high halves, masked).
+  // Exact, and one integer operation per vector instead of two.
+  static void LoadSplit(const Bf16* p, V& even, V& odd) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    even = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    odd = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u))));
+  }
+  // 2 x 8 floats into LoadSplit's order and back.
+  static void Deinterleave(const float* p, V& even, V& odd) {
+    const V a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + 8);
+    even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+    odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+  }
+  static void Interleave(V even, V odd, float* p) {
+    const V lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
+    _mm256_storeu_ps(p, _mm256_permute2f128_ps(lo, hi, 0x20));
+    _mm256_storeu_ps(p + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+  }
   static V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static V Add(V a, V b) { return _mm256_add_ps(a, b); }
@@ -160,6 +179,21 @@ struct Simd16 {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     // The maskz forms: GCC 12's plain ones trip -Wmaybe-uninitialized (bug 105593).
     return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
+  }
+  static void LoadSplit(const Bf16* p, V& even, V& odd) {  // as Simd8's, 2 x 16 elements
+    const __m512i x = _mm512_loadu_si512(p);
+    even = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, x, 16));
+    odd = _mm512_castsi512_ps(_mm512_maskz_and_epi32(0xFFFF, x, _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u))));
+  }
+  static void Deinterleave(const float* p, V& even, V& odd) {  // as Simd8's, 2 x 16 floats
+    const V a = _mm512_loadu_ps(p), b = _mm512_loadu_ps(p + 16);
+    even = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    odd = __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  }
+  static void Interleave(V even, V odd, float* p) {
+    _mm512_storeu_ps(p, __builtin_shufflevector(even, odd, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23));
+    _mm512_storeu_ps(p + 16,
+                     __builtin_shufflevector(even, odd, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31));
   }
   static V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
