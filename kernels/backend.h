@@ -22,12 +22,15 @@
 
 namespace specula {
 
-// One layer's slice of the paged KV pool. Block b, slot s of head h lives at element
-// ((b * block_size + s) * num_kv_heads + h) * head_dim. Elements are of `dtype` (the KV cache
-// dtype, which may differ from the backend's compute dtype: see Backend::SupportsKvDtype).
+// One layer's slice of the paged KV pool. Block b is the elements [b * B, (b + 1) * B) of k and of
+// v, B = block_size * num_kv_heads * head_dim (whole blocks are copied and zeroed as such); within a
+// block the order is the backend's: the CPU's is [num_kv_heads, block_size, head_dim]
+// (cpu::KvOffset: each head's slots contiguous, as its attention reads them), CUDA's
+// [block_size, num_kv_heads, head_dim]. Elements are of `dtype` (the KV cache dtype, which may
+// differ from the backend's compute dtype: see Backend::SupportsKvDtype).
 struct PagedKvLayer {
-  void* k = nullptr;  // [num_blocks, block_size, num_kv_heads, head_dim]
-  void* v = nullptr;  // [num_blocks, block_size, num_kv_heads, head_dim]
+  void* k = nullptr;  // [num_blocks, block_size * num_kv_heads * head_dim] (see above)
+  void* v = nullptr;  // [num_blocks, block_size * num_kv_heads * head_dim]
   int32_t num_blocks = 0;
   int32_t block_size = 0;
   int32_t num_kv_heads = 0;

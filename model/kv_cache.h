@@ -63,8 +63,8 @@ class KvCache {
   DType dtype_;
   absl::Status status_;
   int64_t layer_stride_;     // bytes per layer for K (and again for V)
-  // [num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim] elements of dtype_ (as
-  // floats, for the alignment).
+  // [num_layers, 2 (K, V), num_blocks, block_size * num_kv_heads * head_dim] elements of dtype_
+  // (as floats, for the alignment); a block's order is the backend's (PagedKvLayer).
   std::vector<float> host_;
   BackendBuffer pool_;       // the same layout in the backend's memory and dtype
   char* base_ = nullptr;     // host_ or pool_

@@ -54,10 +54,10 @@ void Softmax(float* row, int32_t n) {
 // One layer's pool with typed elements.
 template <typename T>
 struct Pool {
-  const T* k;  // [num_blocks, block_size, num_kv_heads, head_dim]
+  const T* k;  // [num_blocks, num_kv_heads, block_size, head_dim]
   const T* v;
   int32_t num_kv_heads, block_size, head_dim;
-  int64_t row() const { return static_cast<int64_t>(num_kv_heads) * head_dim; }
+  int64_t block() const { return static_cast<int64_t>(num_kv_heads) * block_size * head_dim; }  // elements
 };
 
 template <typename T>
@@ -67,16 +67,17 @@ Pool<T> Typed(const PagedKvLayer& kv) {
 
 // The kernels. Both take nq tokens of one sequence with `heads` query heads each, q[nq, heads, hd] and
 // out[nq, heads, hd], token i over positions [0, ctx[i]) of the paged pool: k and v point at the
-// first head's KV head, head h reads KV head h / group, `row` elements separate consecutive slots,
-// sc[nq, heads, max ctx] is scratch. Each token's result is the same bits whatever nq is.
+// first head's KV head in block 0, head h reads KV head h / group (bs * hd elements further on per KV
+// head), `block` elements separate consecutive blocks, sc[nq, heads, max ctx] is scratch. Each
+// token's result is the same bits whatever nq is.
 template <typename T>
-using AttendFn = void (*)(const float* q, const T* k, const T* v, const int32_t* table, int32_t bs, int64_t row,
+using AttendFn = void (*)(const float* q, const T* k, const T* v, const int32_t* table, int32_t bs, int64_t block,
                           const int32_t* ctx, int32_t nq, int32_t heads, int32_t group, int32_t hd, float scale,
                           float* sc, float* out);
 
 // Any head_dim, one token and head at a time.
 template <typename T>
-void AttendPortable(const float* q, const T* k, const T* v, const int32_t* table, int32_t bs, int64_t row,
+void AttendPortable(const float* q, const T* k, const T* v, const int32_t* table, int32_t bs, int64_t block,
                     const int32_t* ctxs, int32_t nq, int32_t heads, int32_t group, int32_t hd, float scale, float* sc,
                     float* out) {
   const int32_t cmax = *std::max_element(ctxs, ctxs + nq);
@@ -86,9 +87,10 @@ void AttendPortable(const float* q, const T* k, const T* v, const int32_t* table
       const float* qh = q + (static_cast<int64_t>(qi) * heads + h) * hd;
       float* s = sc + (static_cast<int64_t>(qi) * heads + h) * cmax;
       float* oh = out + (static_cast<int64_t>(qi) * heads + h) * hd;
-      const int64_t head_off = static_cast<int64_t>(h / group) * hd;
+      const int64_t head_off = static_cast<int64_t>(h / group) * bs * hd;
+      auto at = [&](int32_t p) { return head_off + table[p / bs] * block + static_cast<int64_t>(p % bs) * hd; };
       for (int32_t p = 0; p < ctx; ++p) {
-        const T* kp = k + head_off + (static_cast<int64_t>(table[p / bs]) * bs + p % bs) * row;
+        const T* kp = k + at(p);
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
         for (int32_t i = 0; i < hd; ++i) dot += qh[i] * ToF32(kp[i]);
@@ -97,7 +99,7 @@ void AttendPortable(const float* q, const T* k, const T* v, const int32_t* table
       Softmax(s, ctx);
       std::fill(oh, oh + hd, 0.0f);
       for (int32_t p = 0; p < ctx; ++p) {
-        const T* vp = v + head_off + (static_cast<int64_t>(table[p / bs]) * bs + p % bs) * row;
+        const T* vp = v + at(p);
         for (int32_t i = 0; i < hd; ++i) oh[i] += s[p] * ToF32(vp[i]);
       }
     }
@@ -126,10 +128,10 @@ inline __attribute__((always_inline)) void LoadKv(const T* p, typename S::V (&v)
   }
 }
 
-// sc[j] = scale * q . k_j for the n <= kLanes keys k_j = k + j * row: kLanes dot products reduced
+// sc[j] = scale * q . k_j for the n <= kLanes keys k_j = k + j * stride: kLanes dot products reduced
 // together by one lane-sum tree instead of a horizontal sum each.
 template <typename S, int NV, typename T>
-inline __attribute__((always_inline)) void ScoreLanes(const typename S::V (&q)[NV], const T* k, int64_t row, int32_t n,
+inline __attribute__((always_inline)) void ScoreLanes(const typename S::V (&q)[NV], const T* k, int64_t stride, int32_t n,
                                                       float scale, float* sc) {
   typename S::V acc[S::kLanes];  // in registers only when this loop is unrolled
 #pragma GCC unroll 16
@@ -137,7 +139,7 @@ inline __attribute__((always_inline)) void ScoreLanes(const typename S::V (&q)[N
     acc[j] = S::Zero();
     if (j < n) {
       typename S::V kv[NV];
-      LoadKv<S, NV>(k + j * row, kv);
+      LoadKv<S, NV>(k + j * stride, kv);
       for (int i = 0; i < NV; ++i) acc[j] = S::Fma(q[i], kv[i], acc[j]);
     }
   }
@@ -148,7 +150,7 @@ inline __attribute__((always_inline)) void ScoreLanes(const typename S::V (&q)[N
 // bf16) once for both. Each score is the same chain of FMAs and the same lane sum as ScoreLanes'.
 template <typename S, int NV, typename T>
 inline __attribute__((always_inline)) void ScorePair(const typename S::V (&q0)[NV], const typename S::V (&q1)[NV],
-                                                     const T* k, int64_t row, int32_t n, float scale, float* s0,
+                                                     const T* k, int64_t stride, int32_t n, float scale, float* s0,
                                                      float* s1) {
   typename S::V a0[S::kLanes], a1[S::kLanes];
 #pragma GCC unroll 16
@@ -156,7 +158,7 @@ inline __attribute__((always_inline)) void ScorePair(const typename S::V (&q0)[N
     a0[j] = a1[j] = S::Zero();
     if (j < n) {
       typename S::V kv[NV];
-      LoadKv<S, NV>(k + j * row, kv);
+      LoadKv<S, NV>(k + j * stride, kv);
       for (int i = 0; i < NV; ++i) {
         a0[j] = S::Fma(q0[i], kv[i], a0[j]);
         a1[j] = S::Fma(q1[i], kv[i], a1[j]);
@@ -184,49 +186,38 @@ inline __attribute__((always_inline)) void PrefetchKvLine(const char* p) {
   }
 }
 
-// Asks for the KV heads [0, kv_heads) of the first n slots of `block` (of K or V: `pool`) while the
-// current block is computed: a sequence's blocks are scattered over the pool, where the hardware
-// prefetcher cannot follow (measured: 1.1-2x on a bf16 decode step's attention).
+// Part `part` of `parts` of the first n slots of one KV head of a block (`p` points at the head's
+// [bs, hd] elements there), one contiguous range, asked for while the current block is computed: a
+// sequence's blocks are scattered over the pool, where the hardware prefetcher cannot follow
+// (measured: 1.1-2x on a bf16 decode step's attention). Each query head asks for its part of its KV
+// head: the whole block (144 lines in bf16 at the stories15m shape) asked for at once filled the
+// core's miss buffers, and the prefetches then stalled the loads of the block being computed
+// (decode 32 x 400 bf16: 1.55x faster spread). Inlined wherever it is called: GCC finds a function
+// of prefetches alone free of side effects and deletes the calls.
 template <typename T>
-inline __attribute__((always_inline)) void PrefetchBlock(const T* pool, int32_t block, int32_t bs, int32_t n, int64_t row,
-                                                         int32_t kv_heads, int32_t hd) {
-  const T* b = pool + static_cast<int64_t>(block) * bs * row;
-  const int64_t bytes = static_cast<int64_t>(kv_heads) * hd * sizeof(T);
-  for (int32_t j = 0; j < n; ++j) {
-    const char* p = reinterpret_cast<const char*>(b + j * row);
-    for (int64_t o = 0; o < bytes; o += 64) PrefetchKvLine(p + o);
-  }
-}
-
-// Part `part` of `parts` of the first n whole rows of `block`, one contiguous range. A kernel that
-// reads every KV head asks for the next block a part per head: the whole block (144 lines in bf16
-// at the stories15m shape) asked for at once filled the core's miss buffers, and the prefetches
-// then stalled the loads of the block being computed (decode 32 x 400 bf16: 1.55x faster spread).
-// Both are inlined wherever they are called: GCC finds a function of prefetches alone free of side
-// effects and deletes the calls.
-template <typename T>
-inline __attribute__((always_inline)) void PrefetchPart(const T* pool, int32_t block, int32_t bs, int32_t n, int64_t row,
-                                                        int32_t part, int32_t parts) {
-  const char* b = reinterpret_cast<const char*>(pool + static_cast<int64_t>(block) * bs * row);
-  const int64_t lines = (n * row * static_cast<int64_t>(sizeof(T)) + 63) / 64;
+inline __attribute__((always_inline)) void PrefetchHead(const T* p, int32_t n, int32_t hd, int32_t part, int32_t parts) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) / 64;
+  const int64_t lines = static_cast<int64_t>((reinterpret_cast<uintptr_t>(p + static_cast<int64_t>(n) * hd) + 63) / 64 - first);
+  const char* b = reinterpret_cast<const char*>(first * 64);
   for (int64_t l = lines * part / parts; l < lines * (part + 1) / parts; ++l) PrefetchKvLine(b + 64 * l);
 }
 
 // hd = S::kLanes * NV. Block by block, every head's keys (then values) of a block before the next
 // block, so that a token reads its K and V as sequential streams (one head at a time strides through
-// the pool and ran at half the bandwidth in 32-sequence decode steps). The nq tokens (a prefill chunk's
+// the pool and ran at half the bandwidth in 32-sequence decode steps); within a block, each KV head's
+// slots are contiguous (a head's keys strode 576 bytes apart at the stories15m shape when a block held
+// whole slots: a 32-sequence batching run took 3% longer). The nq tokens (a prefill chunk's
 // or a verification's) take turns on each head's rows of a block while they are in L1: a 512-token
 // prefill chunk ran 1.3x (bf16) to 1.9x (f32) faster than one token at a time. Each token's sums run in
 // the same order whatever nq is. (Widening a bf16 block to f32 once for all nq tokens: at most 1.04-1.2x
 // on that chunk, about 0.5% of a batched run; not kept.)
 template <typename S, int NV, typename T>
-void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, int32_t bs, int64_t row,
+void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, int32_t bs, int64_t block,
                 const int32_t* ctx, int32_t nq, int32_t heads, int32_t group, int32_t /*hd*/, float scale, float* sc,
                 float* out) {
   using V = typename S::V;
   constexpr int32_t L = S::kLanes, hd = L * NV;
   const int32_t cmax = *std::max_element(ctx, ctx + nq);
-  const bool whole_rows = static_cast<int64_t>(heads / group) * hd == row;  // every KV head of a slot
   // Tokens in pairs on AVX2 (a prefill chunk's or a verification's): the 16 registers hold two
   // tokens' accumulators of 8 lanes. The AVX-512 kernel takes one token at a time, as before.
   constexpr bool kPairs = L == 8 && NV <= 6;
@@ -269,29 +260,25 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
     }
     for (; i < nq; ++i) one(i, 0, std::min(bs, ctx[i] - p0));
   };
-  // Asks for the next block of `pool`: a part per head (see PrefetchPart), or all at once for the
-  // head that a call on one head reads.
+  const int64_t head_stride = static_cast<int64_t>(bs) * hd;  // between KV heads in a block
+  // Asks for head h's part of its KV head in the next block of `pool` (see PrefetchHead).
   auto prefetch = [&](const T* pool, int32_t p0, int32_t h) __attribute__((always_inline)) {
     if (p0 + bs >= cmax) return;
     const int32_t next = table[p0 / bs + 1], n = std::min(bs, cmax - p0 - bs);
-    if (whole_rows) {
-      PrefetchPart(pool, next, bs, n, row, h, heads);
-    } else if (h == 0) {
-      PrefetchBlock(pool, next, bs, n, row, heads / group, hd);
-    }
+    PrefetchHead(pool + next * block + (h / group) * head_stride, n, hd, h % group, group);
   };
   for (int32_t p0 = 0; p0 < cmax; p0 += bs) {
-    const T* kb = k + static_cast<int64_t>(table[p0 / bs]) * bs * row;
+    const T* kb = k + table[p0 / bs] * block;
     for (int32_t h = 0; h < heads; ++h) {
       prefetch(k, p0, h);
-      const T* kh = kb + (h / group) * hd;
+      const T* kh = kb + (h / group) * head_stride;
       // Token i's keys [from, n) of the block, on their own.
       auto one = [&](int32_t i, int32_t from, int32_t n) __attribute__((always_inline)) {
         if (from >= n) return;
         V qh[NV];
         load_q(i, h, qh);
         float* s = score_row(i, h, p0);
-        for (int32_t j = from; j < n; j += L) ScoreLanes<S, NV>(qh, kh + j * row, row, std::min(L, n - j), scale, s + j);
+        for (int32_t j = from; j < n; j += L) ScoreLanes<S, NV>(qh, kh + j * hd, hd, std::min(L, n - j), scale, s + j);
       };
       auto pair = [&](int32_t i, int32_t both) __attribute__((always_inline)) {
         V q0[NV], q1[NV];
@@ -299,7 +286,7 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
         load_q(i + 1, h, q1);
         float *s0 = score_row(i, h, p0), *s1 = score_row(i + 1, h, p0);
         for (int32_t j = 0; j < both; j += L) {
-          ScorePair<S, NV>(q0, q1, kh + j * row, row, std::min(L, both - j), scale, s0 + j, s1 + j);
+          ScorePair<S, NV>(q0, q1, kh + j * hd, hd, std::min(L, both - j), scale, s0 + j, s1 + j);
         }
       };
       by_pairs(p0, pair, one);
@@ -310,10 +297,10 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
   }
   std::fill(out, out + static_cast<int64_t>(nq) * heads * hd, 0.0f);
   for (int32_t p0 = 0; p0 < cmax; p0 += bs) {
-    const T* vb = v + static_cast<int64_t>(table[p0 / bs]) * bs * row;
+    const T* vb = v + table[p0 / bs] * block;
     for (int32_t h = 0; h < heads; ++h) {
       prefetch(v, p0, h);
-      const T* vh = vb + (h / group) * hd;
+      const T* vh = vb + (h / group) * head_stride;
       // Token i's values [from, n) of the block, on their own.
       auto one = [&](int32_t i, int32_t from, int32_t n) __attribute__((always_inline)) {
         if (from >= n) return;
@@ -324,7 +311,7 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
         for (int32_t j = from; j < n; ++j) {
           const V wj = S::Set1(w[j]);
           V vv[NV];
-          LoadKv<S, NV>(vh + j * row, vv);
+          LoadKv<S, NV>(vh + j * hd, vv);
           for (int u = 0; u < NV; ++u) acc[u] = S::Fma(vv[u], wj, acc[u]);
         }
         for (int u = 0; u < NV; ++u) S::Store(o + L * u, acc[u]);
@@ -338,7 +325,7 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
         for (int32_t j = 0; j < both; ++j) {
           const V x0 = S::Set1(w0[j]), x1 = S::Set1(w1[j]);
           V vv[NV];
-          LoadKv<S, NV>(vh + j * row, vv);
+          LoadKv<S, NV>(vh + j * hd, vv);
           for (int u = 0; u < NV; ++u) {
             a0[u] = S::Fma(vv[u], x0, a0[u]);
             a1[u] = S::Fma(vv[u], x1, a1[u]);
@@ -397,19 +384,22 @@ AttendFn<T> PickAttend(int32_t hd) {
 bool CpuKvDtype(DType d) { return d == DType::kF32 || d == DType::kBF16; }
 
 void WriteKv(const PagedKvLayer& kv, const float* k, const float* v, const AttentionMetadata& meta) {
-  const int64_t row = static_cast<int64_t>(kv.num_kv_heads) * kv.head_dim;
+  const int32_t hd = kv.head_dim, bs = kv.block_size;
+  const int64_t row = static_cast<int64_t>(kv.num_kv_heads) * hd;
   ParallelFor(meta.num_tokens, 2 * row, [&](int64_t t) {
     const int64_t slot = meta.slot_mapping[t];
     if (slot < 0) return;  // padding
-    const float *ks = k + t * row, *vs = v + t * row;
-    if (kv.dtype == DType::kBF16) {
-      Bf16* kd = static_cast<Bf16*>(kv.k) + slot * row;
-      Bf16* vd = static_cast<Bf16*>(kv.v) + slot * row;
-      for (int64_t i = 0; i < row; ++i) kd[i] = ToBf16(ks[i]);
-      for (int64_t i = 0; i < row; ++i) vd[i] = ToBf16(vs[i]);
-    } else {
-      std::memcpy(static_cast<float*>(kv.k) + slot * row, ks, sizeof(float) * row);
-      std::memcpy(static_cast<float*>(kv.v) + slot * row, vs, sizeof(float) * row);
+    for (int32_t h = 0; h < kv.num_kv_heads; ++h) {
+      const float *ks = k + t * row + h * hd, *vs = v + t * row + h * hd;
+      const int64_t at = KvOffset(kv, slot / bs, h, static_cast<int32_t>(slot % bs));
+      if (kv.dtype == DType::kBF16) {
+        Bf16 *kd = static_cast<Bf16*>(kv.k) + at, *vd = static_cast<Bf16*>(kv.v) + at;
+        for (int32_t i = 0; i < hd; ++i) kd[i] = ToBf16(ks[i]);
+        for (int32_t i = 0; i < hd; ++i) vd[i] = ToBf16(vs[i]);
+      } else {
+        std::memcpy(static_cast<float*>(kv.k) + at, ks, sizeof(float) * hd);
+        std::memcpy(static_cast<float*>(kv.v) + at, vs, sizeof(float) * hd);
+      }
     }
   });
 }
@@ -440,7 +430,7 @@ void PagedAttention::RunTyped(const float* q, const PagedKvLayer& layer, const A
     for (int32_t t = meta.query_start[s]; t < meta.query_start[s + 1]; ++t) work += meta.positions[t] + 1;
   }
   const int32_t hd = kv.head_dim, group = num_heads / kv.num_kv_heads, threads = omp_get_max_threads();
-  const int64_t row = kv.row();
+  const int64_t block = kv.block();
   const AttendFn<T> attend = PickAttend<T>(hd);
   auto table_of = [&](int32_t s) { return meta.block_tables + static_cast<int64_t>(s) * meta.max_blocks_per_seq; };
   // Items of up to `per` consecutive tokens of one sequence; count(per) is how many there are.
@@ -473,7 +463,7 @@ void PagedAttention::RunTyped(const float* q, const PagedKvLayer& layer, const A
       thread_local std::vector<float> sc;  // [nq, num_heads, cmax]
       sc.resize(static_cast<size_t>(nq) * num_heads * cmax);
       const int64_t off = static_cast<int64_t>(t) * num_heads * hd;
-      attend(q + off, kv.k, kv.v, table_of(s), kv.block_size, row, ctx, nq, num_heads, group, hd, scale, sc.data(),
+      attend(q + off, kv.k, kv.v, table_of(s), kv.block_size, block, ctx, nq, num_heads, group, hd, scale, sc.data(),
              out + off);
     }
     return;
@@ -487,8 +477,9 @@ void PagedAttention::RunTyped(const float* q, const PagedKvLayer& layer, const A
     const int32_t h = item % num_heads, ctx = meta.positions[t] + 1;
     thread_local std::vector<float> sc;  // [ctx]
     sc.resize(ctx);
-    const int64_t off = (static_cast<int64_t>(t) * num_heads + h) * hd, head_off = static_cast<int64_t>(h / group) * hd;
-    attend(q + off, kv.k + head_off, kv.v + head_off, table_of(s), kv.block_size, row, &ctx, 1, 1, 1, hd, scale,
+    const int64_t off = (static_cast<int64_t>(t) * num_heads + h) * hd;
+    const int64_t head_off = static_cast<int64_t>(h / group) * kv.block_size * hd;  // within a block
+    attend(q + off, kv.k + head_off, kv.v + head_off, table_of(s), kv.block_size, block, &ctx, 1, 1, 1, hd, scale,
            sc.data(), out + off);
   }
 }

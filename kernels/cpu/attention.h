@@ -12,11 +12,18 @@
 
 namespace specula::cpu {
 
+// The CPU pool's layout within a block: [num_kv_heads, block_size, head_dim], so that a KV head's
+// slots in a block are one contiguous run, which the attention kernel reads in order. The element
+// offset of slot `s` of KV head `h` in block `b`.
+inline int64_t KvOffset(const PagedKvLayer& kv, int64_t b, int32_t h, int32_t s) {
+  return ((b * kv.num_kv_heads + h) * kv.block_size + s) * kv.head_dim;
+}
+
 // True for the pool element types below: f32 and bf16.
 bool CpuKvDtype(DType d);
 
-// Writes k/v[num_tokens, num_kv_heads, head_dim] (float32) into the pool at meta.slot_mapping,
-// converting to kv.dtype; slots of -1 (padding) are skipped.
+// Writes k/v[num_tokens, num_kv_heads, head_dim] (float32) into the pool at meta.slot_mapping
+// (KvOffset), converting to kv.dtype; slots of -1 (padding) are skipped.
 void WriteKv(const PagedKvLayer& kv, const float* k, const float* v, const AttentionMetadata& meta);
 
 // Copies whole blocks src[i] -> dst[i], K and V.

@@ -105,8 +105,9 @@ struct Pool {
     if (dtype == DType::kBF16) return {kb.data(), vb.data(), blocks, bs, kv_heads, hd, dtype};
     return {kf.data(), vf.data(), blocks, bs, kv_heads, hd, dtype};
   }
+  // The CPU pool's order: [blocks, kv_heads, bs, hd].
   double at(bool key, int64_t slot, int32_t kvh, int32_t d) const {
-    const size_t i = (static_cast<size_t>(slot) * kv_heads + kvh) * hd + d;
+    const size_t i = ((static_cast<size_t>(slot / bs) * kv_heads + kvh) * bs + slot % bs) * hd + d;
     if (dtype == DType::kBF16) return ToF32((key ? kb : vb)[i]);
     return (key ? kf : vf)[i];
   }

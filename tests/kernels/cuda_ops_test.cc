@@ -225,9 +225,19 @@ TEST_P(CudaOpsTest, KvWriteAndPagedAttention) {
       auto result = FromBackend(be, out.get(), int64_t{fresh_all} * qd);
       // The written slots of the pool (the rest stays poisoned on both sides).
       const auto kh = FromBackend(be, kp.get(), pool), vh = FromBackend(be, vp.get(), pool);
+      // Each head's row in the backend's order within a block (PagedKvLayer): the CPU's is
+      // [kv_heads, block_size, head_dim], CUDA's [block_size, kv_heads, head_dim].
+      const bool head_major = &be == cpu_.get();
+      auto at = [&](int32_t slot, int32_t h) {
+        const int64_t b = slot / c.block_size, s = slot % c.block_size;
+        return (head_major ? (b * c.kv_heads + h) * c.block_size + s : int64_t{slot} * c.kv_heads + h) * c.head_dim;
+      };
       for (int32_t slot : slots_all) {
-        result.insert(result.end(), kh.begin() + int64_t{slot} * kvd, kh.begin() + int64_t{slot + 1} * kvd);
-        result.insert(result.end(), vh.begin() + int64_t{slot} * kvd, vh.begin() + int64_t{slot + 1} * kvd);
+        for (const auto* pool_h : {&kh, &vh}) {
+          for (int32_t h = 0; h < c.kv_heads; ++h) {
+            result.insert(result.end(), pool_h->begin() + at(slot, h), pool_h->begin() + at(slot, h) + c.head_dim);
+          }
+        }
       }
       return result;
     };
