@@ -170,6 +170,35 @@ inline __attribute__((always_inline)) void ScorePair(const typename S::V (&q0)[N
   S::StoreFirst(s1, S::Mul(S::SumLanes(a1), S::Set1(scale)), n);
 }
 
+#if defined(__AVX512F__)
+// ScorePair at 16 lanes, where two tokens' 16 accumulators each do not fit the registers: two tokens
+// on n <= 8 keys, the 16 accumulators [token 0's keys, token 1's keys] reduced by one SumLanes. Each
+// score is the same chain of FMAs as ScoreLanes', and SumLanes sums every vector's lanes by the same
+// tree whichever slot it has, so each score is the same bits.
+template <int NV, typename T>
+inline __attribute__((always_inline)) void ScoreHalves(const __m512 (&q0)[NV], const __m512 (&q1)[NV], const T* k,
+                                                       int64_t stride, int32_t n, float scale, float* s0, float* s1) {
+  using S = Simd16;
+  __m512 a[16];
+#pragma GCC unroll 16
+  for (int32_t j = 0; j < 8; ++j) {
+    a[j] = a[8 + j] = S::Zero();
+    if (j < n) {
+      __m512 kv[NV];
+      LoadKv<S, NV>(k + j * stride, kv);
+      for (int i = 0; i < NV; ++i) {
+        a[j] = S::Fma(q0[i], kv[i], a[j]);
+        a[8 + j] = S::Fma(q1[i], kv[i], a[8 + j]);
+      }
+    }
+  }
+  const __m512 r = S::Mul(S::SumLanes(a), S::Set1(scale));
+  S::StoreFirst(s0, r, n);
+  // Lanes 8..15 down to 0..7 (a shufflevector: GCC 12's shuffle intrinsic trips -Wmaybe-uninitialized).
+  S::StoreFirst(s1, __builtin_shufflevector(r, r, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15), n);
+}
+#endif
+
 // A KV prefetch's hint, by vendor. AMD (Zen 3): non-temporal, so that a batched decode step's reads
 // of each sequence's KV once (78 MB at 32 x ~350 positions) do not push the layers' weights out of
 // the last-level cache (a 32-sequence batching run: 2-3% faster in each of two alternated pairs).
@@ -253,6 +282,10 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
   // Scores of tokens in pairs on AVX2 (a prefill chunk's or a verification's): the 16 registers hold
   // two tokens' accumulators of 8 lanes. The AVX-512 kernel scores one token at a time.
   constexpr bool kPairs = L == 8 && NV <= 6;
+  // At 16 lanes, scores of tokens in pairs on 8 keys at a time (ScoreHalves), up to five vectors a
+  // head (the registers' limit). attention_bench's 512-token prefill chunk, alternated 3 times with
+  // one token at a time: bf16 6.1-6.2 ms against 6.8-7.1, f32 6.1-6.3 against 6.2-6.4.
+  constexpr bool kHalves = L == 16 && NV <= 5;
   // Tokens that share each value vector loaded (ValueTokens): as many as leave registers for one
   // head's values and a weight (32 registers at 16 lanes, 16 at 8), at most 8 (an item's tokens);
   // AVX2 keeps its pairs at six vectors a head. attention_bench's 512-token prefill chunk on
@@ -288,7 +321,7 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
   // keys [0, both) they both reach; then one(i, from, n) takes each token's keys [from, n) alone.
   auto by_pairs = [&](int32_t p0, auto&& pair, auto&& one) __attribute__((always_inline)) {
     int32_t i = 0;
-    if constexpr (kPairs) {
+    if constexpr (kPairs || kHalves) {
       for (; i + 1 < nq; i += 2) {
         const int32_t n0 = std::min(bs, ctx[i] - p0), n1 = std::min(bs, ctx[i + 1] - p0);
         const int32_t both = std::max(0, std::min(n0, n1));
@@ -324,8 +357,16 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
         load_q(i, h, q0);
         load_q(i + 1, h, q1);
         float *s0 = score_row(i, h, p0), *s1 = score_row(i + 1, h, p0);
-        for (int32_t j = 0; j < both; j += L) {
-          ScorePair<S, NV>(q0, q1, kh + j * hd, hd, std::min(L, both - j), scale, s0 + j, s1 + j);
+        if constexpr (kHalves) {
+#if defined(__AVX512F__)
+          for (int32_t j = 0; j < both; j += 8) {
+            ScoreHalves<NV>(q0, q1, kh + j * hd, hd, std::min(8, both - j), scale, s0 + j, s1 + j);
+          }
+#endif
+        } else {
+          for (int32_t j = 0; j < both; j += L) {
+            ScorePair<S, NV>(q0, q1, kh + j * hd, hd, std::min(L, both - j), scale, s0 + j, s1 + j);
+          }
         }
       };
       by_pairs(p0, pair, one);
