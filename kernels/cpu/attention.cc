@@ -280,7 +280,7 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
   constexpr int32_t L = S::kLanes, hd = L * NV;
   const int32_t cmax = *std::max_element(ctx, ctx + nq);
   // Scores of tokens in pairs on AVX2 (a prefill chunk's or a verification's): the 16 registers hold
-  // two tokens' accumulators of 8 lanes. The AVX-512 kernel scores one token at a time.
+  // two tokens' accumulators of 8 lanes.
   constexpr bool kPairs = L == 8 && NV <= 6;
   // At 16 lanes, scores of tokens in pairs on 8 keys at a time (ScoreHalves), up to five vectors a
   // head (the registers' limit). attention_bench's 512-token prefill chunk, alternated 3 times with
@@ -317,7 +317,7 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
   auto score_row = [&](int32_t i, int32_t h, int32_t p0) __attribute__((always_inline)) {
     return sc + (static_cast<int64_t>(i) * heads + h) * cmax + p0;
   };
-  // Every token over the block at p0: with kPairs, pair(i, both) takes tokens i and i + 1 on the
+  // Every token over the block at p0: with kPairs or kHalves, pair(i, both) takes tokens i and i + 1 on the
   // keys [0, both) they both reach; then one(i, from, n) takes each token's keys [from, n) alone.
   auto by_pairs = [&](int32_t p0, auto&& pair, auto&& one) __attribute__((always_inline)) {
     int32_t i = 0;
@@ -381,21 +381,6 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
     for (int32_t h = 0; h < heads; ++h) {
       prefetch(v, p0, h);
       const T* vh = vb + (h / group) * head_stride;
-      // Token i's values [from, n) of the block, on their own.
-      auto one = [&](int32_t i, int32_t from, int32_t n) __attribute__((always_inline)) {
-        if (from >= n) return;
-        float* o = out + (static_cast<int64_t>(i) * heads + h) * hd;
-        const float* w = score_row(i, h, p0);
-        V acc[NV];
-        for (int u = 0; u < NV; ++u) acc[u] = S::Load(o + L * u);
-        for (int32_t j = from; j < n; ++j) {
-          const V wj = S::Set1(w[j]);
-          V vv[NV];
-          LoadKv<S, NV>(vh + j * hd, vv);
-          for (int u = 0; u < NV; ++u) acc[u] = S::Fma(vv[u], wj, acc[u]);
-        }
-        for (int u = 0; u < NV; ++u) S::Store(o + L * u, acc[u]);
-      };
       // Up to kValueGroup tokens share each value vector on the values they all reach, then each
       // token takes the rest of its own alone.
       for (int32_t i = 0; i < nq; i += kValueGroup) {
@@ -414,7 +399,12 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
             ((g == G + 1 ? ValueTokens<S, NV, G + 1>(vh, common, w, o) : void()), ...);
           }(std::make_integer_sequence<int, kValueGroup>());
         }
-        for (int32_t t = 0; t < g; ++t) one(i + t, common, n[t]);
+        // The rest of each token's values alone: the same chains, continued.
+        for (int32_t t = 0; t < g; ++t) {
+          if (n[t] <= common) continue;
+          const float* wt = w[t] + common;
+          ValueTokens<S, NV, 1>(vh + static_cast<int64_t>(common) * hd, n[t] - common, &wt, &o[t]);
+        }
       }
     }
   }
@@ -560,7 +550,7 @@ void PagedAttention::RunTyped(const float* q, const PagedKvLayer& layer, const A
     thread_local std::vector<float> sc;  // [ctx]
     sc.resize(ctx);
     const int64_t off = (static_cast<int64_t>(t) * num_heads + h) * hd;
-    const int64_t head_off = static_cast<int64_t>(h / group) * kv.block_size * hd;  // within a block
+    const int64_t head_off = KvOffset(layer, 0, h / group, 0);  // within a block
     attend(q + off, kv.k + head_off, kv.v + head_off, table_of(s), kv.block_size, block, &ctx, 1, 1, 1, hd, scale,
            sc.data(), out + off);
   }
