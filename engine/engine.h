@@ -126,7 +126,8 @@ class Engine {
   };
   RequestOutput Complete(RequestId id, FinishReason reason);
   // Verifies one sequence's drafts against its logit rows [1 + drafts, vocab]: accepted tokens then
-  // a recovered or bonus token.
+  // a recovered or bonus token. Touches only `a` and per-thread scratch: sequences are verified in
+  // parallel.
   VerifyResult VerifyDrafts(Active& a, const SequenceState& st, const Proposal& draft, const float* rows);
   // Measures the target's and the draft's small forwards for adaptive speculation.
   absl::Status Calibrate();
@@ -146,6 +147,7 @@ class Engine {
   std::vector<RequestOutput> aborted_;  // returned by the next Step()
   std::vector<float> logits_;           // [num_seqs, vocab]
   std::vector<TokenId> sampled_;        // [num_seqs]: the step's tokens of rows without drafts
+  std::vector<VerifyResult> verified_;  // [num_seqs]: the step's verifications of sequences with drafts
   EngineStats stats_;
   SpecConfig spec_;
   std::unique_ptr<SpecController> controller_;  // adaptive speculation
@@ -163,7 +165,6 @@ class Engine {
   Meter target_meter_, draft_meter_;
   CostGrid grid_;
   double step_seconds_ = 0, calibration_seconds_ = 0;  // time in steps, and measuring between steps
-  std::vector<float> target_probs_, draft_probs_;  // [k + 1, vocab], [k, vocab]
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 

@@ -7,9 +7,10 @@
 // the expected tokens a verification of k drafts yields when each draft is accepted with
 // probability alpha_i. alpha_i has a Beta posterior per request (its prior the engine-wide
 // estimate), and each step uses one draw from it (Thompson sampling), so that a request whose
-// estimate is poor still tries drafts now and then instead of never learning otherwise. T_target
-// is the target's step and T_draft the sum of the draft's forwards (as many as the longest
-// proposal), each from a StepCost table of time by work.
+// estimate is poor still tries drafts now and then instead of never learning otherwise. The
+// engine-wide estimate is itself drawn, once per step. T_target is the target's step and T_draft
+// the sum of the draft's forwards (as many as the longest proposal), each from a StepCost table of
+// time by work.
 //
 // The j-th draft of sequence i adds alpha_i^j expected tokens, so for a given number of draft
 // forwards the best allocation adds drafts in decreasing order of alpha_i^j: for each such cap the
@@ -127,8 +128,8 @@ class SpecController {
   struct Acceptance {
     double accepted = 0, rejected = 0;  // drafts accepted; verifications that rejected one
   };
-  // Beta(a, b) of a request's acceptance.
-  std::pair<double, double> Posterior(RequestId id) const;
+  // Beta(a, b) of a request's acceptance, around the engine-wide `prior` (< 0: its mean).
+  std::pair<double, double> Posterior(RequestId id, double prior = -1) const;
 
   const ModelConfig* target_;
   StepCost target_cost_;   // plain steps

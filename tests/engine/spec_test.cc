@@ -8,6 +8,8 @@
 #include <map>
 #include <random>
 
+#include <omp.h>
+
 #include "draft/draft_model_proposer.h"
 #include "draft/ngram_proposer.h"
 #include "draft/self_draft.h"
@@ -183,6 +185,41 @@ TEST_F(SpecGreedyTest, TargetAsItsOwnDraftAcceptsEveryDraft) {
   for (size_t i = 0; i < requests_.size(); ++i) EXPECT_EQ(out[i].tokens, plain_[i]) << "request " << i;
   EXPECT_GT(e.stats().spec.draft_tokens, 0);
   EXPECT_EQ(e.stats().spec.accepted_tokens, e.stats().spec.draft_tokens);
+}
+
+// A step verifies its sequences on every core (from 8 logits rows): each sequence draws from its own
+// verification stream and builds its distributions in its thread's scratch, so sampled speculative
+// output on two threads is the same as on one, and greedy output still the plain tokens. The test
+// presets give tests one OpenMP thread; this one asks for two.
+TEST_F(SpecGreedyTest, VerifiesOnTwoThreadsAsOnOne) {
+  std::vector<Request> sampled = requests_;
+  for (Request& r : sampled) {
+    r.sampling.temperature = 0.9f;
+    r.sampling.top_p = 0.95f;
+    r.sampling.repetition_penalty = 1.1f;
+    r.sampling.seed = 1000 + r.id;
+  }
+  const int threads = omp_get_max_threads();
+  std::map<RequestId, RequestOutput> out[2];
+  for (int t = 0; t < 2; ++t) {
+    omp_set_num_threads(t + 1);
+    DraftModelProposer proposer(draft_, 16, 512);
+    Engine e(target_, nullptr, Config(*target_, 32, 512, 3), SpecConfig{&proposer});
+    out[t] = RunToEnd(e, sampled);
+    EXPECT_GT(e.stats().spec.accepted_tokens, 0);
+    EXPECT_LT(e.stats().spec.accepted_tokens, e.stats().spec.draft_tokens);  // rejections happened too
+  }
+  DraftModelProposer greedy_proposer(draft_, 16, 512);
+  Engine greedy(target_, nullptr, Config(*target_, 32, 512, 3), SpecConfig{&greedy_proposer});
+  auto greedy_out = RunToEnd(greedy, requests_);
+  omp_set_num_threads(threads);
+  ASSERT_EQ(out[0].size(), sampled.size());
+  ASSERT_EQ(out[1].size(), sampled.size());
+  ASSERT_EQ(greedy_out.size(), requests_.size());
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    EXPECT_EQ(out[1][i].tokens, out[0][i].tokens) << "sampled request " << i;
+    EXPECT_EQ(greedy_out[i].tokens, plain_[i]) << "greedy request " << i;
+  }
 }
 
 // A draft with int8 weights (--draft-quantization int8) changes what is proposed, never what is
