@@ -328,7 +328,8 @@ void BM_SpecGrid(benchmark::State& state) {
         const GridRun r = RunGrid(m, synthetic, batch, k);
         tps[k].push_back(r.tokens_per_s);
         if (std::getenv("SPECULA_GRID_VERBOSE") != nullptr) {
-          std::fprintf(stderr, "round %d k %d: %.0f tok/s\n", round, k, r.tokens_per_s);
+          std::fprintf(stderr, "round %d k %d: %.0f tok/s (plain steps %.3f, mean k %.2f)\n", round, k, r.tokens_per_s,
+                       r.spec_off, r.mean_k);
         }
         if (k < 0) last_auto = r;
       }

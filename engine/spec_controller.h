@@ -72,6 +72,7 @@ class SpecController {
   // its factor. The draft's is ignored without a draft model.
   void SetTargetPoints(std::vector<CostPoint> points) {
     target_cost_.SetPoints(std::move(points));
+    SetShapeWorks();
     wants_larger_shapes_ = false;
   }
   // True once a step could have gained from drafts that put it past the target's measured shapes,
@@ -134,6 +135,12 @@ class SpecController {
   const ModelConfig* target_;
   StepCost target_cost_;   // plain steps
   StepCost verify_extra_;  // no table: its factor() is what steps with drafts take beyond target_cost_
+  WorkCorrection verify_shape_;  // and by their size, at target_cost_'s points
+  void SetShapeWorks();          // verify_shape_'s points from target_cost_'s
+  // The target part of a step with drafts of `flops` work.
+  double VerifiedSeconds(double flops) const {
+    return target_cost_.Predict(flops) * verify_extra_.factor() * verify_shape_.At(flops);
+  }
   const ModelConfig* draft_;
   std::unique_ptr<StepCost> draft_cost_;
   std::unordered_map<RequestId, Acceptance> seqs_;

@@ -8,6 +8,8 @@ namespace {
 
 constexpr double kFactorRate = 0.03;  // per observation: ~30 steps
 constexpr double kMinFactor = 0.1, kMaxFactor = 10.0;
+constexpr double kCorrectionRate = 0.05;
+constexpr double kMinCorrection = 0.5, kMaxCorrection = 2.0;  // the shape, not the machine's speed
 
 }  // namespace
 
@@ -54,6 +56,49 @@ void StepCost::ObserveRatio(double ratio) {
   if (observations_++ == 0) return;
   const double rate = std::max(kFactorRate, 1.0 / observations_);
   factor_ = std::exp((1 - rate) * std::log(factor_) + rate * std::log(ratio));
+}
+
+void WorkCorrection::Bracket(double flops, size_t* lo, size_t* hi, double* t) const {
+  *lo = *hi = 0;
+  *t = 0;
+  if (works_.empty() || flops <= works_.front()) return;
+  if (flops >= works_.back()) {
+    *lo = *hi = works_.size() - 1;
+    return;
+  }
+  while (*hi + 1 < works_.size() && works_[*hi] < flops) ++*hi;
+  *lo = *hi - 1;
+  *t = std::log(flops / works_[*lo]) / std::log(works_[*hi] / works_[*lo]);
+}
+
+double WorkCorrection::At(double flops) const {
+  if (works_.empty()) return 1.0;
+  size_t lo, hi;
+  double t;
+  Bracket(flops, &lo, &hi, &t);
+  return std::exp((1 - t) * log_[lo] + t * log_[hi]);
+}
+
+void WorkCorrection::SetWorks(std::vector<double> works) {
+  std::sort(works.begin(), works.end());
+  works.erase(std::unique(works.begin(), works.end()), works.end());
+  std::vector<double> log(works.size());
+  for (size_t i = 0; i < works.size(); ++i) log[i] = std::log(At(works[i]));
+  works_ = std::move(works);
+  log_ = std::move(log);
+}
+
+void WorkCorrection::Observe(double flops, double ratio) {
+  if (works_.empty() || !(ratio > 0) || !std::isfinite(ratio)) return;
+  size_t lo, hi;
+  double t;
+  Bracket(flops, &lo, &hi, &t);
+  // Each point moves by its share of the step (its interpolation weight) at kCorrectionRate: ~20
+  // steps at a point to learn it. Clamped like the factor: one 3x outlier moves it as one 1/3x.
+  const double err = std::log(std::clamp(ratio, kMinFactor, kMaxFactor));
+  log_[lo] += kCorrectionRate * (1 - t) * err;
+  if (hi != lo) log_[hi] += kCorrectionRate * t * err;
+  for (size_t i : {lo, hi}) log_[i] = std::clamp(log_[i], std::log(kMinCorrection), std::log(kMaxCorrection));
 }
 
 }  // namespace specula
