@@ -31,8 +31,16 @@ SpecController::SpecController(const ModelConfig* target, StepCost target_cost, 
 }
 
 void SpecController::SetShapeWorks() {
+  // The table's points (1, 2, 4, ... tokens) and the midpoints between them (in logs): the sizes a
+  // choice weighs lie closer than a factor of 2 (batch 1 with 3 or 4 drafts: 4 or 5 tokens, batch
+  // 8 with 1 or 2 each: 16 or 24), and with the table's points alone the one chosen more often
+  // passed most of its correction to the other.
   std::vector<double> works;
-  for (const CostPoint& p : target_cost_.points()) works.push_back(p.flops);
+  const std::vector<CostPoint>& points = target_cost_.points();
+  for (size_t i = 0; i < points.size(); ++i) {
+    works.push_back(points[i].flops);
+    if (i + 1 < points.size()) works.push_back(std::sqrt(points[i].flops * points[i + 1].flops));
+  }
   verify_shape_.SetWorks(std::move(works));
 }
 
@@ -81,6 +89,11 @@ void SpecController::ObserveStep(double target_flops, double target_seconds, abs
   if (target_flops <= kReach * target_cost_.max_flops()) {
     if (!verified) {
       target_cost_.Observe(target_flops, target_seconds);
+      // What steps with drafts cost beyond the table fades while none run, so that a price learned
+      // in a slow spell (another process on the cores) does not keep them off for good once it is
+      // over: with tight estimates of acceptance no draw chose them again.
+      verify_extra_.Relax(kVerifyRelax);
+      verify_shape_.Relax(kVerifyRelax);
     } else if (const double predicted = target_cost_.Predict(target_flops) * verify_shape_.At(target_flops);
                predicted > 0) {
       // The factor learns first; the correction by size learns what it leaves.

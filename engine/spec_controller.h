@@ -114,6 +114,8 @@ class SpecController {
   // less than the cost model's error (batch 8 on the synthetic pair: k = 1 and 2 at 0.95-1.02x of
   // no speculation), auto speculated on most steps in some runs and lost 6.5% to no speculation.
   static constexpr double kMargin = 0.03;
+  // Per plain step, in logs: a premium of 4x fades to the margin in ~1,000 plain steps.
+  static constexpr double kVerifyRelax = 0.002;
   // Choose without the skipping of long plain runs.
   std::vector<int32_t> Evaluate(double base_flops, double fixed_tokens, absl::Span<const SpecCandidate> c);
   static constexpr int32_t kOffRun = 8, kOffEvery = 4;
@@ -135,7 +137,7 @@ class SpecController {
   const ModelConfig* target_;
   StepCost target_cost_;   // plain steps
   StepCost verify_extra_;  // no table: its factor() is what steps with drafts take beyond target_cost_
-  WorkCorrection verify_shape_;  // and by their size, at target_cost_'s points
+  WorkCorrection verify_shape_;  // and by their size, at target_cost_'s points and between them
   void SetShapeWorks();          // verify_shape_'s points from target_cost_'s
   // The target part of a step with drafts of `flops` work.
   double VerifiedSeconds(double flops) const {

@@ -12,6 +12,7 @@
 // around a forward.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -36,6 +37,8 @@ class StepCost {
   void Observe(double flops, double seconds) { ObserveRatio(seconds / Table(flops)); }
   // Measured over predicted-by-the-table time, for several forwards measured together.
   void ObserveRatio(double ratio);
+  // Moves the factor toward 1 by `rate` (in logs): what was learned fades where it is not renewed.
+  void Relax(double rate) { factor_ = std::exp((1 - rate) * std::log(factor_)); }
 
   double factor() const { return factor_; }
   const std::vector<CostPoint>& points() const { return points_; }
@@ -67,6 +70,10 @@ class WorkCorrection {
   double At(double flops) const;
   // A step of `flops` work that ran `ratio` times its prediction with this correction applied.
   void Observe(double flops, double ratio);
+  // Moves every multiplier toward 1 by `rate` (in logs).
+  void Relax(double rate) {
+    for (double& l : log_) l *= 1 - rate;
+  }
 
  private:
   // The bracketing points of `flops` and the second one's weight (0 past the ends).
