@@ -329,8 +329,8 @@ std::vector<RequestOutput> Engine::Step() {
   const double now = NowMs();
   // Every sequence's new tokens first, over every core: a sampled row is a pass over the vocabulary
   // (an argmax when greedy), 2.6% of a 32-sequence step's time on one core while the others waited,
-  // and a verification up to k + 1 of them. Each sequence has its own sampler and verification
-  // stream, so any order gives the same tokens.
+  // and a verification up to k + 1 of them (hence a dynamic schedule). Each sequence has its own
+  // sampler and verification stream, so any order gives the same tokens.
   const int64_t num = static_cast<int64_t>(plan.seqs.size());
   sampled_.assign(num, -1);
   verified_.assign(num, VerifyResult{});

@@ -114,7 +114,8 @@ class SpecController {
   // less than the cost model's error (batch 8 on the synthetic pair: k = 1 and 2 at 0.95-1.02x of
   // no speculation), auto speculated on most steps in some runs and lost 6.5% to no speculation.
   static constexpr double kMargin = 0.03;
-  // Per plain step, in logs: a premium of 4x fades to the margin in ~1,000 plain steps.
+  // Per plain step, in logs: a premium learned for steps with drafts halves (in logs) every ~350
+  // plain steps.
   static constexpr double kVerifyRelax = 0.002;
   // Choose without the skipping of long plain runs.
   std::vector<int32_t> Evaluate(double base_flops, double fixed_tokens, absl::Span<const SpecCandidate> c);

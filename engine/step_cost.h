@@ -57,9 +57,9 @@ class StepCost {
   int64_t observations_ = 0;
 };
 
-// A correction of predicted times by work, on top of a StepCost's factor: one multiplier per point
-// of a table's works, interpolated (in logs) between them and flat past the ends, each point
-// learning from the measured steps around it. A factor is one number for every size; the steps a
+// A correction of predicted times by work, on top of a StepCost's factor: one multiplier at each of
+// a set of works (the controller's: its table's points and midway between them), interpolated (in
+// logs) between them and flat past the ends, each point learning from the measured steps around it. A factor is one number for every size; the steps a
 // controller chooses between differ in size, and the table's shape can be off for them: measured on
 // forwards alone at short contexts, it called verifying 4 drafts each in a batch of 8 13% cheaper
 // than it ran and 1 draft each 17% dearer, so auto took 3 to 4 drafts where 2 did best.
