@@ -11,6 +11,9 @@
 //  BM_GemmCold/tokens:M/matrix:W   BM_Gemm with the weights from DRAM, as in a batched decode step
 //                                  (whose weights and KV together outgrow the L3): each call takes
 //                                  the next of enough packed copies to fill 320 MB. Adds weight GB/s.
+//  BM_ReadBandwidth/MB:S           GB/s of a read (sum) over S MB, every thread its half: the memory
+//                                  bound that the batching benchmark's figures stand beside (16-64 MB
+//                                  stay in a large L3; 512 MB and up come from DRAM).
 //
 //   build/release/bench/gemm_bench
 #include <benchmark/benchmark.h>
@@ -63,6 +66,37 @@ void BM_FmaPeak(benchmark::State& state) {
   for (auto _ : state) state.counters["GFLOP/s"] = MeasurePeak();
 }
 BENCHMARK(BM_FmaPeak)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Each thread sums its contiguous part of a buffer of S MB (touched before timing), 4 independent
+// vector accumulators so that the loads, not the adds, set the pace.
+void BM_ReadBandwidth(benchmark::State& state) {
+#ifdef SPECULA_SIMD
+  const size_t floats = static_cast<size_t>(state.range(0)) << 18;  // S MB of floats
+  std::vector<float> buf(floats, 1.0f);
+  float sink = 0;
+  for (auto _ : state) {
+#pragma omp parallel reduction(+ : sink)
+    {
+      const size_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+      const size_t per = floats / threads / (4 * cpu::kLanes) * (4 * cpu::kLanes);
+      const float* p = buf.data() + t * per;
+      cpu::Vec acc[4];
+      for (cpu::Vec& a : acc) a = cpu::VZero();
+      for (size_t i = 0; i < per; i += 4 * cpu::kLanes) {
+        for (int j = 0; j < 4; ++j) acc[j] = cpu::SimdWide::Add(acc[j], cpu::VLoad(p + i + j * cpu::kLanes));
+      }
+      for (const cpu::Vec& a : acc) sink += cpu::VSum(a);
+    }
+  }
+  benchmark::DoNotOptimize(sink);
+  state.counters["GB/s"] =
+      benchmark::Counter(4.0 * floats * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+#else
+  state.SkipWithError("needs AVX-512 or AVX2");
+#endif
+}
+BENCHMARK(BM_ReadBandwidth)->ArgName("MB")->Arg(16)->Arg(64)->Arg(128)->Arg(256)->Arg(512)->Arg(1024)
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
 
 struct Shape {
   int64_t n, k;

@@ -93,6 +93,9 @@ struct EngineStats {
   // between steps), and the largest target forward measured so far, in tokens.
   double cost_measure_seconds = 0;
   int32_t cost_measured_tokens = 0;
+  // The startup measurement found that no acceptance would make drafts pay (the draft costs about
+  // as much as the target): auto runs without drafts, its controller and later measurements off.
+  bool drafts_cannot_pay = false;
 };
 
 class Engine {
@@ -163,6 +166,8 @@ class Engine {
     }
   };
   Meter target_meter_, draft_meter_;
+  // Measures m's next shape and gives the controller the larger table; false: nothing more to measure.
+  bool MeasureNext(Meter* m);
   CostGrid grid_;
   double step_seconds_ = 0, calibration_seconds_ = 0;  // time in steps, and measuring between steps
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();

@@ -131,6 +131,10 @@ std::string SpecLengthLine(const EngineStats& s) {
   if (s.cost_measured_tokens > 0) {  // adaptive speculation
     absl::StrAppend(&line, absl::StrFormat("; cost model: forwards up to %d tokens measured in %.1f ms",
                                            s.cost_measured_tokens, 1e3 * s.cost_measure_seconds));
+    if (s.drafts_cannot_pay) {
+      absl::StrAppend(&line, "; the draft costs about as much as the target: no acceptance would make drafts pay, "
+                             "so auto runs without them");
+    }
   }
   return line + "\n";
 }

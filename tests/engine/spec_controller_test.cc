@@ -167,6 +167,20 @@ TEST(SpecControllerTest, SpeculatesOnlyWhereItPays) {
   EXPECT_EQ(cheap.Choose(Base(8), 0, c)[0], 1);
 }
 
+// Whether any acceptance could make drafts pay: not with a draft forward as costly as a target
+// step, whatever the batch; yes with a cheap one, and always without a draft model.
+TEST(SpecControllerTest, KnowsWhenNoAcceptanceMakesDraftsPay) {
+  EXPECT_FALSE(Controller(1e-5, 1e-3).DraftsCouldPay(32, 8));
+  EXPECT_FALSE(Controller(1e-5, 1e-3).DraftsCouldPay(1, 8));
+  EXPECT_TRUE(Controller(1e-5, 5e-5).DraftsCouldPay(32, 8));
+  EXPECT_TRUE(Controller(1e-5, 5e-5).DraftsCouldPay(1, 1));
+  EXPECT_TRUE(Controller(1e-5, 0).DraftsCouldPay(32, 8));
+  // A draft forward at 30% of a step pays at batch 1 with every draft accepted (0.3 ms a forward:
+  // 5 tokens for 2.2 ms against 1 for 1 ms), though a batch of 8 that is compute-bound would not.
+  EXPECT_TRUE(Controller(1e-5, 3e-4).DraftsCouldPay(8, 8));
+  EXPECT_FALSE(Controller(1e-3, 3e-4, 1e-4).DraftsCouldPay(8, 8));
+}
+
 // One step of a controller of 8 sequences against a machine whose target and draft take `slow`
 // times their tables' times (Controller(1e-5, 5e-5)'s), a step with drafts `extra` times more for
 // the target part. Returns whether the step verified drafts.

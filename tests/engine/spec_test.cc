@@ -174,6 +174,24 @@ TEST_F(SpecGreedyTest, AutoEqualsPlainGreedy) {
   ExpectEqualsPlain(ngram, -8, 32, 512, false, "auto ngram, batch 32");
 }
 
+// A draft whose every forward costs more than a target step: no acceptance would make drafts pay,
+// so auto runs without them from the first step (and without its controller), and the output is
+// the plain greedy output. With the usual draft cost it does draft (AutoEqualsPlainGreedy).
+TEST_F(SpecGreedyTest, AutoWithADraftThatCannotPayRunsPlain) {
+  DraftModelProposer proposer(draft_, 16, 512);
+  Engine e(target_, nullptr, Config(*target_, 32, 512, 8), AutoSpec(&proposer, *target_, *draft_, 2e-3));
+  auto out = RunToEnd(e, requests_);
+  ASSERT_EQ(out.size(), requests_.size());
+  for (size_t i = 0; i < requests_.size(); ++i) EXPECT_EQ(out[i].tokens, plain_[i]) << "request " << i;
+  EXPECT_TRUE(e.stats().drafts_cannot_pay);
+  EXPECT_EQ(e.stats().spec.draft_tokens, 0);
+  EXPECT_EQ(e.stats().spec_off_steps, e.stats().decode_steps);
+  EXPECT_EQ(proposer.blocks_in_use(), 0);
+  DraftModelProposer cheap(draft_, 16, 512);
+  Engine usual(target_, nullptr, Config(*target_, 32, 512, 8), AutoSpec(&cheap, *target_, *draft_));
+  EXPECT_FALSE(usual.stats().drafts_cannot_pay);
+}
+
 // The target drafting for itself: a token's logits are the same bits in any batch, so every greedy
 // draft is the target's own next token and is accepted. Checks that the draft model proposes its
 // argmax (a wrong draft would only lower the acceptance, never change the output).
@@ -535,15 +553,24 @@ TEST(SpecLeakTest, TenThousandRandomRequestsWithAbortsLeakNothing) {
 // --num-spec-tokens auto with measured costs: forwards of 1 to 8 tokens when the engine is built,
 // the larger ones between steps within 0.5% of the steps' time (a little more where a measurement
 // runs longer than predicted: the bound here is 2%).
+// The draft is stories260K's shape with one layer of its five (random weights: only costs matter
+// here): the real pair's draft is larger than its target, and the engine finds that no acceptance
+// makes it pay and measures nothing more.
 TEST(SpecCostTest, MeasuresLargerShapesWithinItsShareOfTheSteps) {
   const std::string dir = testing::TinyStoriesDir();
-  auto target = Load(dir + "/stories260K.bin"), draft = Load(dir + "/llama2xs.bin");  // not measured yet
+  auto target = Load(dir + "/stories260K.bin");  // not measured yet
+  ModelConfig dc = target->config();
+  dc.num_layers = 1;
+  const std::string dd = testing::MakeTempDir();
+  ASSERT_TRUE(WriteRandomModel(dc, dd, DType::kF32, 3).ok());
+  auto draft = Load(dd);
   DraftModelProposer proposer(draft.get(), 16, 2048);
   SpecConfig spec;
   spec.proposer = &proposer;
   spec.adaptive = true;
   Engine e(target.get(), nullptr, Config(*target, 32, 2048, 8), spec);
   ASSERT_TRUE(e.Validate().ok()) << e.Validate();
+  EXPECT_FALSE(e.stats().drafts_cannot_pay);
   EXPECT_EQ(e.stats().cost_measured_tokens, 8);
   const double startup = e.stats().cost_measure_seconds;
   // Waves of requests until a larger shape was measured (the share allows one once the steps'
