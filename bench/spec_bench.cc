@@ -249,6 +249,7 @@ struct GridRun {
   double tokens_per_s = 0;
   double spec_off = 0;   // share of steps that speculated on no sequence
   double mean_k = 0;     // drafts per decoding sequence-step
+  bool cannot_pay = false;  // auto found that no acceptance would make drafts pay
 };
 
 // One run: 4 x `batch` requests of 128 tokens, `batch` at a time, with k drafts per step (0: none,
@@ -290,7 +291,7 @@ GridRun RunGrid(const GridModels& m, bool synthetic, int32_t batch, int32_t k) {
     drafts += j * static_cast<double>(st.spec_k_histogram[j]);
   }
   return {st.generated_tokens / ((e.NowMs() - t0) / 1000), static_cast<double>(st.spec_off_steps) / std::max<int64_t>(st.decode_steps, 1),
-          drafts / std::max(seq_steps, 1.0)};
+          drafts / std::max(seq_steps, 1.0), st.drafts_cannot_pay};
 }
 
 void BM_SpecGrid(benchmark::State& state) {
@@ -328,8 +329,8 @@ void BM_SpecGrid(benchmark::State& state) {
         const GridRun r = RunGrid(m, synthetic, batch, k);
         tps[k].push_back(r.tokens_per_s);
         if (std::getenv("SPECULA_GRID_VERBOSE") != nullptr) {
-          std::fprintf(stderr, "round %d k %d: %.0f tok/s (plain steps %.3f, mean k %.2f)\n", round, k, r.tokens_per_s,
-                       r.spec_off, r.mean_k);
+          std::fprintf(stderr, "round %d k %d: %.0f tok/s (plain steps %.3f, mean k %.2f%s)\n", round, k, r.tokens_per_s,
+                       r.spec_off, r.mean_k, r.cannot_pay ? ", drafts cannot pay" : "");
         }
         if (k < 0) last_auto = r;
       }

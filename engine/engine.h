@@ -62,12 +62,14 @@ struct SpecConfig {
   bool allow_synthetic = false;
   // --num-spec-tokens auto: each step, k drafts per decoding sequence, 0 <= k <= the scheduler's
   // num_spec_tokens, chosen for the most expected tokens per second (engine/spec_controller.h).
-  // The engine measures forwards of the target and the draft of 1 to 8 tokens when it is built,
-  // and the larger ones (16 to 512 tokens) between steps, one shape at a time, while the time
-  // spent measuring stays under 0.5% of the time spent in steps: a short job pays ~1% for it,
-  // however large the models. Until a size is measured, auto does not choose steps past about
-  // twice the largest measured one. Every step's timings refine the model (a factor). A shape
-  // longer than calibration_seconds is not measured.
+  // The engine measures forwards of the target and the draft of 1 to 8 tokens when it is built. If
+  // no acceptance would make drafts pay (EngineStats::drafts_cannot_pay) auto runs without them
+  // from then on. Otherwise the target's forward of twice the batch's sequences (up to 16 tokens:
+  // one draft each) is measured too, and the larger ones (up to 512 tokens) between steps, one
+  // shape at a time, while the time spent measuring stays under 0.5% of the time spent in steps:
+  // a short job pays ~1% for it, however large the models. Until a size is measured, auto does not
+  // choose steps past about twice the largest measured one. Every step's timings refine the model
+  // (a factor). A shape longer than calibration_seconds is not measured.
   bool adaptive = false;
   double calibration_seconds = 1.0;
   // Startup measurements to use instead of measuring (the draft's ignored for proposers without a
