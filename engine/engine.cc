@@ -53,15 +53,19 @@ absl::Status Engine::Calibrate() {
   while (!controller_->DraftsCouldPay(sc.max_num_seqs, sc.num_spec_tokens)) {
     if (!controller_->wants_larger_shapes()) {
       stats_.drafts_cannot_pay = true;
+      scheduler_.StopSpeculation();  // the stats still count the plain decode steps (Step)
       break;
     }
     if (!MeasureNext(&target_meter_)) break;  // cannot tell: auto as usual
   }
-  // Where drafts could pay, the target's step of a full batch with one draft each is measured now:
-  // until it was (between steps, when the controller asked for it), a batch of 8 ran plain steps,
-  // and the draft then lagged so far behind (its first forward runs the tokens it skipped) that
-  // whole waves of requests never drafted (auto at 0.87x of k = 1 at synthetic batch 8).
-  while (!stats_.drafts_cannot_pay && target_meter_.tokens < 2 * grid_.batch && MeasureNext(&target_meter_)) {
+  // Where drafts could pay, a batch of up to 8 sequences has its step with one draft each measured
+  // now: until it was (between steps, when the controller asked for it), a batch of 8 ran plain
+  // steps, and the draft then lagged so far behind (its first forward runs the tokens it skipped)
+  // that whole waves of requests never drafted (auto at 0.87x of k = 1 at synthetic batch 8).
+  // Larger batches measure their shapes between steps: a plain step of 32 sequences is already
+  // past the startup table, and measuring up to 64 tokens at startup would cost a short job more.
+  while (!stats_.drafts_cannot_pay && sc.max_num_seqs <= grid_.batch && target_meter_.tokens < 2 * sc.max_num_seqs &&
+         MeasureNext(&target_meter_)) {
   }
   return absl::OkStatus();
 }
@@ -257,11 +261,8 @@ void Engine::ChooseSpeculation(StepPlan* plan, std::vector<SpecCandidate>* candi
   }
   if (candidates->empty()) return;
   if (controller_ != nullptr) {
-    std::vector<int32_t> k(candidates->size(), 0);
-    if (!stats_.drafts_cannot_pay) {
-      const double base = ForwardFlops(model_->config(), tokens, static_cast<double>(plan->seqs.size()), positions);
-      k = controller_->Choose(base, fixed_tokens, *candidates);
-    }
+    const double base = ForwardFlops(model_->config(), tokens, static_cast<double>(plan->seqs.size()), positions);
+    const std::vector<int32_t> k = controller_->Choose(base, fixed_tokens, *candidates);
     for (size_t c = 0; c < index->size(); ++c) plan->SetNumSpec((*index)[c], k[c]);
   }
   ++stats_.decode_steps;
@@ -315,6 +316,7 @@ std::vector<RequestOutput> Engine::Step() {
     propose_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   }
   ForwardBatch batch;
+  bool decoding = false;  // some sequence decodes (counted here where drafts cannot pay)
   std::vector<std::vector<TokenId>> fed(plan.seqs.size());  // last token + drafts, for speculating sequences
   std::vector<int32_t> row_of(plan.seqs.size());            // first logits row of each sequence
   int32_t rows = 0;
@@ -335,9 +337,17 @@ std::vector<RequestOutput> Engine::Step() {
     rows += 1;
     if (s.samples && s.num_tokens == 1 && s.start_pos >= st->num_prompt) {
       stats_.decode_tokens += 1;
+      if (stats_.drafts_cannot_pay) {  // a decoding sequence the scheduler made no room for drafts
+        ++stats_.spec_k_histogram[0];
+        decoding = true;
+      }
     } else {
       stats_.prefill_tokens += s.num_tokens;
     }
+  }
+  if (decoding) {
+    ++stats_.decode_steps;
+    ++stats_.spec_off_steps;
   }
   StepResult result;
   if (auto status = model_->Forward(batch, kv_, LogitsMode::kLastPerSequence, &logits_); !status.ok()) {

@@ -64,8 +64,8 @@ struct SpecConfig {
   // num_spec_tokens, chosen for the most expected tokens per second (engine/spec_controller.h).
   // The engine measures forwards of the target and the draft of 1 to 8 tokens when it is built. If
   // no acceptance would make drafts pay (EngineStats::drafts_cannot_pay) auto runs without them
-  // from then on. Otherwise the target's forward of twice the batch's sequences (up to 16 tokens:
-  // one draft each) is measured too, and the larger ones (up to 512 tokens) between steps, one
+  // from then on. Otherwise, for batches of up to 8 sequences, the target's forward of twice the
+  // batch (one draft each) is measured too, and the larger ones (up to 512 tokens) between steps, one
   // shape at a time, while the time spent measuring stays under 0.5% of the time spent in steps:
   // a short job pays ~1% for it, however large the models. Until a size is measured, auto does not
   // choose steps past about twice the largest measured one. Every step's timings refine the model

@@ -66,6 +66,9 @@ class Scheduler {
   int64_t num_preemptions() const { return num_preemptions_; }
   const BlockManager& blocks() const { return blocks_; }
   const SchedulerConfig& config() const { return config_; }
+  // Room for no drafts from the next step on (adaptive speculation that found drafts cannot pay: no
+  // lookahead slots reserved and given back every step).
+  void StopSpeculation() { config_.num_spec_tokens = 0; }
 
   // Block ownership matches the sequences' tables, nothing leaked or owned twice. For tests.
   absl::Status CheckInvariants() const;
