@@ -185,7 +185,6 @@ std::vector<int32_t> SpecController::Choose(double base_flops, double fixed_toke
 bool SpecController::DraftsCouldPay(int32_t max_seqs, int32_t max_k) const {
   if (draft_cost_ == nullptr) return true;  // no draft model: drafts cost only their verification
   constexpr int32_t kLen = 32;              // the measured forwards' context (model/forward_cost.cc)
-  const bool wanted = wants_larger_shapes_;
   for (int32_t n = 1; n <= std::max(max_seqs, 1); n *= 2) {
     const double base = ForwardFlops(*target_, n, n, n * AttendedPositions(kLen, 1));
     // Past the table's reach nothing is priced: no draft could be chosen there either.
@@ -195,8 +194,7 @@ bool SpecController::DraftsCouldPay(int32_t max_seqs, int32_t max_k) const {
     const std::vector<int32_t> k = Select(base, 0, c, std::vector<double>(n, 0.99));
     if (std::any_of(k.begin(), k.end(), [](int32_t x) { return x > 0; })) return true;
   }
-  // Drafts that might pay past the measured shapes: the engine measures the next one.
-  return wants_larger_shapes_ && !wanted;
+  return false;  // within the measured shapes; wants_larger_shapes() says whether larger ones might
 }
 
 std::vector<int32_t> SpecController::Select(double base_flops, double fixed_tokens, absl::Span<const SpecCandidate> c,

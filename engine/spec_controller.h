@@ -88,9 +88,11 @@ class SpecController {
   // Whether drafts could pay were every one of them accepted: batches of 1, 2, 4, ... up to
   // `max_seqs` sequences at a short context, each with room for `max_k` drafts, priced by the tables
   // as the choices price them (the margin included), as far as the target's table reaches. False: no
-  // acceptance makes a step with drafts beat the plain one at any measured size, and larger batches
-  // gain less from drafts still (the target's step grows with its tokens there, the draft's
-  // forwards too). The engine then leaves speculation off without asking again: the tinystories
+  // acceptance makes a step with drafts beat the plain one at any measured size; where steps past
+  // those might (priced by the table's last segment), wants_larger_shapes() is set and the engine
+  // measures the next shape and asks again. Otherwise larger batches gain less from drafts still
+  // (the target's step grows with its tokens there, the draft's forwards too), and the engine
+  // leaves speculation off without asking again: the tinystories
   // pair's draft is larger than its target, and choosing 0 on every step, with the cost model's
   // later shapes measured as if drafts might pay, cost auto ~1% of a 0.3 s CLI job.
   bool DraftsCouldPay(int32_t max_seqs, int32_t max_k) const;
