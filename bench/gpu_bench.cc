@@ -15,8 +15,9 @@
 //                            HF `generate` counts it; compare with bench/hf_generate_bench.py).
 //  BM_GpuSpec/k:K/batch:B    speculation on the GPU: the synthetic proposer (each draft accepted
 //                            with probability alpha = 0.8, NOT lossless) with a 2-layer draft of the
-//                            target's width and vocabulary on the GPU; K = 0 plain decoding, -1
-//                            --num-spec-tokens auto. 2 x B requests of 128 tokens, B at a time.
+//                            target's width and vocabulary on the GPU; K = 0 plain decoding, 1, 2
+//                            and 4 fixed, -1 --num-spec-tokens auto. 2 x B requests of 128 tokens,
+//                            B at a time.
 //
 //   build/release/bench/gpu_bench
 //   SPECULA_GPU_BENCH_MODEL=/tmp/llama-3-8b build/release/bench/gpu_bench --benchmark_filter=DecodeStep
@@ -179,7 +180,7 @@ void BM_GpuSpec(benchmark::State& state) {
   if (draft == nullptr) return state.SkipWithError("cannot load the draft model");
   const int32_t k = static_cast<int32_t>(state.range(0)), B = static_cast<int32_t>(state.range(1));
   int64_t generated = 0;
-  double drafts = 0, seq_steps = 0;
+  double drafts = 0, seq_steps = 0, cannot_pay = 0, lazy_measure = 0;
   for (auto _ : state) {
     state.PauseTiming();  // the engine's startup (auto's cost measurement) is not the step loop
     const int32_t blocks = B * 12 + 16;  // 32 prompt + 128 generated + 8 lookahead, blocks of 16
@@ -198,6 +199,7 @@ void BM_GpuSpec(benchmark::State& state) {
     Engine e(&m, nullptr, c, spec);
     if (auto st = e.Validate(); !st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
     if (auto st = AddRequests(e, 2 * B); !st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
+    const double startup_measure = e.stats().cost_measure_seconds;
     state.ResumeTiming();
     while (e.HasUnfinished()) {
       for (auto& o : e.Step()) {
@@ -205,6 +207,8 @@ void BM_GpuSpec(benchmark::State& state) {
       }
     }
     generated += e.stats().generated_tokens;
+    cannot_pay += e.stats().drafts_cannot_pay ? 1 : 0;
+    lazy_measure += e.stats().cost_measure_seconds - startup_measure;
     for (size_t j = 0; j < e.stats().spec_k_histogram.size(); ++j) {
       seq_steps += e.stats().spec_k_histogram[j];
       drafts += j * static_cast<double>(e.stats().spec_k_histogram[j]);
@@ -212,10 +216,13 @@ void BM_GpuSpec(benchmark::State& state) {
   }
   state.counters["tok/s"] = benchmark::Counter(static_cast<double>(generated), benchmark::Counter::kIsRate);
   state.counters["mean_k"] = drafts / std::max(seq_steps, 1.0);
+  state.counters["cannot_pay"] = cannot_pay;  // runs where auto found that no draft could pay
+  // Seconds that auto spent measuring larger shapes between steps (timed), over all iterations.
+  state.counters["lazy_measure_s"] = lazy_measure;
 }
 BENCHMARK(BM_GpuSpec)
     ->ArgNames({"k", "batch"})
-    ->ArgsProduct({{0, 4, -1}, {1, 32}})
+    ->ArgsProduct({{0, 1, 2, 4, -1}, {1, 8, 32}})
     ->UseRealTime()
     ->Unit(benchmark::kSecond)
     ->Iterations(2);

@@ -6,7 +6,8 @@
 #
 #   scripts/gpu_check.sh probe gpu bench hf ncu suite
 #
-# Stages: probe (device, CPU, libraries), gpu (ctest -L gpu), bench (bench/gpu_bench), variants
+# Stages: probe (device, CPU, libraries), gpu (ctest -L gpu, one GPU: -LE multigpu), bench (bench/gpu_bench,
+# $SPECULA_BENCH_FILTER and $SPECULA_BENCH_ARGS passed on), variants
 # (decode steps under the SPECULA_CUDA_* knobs, cuBLAS-only included), hf
 # (bench/hf_generate_bench.py), some (ctest -R $SPECULA_CTEST_REGEX), ncu (per-kernel times of decode steps at batch 1), suite (ctest
 # without the gpu label). SPECULA_CHECK_DEADLINE (seconds, default 570) stops starting stages
@@ -28,7 +29,9 @@ if [[ $here != "$src" && ! -e $src ]]; then mkdir -p "$(dirname "$src")" && ln -
 export SPECULA_MODELS_DIR=$here/.devpack/models
 if [[ ! -e $src/../shared/models ]]; then mkdir -p "$src/../shared" && ln -s "$SPECULA_MODELS_DIR" "$src/../shared/models"; fi
 cublas=$(find /usr/local/cuda*/ /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)
-export LD_LIBRARY_PATH=$here/.devpack/lib:${cublas:+$(dirname "$cublas"):}/usr/local/cuda/lib64:$here/.devpack/cudart${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# NCCL is not packed (213 MB): the machine's Python packages (nvidia-nccl) carry it.
+nccl=$(find /usr/local/cuda*/ /opt /usr/lib -name 'libnccl.so.2' 2>/dev/null | head -1)
+export LD_LIBRARY_PATH=$here/.devpack/lib:${cublas:+$(dirname "$cublas"):}${nccl:+$(dirname "$nccl"):}/usr/local/cuda/lib64:$here/.devpack/cudart${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export TMPDIR=${TMPDIR:-/tmp}
 model=$TMPDIR/specula_bench/llama-3.2-1b-bf16
 
@@ -49,11 +52,11 @@ for s in "$@"; do
   case $s in
     probe) stage probe 30 bash -c "nvidia-smi; nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.total --format=csv;
              grep -m1 'model name' /proc/cpuinfo; grep -o 'avx512[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' '; echo;
-             echo pwd=$here src=$src cublas=$cublas; which ctest ncu nsys python3; nvcc --version | tail -1;
+             echo pwd=$here src=$src cublas=$cublas nccl=$nccl; which ctest ncu nsys python3; nvcc --version | tail -1;
              for f in $build/specula $build/libspecula_cuda.so $build/tests/gpu_tests; do ldd \$f | grep -E 'not found|cublas|cudart'; done" ;;
-    gpu) stage gpu 300 ctest --test-dir "$build" -L gpu -V --timeout 240 ;;
+    gpu) stage gpu 300 ctest --test-dir "$build" -L gpu -LE multigpu -V --timeout 240 ;;
     bench) stage bench 300 "$build/bench/gpu_bench" --benchmark_out="$out/gpu_bench.json" --benchmark_out_format=json \
-             ${SPECULA_BENCH_FILTER:+--benchmark_filter=$SPECULA_BENCH_FILTER} ;;
+             ${SPECULA_BENCH_FILTER:+--benchmark_filter=$SPECULA_BENCH_FILTER} ${SPECULA_BENCH_ARGS:-} ;;
     # Decode steps at batch 1 and 8 under each CUDA knob setting, one process each.
     # Names: g(emv) f(use) a(ttention blocks per SM); the first setting again last, for the drift.
     variants) i=0; IFS=';' read -ra list <<< "${SPECULA_VARIANTS:-1 1 8;1 0 8;1 1 2;1 0 2;0 0 8;1 1 8}"

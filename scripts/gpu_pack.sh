@@ -7,12 +7,19 @@
 #   cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECULA_CUDA=ON \
 #     -DCMAKE_CUDA_ARCHITECTURES=90 "-DCMAKE_CXX_FLAGS_RELEASE=-O3 -march=x86-64-v3 -DNDEBUG" \
 #     "-DCMAKE_C_FLAGS_RELEASE=-O3 -march=x86-64-v3 -DNDEBUG"
-#   ninja -C build/dev && scripts/gpu_pack.sh build/dev
+#   ninja -C build/dev && scripts/gpu_pack.sh build/dev [PROGRAM...]
+#
+# PROGRAMs (paths under the build directory, e.g. tests/gpu_tests bench/gpu_bench) pack those
+# programs alone, with the libraries they load: the whole build (~105 MB with ICU's 30 MB of data)
+# is over the 64 MiB that travels to the device machine. NCCL (213 MB) never goes: the machine's
+# Python packages carry it (gpu_check.sh finds it there).
 #
 # -march=x86-64-v3 (AVX2), because the GPU machine's CPU is not this one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/dev}
+shift || true
+only=("$@")
 [[ -f $build/CTestTestfile.cmake ]] || { echo "gpu_pack: $build is not a configured build directory" >&2; exit 2; }
 rm -rf .devpack
 mkdir -p .devpack/lib .devpack/cudart .devpack/models
@@ -22,7 +29,15 @@ find "$build" \( -name 'CTestTestfile.cmake' -o -name '*_include.cmake' -o -name
   xargs -0 -I{} install -D -m 644 {} ".devpack/{}"
 bins=()
 while IFS= read -r -d '' f; do
-  if file -b "$f" | grep -q 'ELF 64-bit.*\(executable\|shared object\)'; then bins+=("$f"); fi
+  file -b "$f" | grep -q 'ELF 64-bit.*\(executable\|shared object\)' || continue
+  if ((${#only[@]})); then
+    # The named programs, and the CUDA module that they load (dlopen).
+    keep=0
+    for p in "${only[@]}"; do [[ $f == "$build/$p" ]] && keep=1; done
+    [[ $f == */libspecula_cuda.so ]] && keep=1
+    ((keep)) || continue
+  fi
+  bins+=("$f")
 done < <(find "$build" -type f -perm -u+x ! -path '*/CMakeFiles/*' -print0)
 for f in "${bins[@]}"; do
   install -D "$f" ".devpack/$f"
@@ -35,7 +50,7 @@ for f in "${bins[@]}"; do ldd "$f" 2>/dev/null | awk '/=> \//{print $3}'; done |
   base=$(basename "$lib")
   case $base in
     libc.so*|libm.so*|libmvec.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libstdc++*|libgcc_s*) ;;
-    libcublas*|libcuda.so*) ;;
+    libcublas*|libcuda.so*|libnccl*) ;;
     libcudart*) cp -L "$lib" .devpack/cudart/ ;;
     *) cp -L "$lib" .devpack/lib/ ;;
   esac
