@@ -31,6 +31,8 @@ and DIR/results.jsonl, one JSON object per line, one per (point, repeat):
               "acceptance_per_position": [0.9, 0.7, 0.5, 0.4]},  // accepted at position i / drafts;
                                                                   // [] without speculation; spec may be null
      "k_histogram": [10, 0, 5, 20, 100] or null,  // auto only: decoding sequence-steps by k chosen (index = k)
+     "drafts_cannot_pay": false or null,  // auto only: true when no acceptance would make the draft's
+                                          // drafts pay, so that auto ran without them
      "peak_kv_usage": 0.31, "preemptions": 0, "steps": 400, "output_hash": "9f2c...", "elapsed_s": 4.5}
 
 The repeats of a key are aggregated by the median of each number (element-wise for lists, per field

@@ -118,6 +118,7 @@ nlohmann::json Measurements(const BenchSummary& b, int32_t num_requests, const E
   j["e2e_ms"] = StatsJson(b.e2el_ms);
   j["spec"] = nullptr;
   j["k_histogram"] = nullptr;
+  j["drafts_cannot_pay"] = nullptr;
   j["peak_kv_usage"] = stats ? nlohmann::json(peak_kv) : nlohmann::json();
   j["preemptions"] = stats ? nlohmann::json(preemptions) : nlohmann::json();
   j["steps"] = stats ? nlohmann::json(stats->steps) : nlohmann::json();
@@ -127,7 +128,12 @@ nlohmann::json Measurements(const BenchSummary& b, int32_t num_requests, const E
     for (int64_t a : s.accepted_per_position) per_position.push_back(s.drafts ? static_cast<double>(a) / s.drafts : 0.0);
     j["spec"] = {{"drafts", s.drafts}, {"draft_tokens", s.draft_tokens}, {"accepted_tokens", s.accepted_tokens},
                  {"mean_acceptance_length", s.mean_acceptance_length()}, {"acceptance_per_position", per_position}};
-    if (adaptive) j["k_histogram"] = stats->spec_k_histogram;
+    if (adaptive) {
+      j["k_histogram"] = stats->spec_k_histogram;
+      // Why an auto run may draft on no step: its startup measurement found that no acceptance
+      // makes drafts pay (the draft costs about as much as the target).
+      j["drafts_cannot_pay"] = stats->drafts_cannot_pay;
+    }
   }
   j["output_hash"] = outputs ? nlohmann::json(absl::StrCat(absl::Hex(HashTokens(*outputs), absl::kZeroPad16)))
                              : nlohmann::json();

@@ -155,6 +155,13 @@ class ExperimentRunTest(unittest.TestCase):
         compared = 0
         for key, j in ra.items():
             p = j["point"]
+            # Set for auto runs only; the n-gram proposer has no draft model, so drafts always may pay.
+            if p["spec_method"] == "none" or p["num_spec_tokens"] != 0:
+                self.assertIsNone(j["drafts_cannot_pay"], key)
+            elif p["spec_method"] == "ngram":
+                self.assertIs(j["drafts_cannot_pay"], False, key)
+            else:
+                self.assertIsInstance(j["drafts_cannot_pay"], bool, key)
             # Adaptive k follows measured step times, and with sampling the drafts it chose change
             # which random numbers each token uses: equal in distribution, not token for token.
             if p["num_spec_tokens"] == 0 and p["temperature"] > 0:
