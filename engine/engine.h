@@ -62,12 +62,13 @@ struct SpecConfig {
   bool allow_synthetic = false;
   // --num-spec-tokens auto: each step, k drafts per decoding sequence, 0 <= k <= the scheduler's
   // num_spec_tokens, chosen for the most expected tokens per second (engine/spec_controller.h).
-  // The engine measures forwards of the target and the draft of 1 to 8 tokens when it is built. If
-  // no acceptance would make drafts pay (EngineStats::drafts_cannot_pay) auto runs without them
-  // from then on. Otherwise, for batches of up to 8 sequences, the target's forward of twice the
-  // batch (one draft each) is measured too, and the larger ones (up to 512 tokens) between steps, one
-  // shape at a time, while the time spent measuring stays under 0.5% of the time spent in steps:
-  // a short job pays ~1% for it, however large the models. Until a size is measured, auto does not
+  // The engine measures forwards of the target of 1 to 8 tokens and the draft's forward of one
+  // token when it is built. If no acceptance would make drafts pay (EngineStats::drafts_cannot_pay)
+  // auto runs without them from then on. Otherwise the draft's forwards of up to 8 tokens are
+  // measured, for batches of up to 8 sequences the target's forward of twice the batch (one draft
+  // each) too, and the larger ones (up to 512 tokens) between steps, one shape at a time, while
+  // the time spent measuring stays under 0.5% of the time spent in steps: a short job pays ~1% for
+  // it, however large the models. Until a size is measured, auto does not
   // choose steps past about twice the largest measured one. Every step's timings refine the model
   // (a factor). A shape longer than calibration_seconds is not measured.
   bool adaptive = false;

@@ -15,6 +15,7 @@
 #include "draft/self_draft.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
+#include "model/forward_cost.h"
 #include "model/make_model.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -191,6 +192,30 @@ TEST_F(SpecGreedyTest, AutoWithADraftThatCannotPayRunsPlain) {
   DraftModelProposer cheap(draft_, 16, 512);
   Engine usual(target_, nullptr, Config(*target_, 32, 512, 8), AutoSpec(&cheap, *target_, *draft_));
   EXPECT_FALSE(usual.stats().drafts_cannot_pay);
+}
+
+// Where no acceptance could make drafts pay, the startup measurement stops at the draft's one-token
+// forward (its larger shapes were most of a short CLI job's measuring); where drafts could pay, it
+// measures the draft's forwards of up to 8 tokens. The target's table is given, far below any
+// draft forward or far above it, and the draft is measured (a fresh model each time: measurements
+// are cached per model for the process).
+TEST_F(SpecGreedyTest, MeasuresTheDraftsLargerShapesOnlyWhereDraftsCouldPay) {
+  for (const bool could_pay : {false, true}) {
+    std::unique_ptr<LlamaModel> draft = Load(testing::TinyStoriesDir() + "/llama2xs.bin");
+    DraftModelProposer proposer(draft.get(), 16, 512);
+    SpecConfig spec = AutoSpec(&proposer, *target_, *draft);
+    spec.draft_cost.reset();
+    for (CostPoint& p : *spec.target_cost) p.seconds = could_pay ? 1.0 : 1e-12;
+    const SchedulerConfig config = Config(*target_, 4, 512, 8);
+    Engine e(target_, nullptr, config, spec);
+    ASSERT_TRUE(e.Validate().ok());
+    EXPECT_EQ(e.stats().drafts_cannot_pay, !could_pay);
+    // The draft's table as the engine left it (a call that measures nothing past one token).
+    auto points = MeasureForwardCost(*draft, CostGrid{config.max_num_seqs, config.block_size, 1.0, 1});
+    ASSERT_TRUE(points.ok()) << points.status();
+    ASSERT_FALSE(points->empty());
+    EXPECT_EQ(points->back().tokens, could_pay ? 8 : 1) << "could pay: " << could_pay;
+  }
 }
 
 // The target drafting for itself: a token's logits are the same bits in any batch, so every greedy
