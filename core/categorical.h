@@ -2,9 +2,8 @@
 // the proposers, the verifier and the CPU backend.
 #pragma once
 
-#include <algorithm>
 #include <cmath>
-#include <iterator>
+#include <cstddef>
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>

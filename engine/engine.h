@@ -68,9 +68,9 @@ struct SpecConfig {
   // measured, for batches of up to 8 sequences the target's forward of twice the batch (one draft
   // each) too, and the larger ones (up to 512 tokens) between steps, one shape at a time, while
   // the time spent measuring stays under 0.5% of the time spent in steps: a short job pays ~1% for
-  // it, however large the models. Until a size is measured, auto does not
-  // choose steps past about twice the largest measured one. Every step's timings refine the model
-  // (a factor). A shape longer than calibration_seconds is not measured.
+  // it, however large the models. Until a size is measured, auto does not choose steps past about
+  // twice the largest measured one. Every step's timings refine the model (a factor). A shape
+  // longer than calibration_seconds is not measured.
   bool adaptive = false;
   double calibration_seconds = 1.0;
   // Startup measurements to use instead of measuring (the draft's ignored for proposers without a
