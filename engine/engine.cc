@@ -60,7 +60,7 @@ absl::Status Engine::Calibrate() {
     if (!controller_->wants_larger_shapes()) {
       stats_.drafts_cannot_pay = true;
       scheduler_.StopSpeculation();  // the stats still count the plain decode steps (Step)
-      break;
+      return absl::OkStatus();       // nothing more to measure
     }
     if (!MeasureNext(&target_meter_)) break;  // cannot tell: auto as usual
   }
@@ -70,11 +70,9 @@ absl::Status Engine::Calibrate() {
   // that whole waves of requests never drafted (auto at 0.87x of k = 1 at synthetic batch 8).
   // Larger batches measure their shapes between steps: a plain step of 32 sequences is already
   // past the startup table, and measuring up to 64 tokens at startup would cost a short job more.
-  while (!stats_.drafts_cannot_pay && sc.max_num_seqs <= grid_.batch && target_meter_.tokens < 2 * sc.max_num_seqs &&
-         MeasureNext(&target_meter_)) {
+  while (sc.max_num_seqs <= grid_.batch && target_meter_.tokens < 2 * sc.max_num_seqs && MeasureNext(&target_meter_)) {
   }
-  while (!stats_.drafts_cannot_pay && !draft_meter_.done && draft_meter_.tokens < grid_.max_tokens &&
-         MeasureNext(&draft_meter_)) {
+  while (draft_meter_.tokens < grid_.max_tokens && MeasureNext(&draft_meter_)) {  // false once done
   }
   return absl::OkStatus();
 }

@@ -10,6 +10,9 @@ namespace {
 // verification; per request, the engine-wide mean worth kRequestWeight verifications plus the
 // request's own counts.
 constexpr double kEngineForget = 0.999;  // per verification, engine-wide
+// The highest acceptance a choice assumes (E(k) stays finite as alpha -> 1), and the one
+// DraftsCouldPay asks about ("every draft accepted").
+constexpr double kMaxAlpha = 0.99;
 // 8, not 4: a new request's draws from Beta(3.2, 0.8) (the engine at 0.8) spread so widely that a
 // single sequence ran 3.5% of its steps without drafts and many with 1 or 2, where 4 did best.
 constexpr double kRequestWeight = 8.0;
@@ -160,7 +163,7 @@ std::vector<int32_t> SpecController::Evaluate(double base_flops, double fixed_to
     if (c[i].max_k <= 0 || ForwardFlops(*target_, 1, 1, c[i].len + 1) > target_room) continue;
     if (engine_draw < 0) engine_draw = SampleBeta(engine_.accepted + 1.0, engine_.rejected + 1.0, &rng_);
     const auto [a, b] = Posterior(c[i].id, engine_draw);
-    alpha[i] = std::min(SampleBeta(a, b, &rng_), 0.99);
+    alpha[i] = std::min(SampleBeta(a, b, &rng_), kMaxAlpha);
     any = true;
   }
   if (!any) return std::vector<int32_t>(c.size(), 0);
@@ -191,7 +194,7 @@ bool SpecController::DraftsCouldPay(int32_t max_seqs, int32_t max_k) const {
     if (base + ForwardFlops(*target_, 1, 1, kLen + 1) > kReach * target_cost_.max_flops()) break;
     std::vector<SpecCandidate> c;
     for (int32_t i = 0; i < n; ++i) c.push_back({i, max_k, kLen + 1, 1});
-    const std::vector<int32_t> k = Select(base, 0, c, std::vector<double>(n, 0.99));
+    const std::vector<int32_t> k = Select(base, 0, c, std::vector<double>(n, kMaxAlpha));
     if (std::any_of(k.begin(), k.end(), [](int32_t x) { return x > 0; })) return true;
   }
   return false;  // within the measured shapes; wants_larger_shapes() says whether larger ones might
