@@ -1,6 +1,7 @@
 #include "model/sampler.h"
 
 #include <cmath>
+#include <cstdio>
 #include <algorithm>
 #include <map>
 #include <random>
@@ -82,6 +83,78 @@ TEST(SamplerTest, TopKTopPMinPKeepTheRightTokens) {
   EXPECT_GT(probs[4], 0);
   EXPECT_EQ(probs[2], 0.0f);
   EXPECT_EQ(probs[0], 0.0f);
+}
+
+// Top-k and top-p as a full stable sort of the vocabulary by descending probability defines them
+// (the implementation sorts only the prefix it keeps): which tokens are kept, from the
+// probabilities after temperature. `total` summed in sorted order, as the full sort did.
+std::vector<bool> KeptByFullSort(const std::vector<float>& probs, int32_t top_k, float top_p) {
+  const int32_t n = static_cast<int32_t>(probs.size());
+  std::vector<int32_t> order(n);
+  for (int32_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return probs[a] > probs[b]; });
+  int32_t keep = top_k > 0 && top_k < n ? top_k : n;
+  if (top_p < 1.0f) {
+    double total = 0.0, mass = 0.0;
+    for (int32_t i = 0; i < keep; ++i) total += probs[order[i]];
+    int32_t i = 0;
+    while (i < keep) {
+      mass += probs[order[i++]];
+      if (mass >= top_p * total) break;
+    }
+    keep = i;
+  }
+  std::vector<bool> kept(n, false);
+  for (int32_t i = 0; i < keep; ++i) kept[order[i]] = true;
+  return kept;
+}
+
+TEST(SamplerTest, TopKAndTopPKeepWhatAFullSortKeeps) {
+  std::mt19937 rng(3);
+  int32_t rows = 0, kept_far_down = 0, cut_in_ties = 0;
+  for (int32_t n : {1, 2, 7, 63, 64, 65, 300, 5000, 32000}) {
+    for (int32_t trial = 0; trial < 6; ++trial) {
+      // Logits on a coarse grid for many equal probabilities (ties go to the lower id); steep rows
+      // where top-k and top-p reach tokens far less likely than the first.
+      const float spread = trial % 3 == 0 ? 8.0f : trial % 3 == 1 ? 2.0f : 0.2f;
+      std::vector<float> logits(n);
+      for (float& l : logits) l = std::round(std::normal_distribution<float>(0, spread)(rng) * 4) / 4;
+      for (int32_t top_k : {0, 1, 3, 40, 1000}) {
+        for (float top_p : {1.0f, 0.95f, 0.5f, 0.1f}) {
+          SamplingParams p;
+          p.temperature = 0.8f;
+          p.top_k = top_k;
+          p.top_p = top_p;
+          std::vector<float> got, soft;
+          SamplingProbabilities(p, logits, {}, &got);
+          SamplingParams plain = p;
+          plain.top_k = 0;
+          plain.top_p = 1.0f;
+          SamplingProbabilities(plain, logits, {}, &soft);
+          const std::vector<bool> want = KeptByFullSort(soft, top_k, top_p);
+          const float most = *std::max_element(soft.begin(), soft.end());
+          bool far_down = false;
+          for (int32_t i = 0; i < n; ++i) {
+            ASSERT_EQ(got[i] > 0.0f, want[i]) << "n " << n << " trial " << trial << " top_k " << top_k << " top_p "
+                                             << top_p << " token " << i;
+            far_down |= want[i] && soft[i] < most / 1024;
+          }
+          // A cut inside a run of equal probabilities: ties broken by id decide which tokens stay.
+          float lowest_kept = 2.0f, highest_dropped = -1.0f;
+          for (int32_t i = 0; i < n; ++i) {
+            if (want[i]) lowest_kept = std::min(lowest_kept, soft[i]);
+            if (!want[i]) highest_dropped = std::max(highest_dropped, soft[i]);
+          }
+          cut_in_ties += lowest_kept == highest_dropped;
+          kept_far_down += far_down;
+          ++rows;
+        }
+      }
+    }
+  }
+  // The rows exercised what they are meant to.
+  EXPECT_GT(cut_in_ties, 20) << "of " << rows;
+  EXPECT_GT(kept_far_down, 20) << "of " << rows;
 }
 
 TEST(SamplerTest, RepetitionPenaltyDemotesSeenTokens) {
