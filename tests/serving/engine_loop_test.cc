@@ -152,16 +152,18 @@ TEST_F(EngineLoopTest, RefusalsArriveOnTheStream) {
   EXPECT_TRUE(d->finished);
   EXPECT_EQ(d->error.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(d->error.message().find("100000"), std::string::npos) << d->error;
-  // A duplicate of a running request's id is refused; the running one is untouched.
-  auto running = loop.Submit(Make(6, 64));
-  auto duplicate = loop.Submit(Make(6, 64));
+  // A duplicate of a running request's id is refused; the running one is untouched. It runs 400
+  // tokens (~20 ms): 64 (~3 ms) were over in 3-5 of 30 runs before the duplicate arrived, the test's
+  // thread waiting for a core while the step's OpenMP threads held both.
+  auto running = loop.Submit(Make(6, 400));
+  auto duplicate = loop.Submit(Make(6, 400));
   d = duplicate->Next(milliseconds(10000));
   ASSERT_TRUE(d.has_value());
   EXPECT_EQ(d->error.code(), absl::StatusCode::kAlreadyExists);
   std::vector<TokenId> tokens;
   std::string text;
   EXPECT_EQ(Drain(*running, &tokens, &text).final.finish, FinishReason::kMaxTokens);
-  EXPECT_EQ(tokens.size(), 64u);
+  EXPECT_EQ(tokens.size(), 400u);
 }
 
 // A stop string that the tokens complete over several steps: the text of the deltas before the
