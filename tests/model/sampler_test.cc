@@ -1,7 +1,6 @@
 #include "model/sampler.h"
 
 #include <cmath>
-#include <cstdio>
 #include <algorithm>
 #include <map>
 #include <random>
@@ -119,20 +118,17 @@ TEST(SamplerTest, TopKAndTopPKeepWhatAFullSortKeeps) {
       const float spread = trial % 3 == 0 ? 8.0f : trial % 3 == 1 ? 2.0f : 0.2f;
       std::vector<float> logits(n);
       for (float& l : logits) l = std::round(std::normal_distribution<float>(0, spread)(rng) * 4) / 4;
+      SamplingParams p;
+      p.temperature = 0.8f;
+      std::vector<float> soft, got;  // [n] at temperature alone, and with top-k / top-p
+      SamplingProbabilities(p, logits, {}, &soft);
+      const float most = *std::max_element(soft.begin(), soft.end());
       for (int32_t top_k : {0, 1, 3, 40, 1000}) {
         for (float top_p : {1.0f, 0.95f, 0.5f, 0.1f}) {
-          SamplingParams p;
-          p.temperature = 0.8f;
           p.top_k = top_k;
           p.top_p = top_p;
-          std::vector<float> got, soft;
           SamplingProbabilities(p, logits, {}, &got);
-          SamplingParams plain = p;
-          plain.top_k = 0;
-          plain.top_p = 1.0f;
-          SamplingProbabilities(plain, logits, {}, &soft);
           const std::vector<bool> want = KeptByFullSort(soft, top_k, top_p);
-          const float most = *std::max_element(soft.begin(), soft.end());
           bool far_down = false;
           for (int32_t i = 0; i < n; ++i) {
             ASSERT_EQ(got[i] > 0.0f, want[i]) << "n " << n << " trial " << trial << " top_k " << top_k << " top_p "
