@@ -95,7 +95,7 @@ void BM_Conversation(benchmark::State& state) {
       if (!engine.AddRequest(r).ok()) state.SkipWithError("add");
       std::vector<TokenId> answer;
       while (engine.HasUnfinished()) {
-        for (auto& o : engine.Step()) answer = o.tokens;
+        for (auto& d : engine.Step()) answer.insert(answer.end(), d.tokens.begin(), d.tokens.end());
       }
       history.insert(history.end(), answer.begin(), answer.end());
       transcript.insert(transcript.end(), answer.begin(), answer.end());

@@ -148,9 +148,9 @@ void BM_GpuGenerate(benchmark::State& state) {
     Engine e(&m, nullptr, c);
     if (auto st = AddRequests(e, B); !st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
     while (e.HasUnfinished()) {
-      for (auto& o : e.Step()) {
-        if (!o.error.empty()) return state.SkipWithError(o.error.c_str());
-        generated += static_cast<int64_t>(o.tokens.size());
+      for (auto& d : e.Step()) {
+        if (d.finished && !d.final.error.empty()) return state.SkipWithError(d.final.error.c_str());
+        generated += static_cast<int64_t>(d.tokens.size());
       }
     }
   }
@@ -202,8 +202,8 @@ void BM_GpuSpec(benchmark::State& state) {
     const double startup_measure = e.stats().cost_measure_seconds;
     state.ResumeTiming();
     while (e.HasUnfinished()) {
-      for (auto& o : e.Step()) {
-        if (!o.error.empty()) return state.SkipWithError(o.error.c_str());
+      for (auto& d : e.Step()) {
+        if (d.finished && !d.final.error.empty()) return state.SkipWithError(d.final.error.c_str());
       }
     }
     generated += e.stats().generated_tokens;

@@ -132,8 +132,7 @@ absl::StatusOr<std::unique_ptr<LoadedEngine>> LoadEngine(const Flags& flags) {
   Flags f = flags;  // operator[] below reads values that were checked to exist
   if (!f.values.count("model")) return absl::InvalidArgumentError("--model is required");
   auto e = std::make_unique<LoadedEngine>();
-  GenerateOptions& opt = e->opt;
-  opt.max_tokens = 256;
+  RequestDefaults& opt = e->opt;
   int64_t seed = 0;
   for (auto st : {GetNumber(f, "max-tokens", &opt.max_tokens),
                   GetNumber(f, "temperature", &opt.sampling.temperature),
@@ -336,7 +335,7 @@ absl::StatusOr<std::unique_ptr<LoadedEngine>> LoadEngine(const Flags& flags) {
 
 absl::StatusOr<SchedulerConfig> BatchSchedulerConfig(const Flags& f, LoadedEngine& e) {
   LlamaModel& model = *e.model;
-  const GenerateOptions& opt = e.opt;
+  const RequestDefaults& opt = e.opt;
   const int32_t num_spec = e.num_spec;
   const double gpu_util = e.gpu_util;
   SchedulerConfig sc;

@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "draft/proposer.h"
 #include "engine/engine.h"
-#include "engine/generate.h"
+#include "model/sampler.h"
 #include "model/llama_model.h"
 #include "model/tokenizer.h"
 #include "scheduler/scheduler.h"
@@ -24,6 +24,13 @@ extern const std::set<std::string> kEngineFlags;
 extern const std::set<std::string> kEngineSwitches;  // --ignore-eos, --no-bos, --no-prefix-caching
 extern const char kEngineFlagsHelp[];
 
+// What a request gets where it does not say: --max-tokens, the sampling flags, --block-size.
+struct RequestDefaults {
+  int32_t max_tokens = 256;
+  SamplingParams sampling;
+  int32_t block_size = 16;
+};
+
 struct LoadedEngine {
   std::string model_path;
   std::unique_ptr<LlamaModel> model;
@@ -33,7 +40,7 @@ struct LoadedEngine {
   std::string spec_method = "none";         // none, draft or ngram
   int32_t num_spec = 0;                     // k, or the largest k under auto
   bool adaptive = false;                    // --num-spec-tokens auto
-  GenerateOptions opt;                      // max tokens, sampling defaults, block size
+  RequestDefaults opt;
   bool add_bos = true;                      // the tokenizer's BOS, unless --no-bos
   bool ignore_eos = false;
   double gpu_util = 0.9;

@@ -7,7 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/flags.h"
+#include "core/status_macros.h"
 #include "engine/engine_setup.h"
+#include "engine/run.h"
 #include "serving/load_gen.h"
 #include "serving/server.h"
 
@@ -77,8 +79,7 @@ absl::Status WarmUp(Engine& engine, int32_t block_size) {
   r.max_tokens = 8;
   r.ignore_eos = true;
   if (auto st = engine.AddRequest(std::move(r)); !st.ok()) return st;
-  while (engine.HasUnfinished()) engine.Step();
-  return absl::OkStatus();
+  return RunToCompletion(engine).status();
 }
 
 // The counters a run adds to `before` (the warm-up's).
@@ -165,19 +166,20 @@ absl::StatusOr<nlohmann::json> RunOffline(LoadedEngine& e, const SchedulerConfig
       return absl::InvalidArgumentError(absl::StrCat("workload request ", i, ": ", st.message()));
     }
   }
-  std::vector<RequestOutput> outs(n);
   int32_t done = 0, peak_blocks = 0;
   const double start_ms = engine.NowMs();
-  while (engine.HasUnfinished()) {
-    if (hooks.stop && hooks.stop->load()) return absl::CancelledError("interrupted");
-    for (RequestOutput& o : engine.Step()) {
-      outs[o.id - 1] = std::move(o);
-      ++done;
-      if (hooks.on_progress) hooks.on_progress(done, n);
-    }
+  RunCallbacks callbacks;
+  callbacks.stop = [&] { return hooks.stop && hooks.stop->load(); };
+  callbacks.on_delta = [&](const RequestDelta& d) {
+    if (d.finished && hooks.on_progress) hooks.on_progress(++done, n);
+  };
+  callbacks.after_step = [&] {
     const BlockManager& blocks = engine.scheduler().blocks();
     peak_blocks = std::max(peak_blocks, blocks.num_blocks() - blocks.num_available());
-  }
+  };
+  ASSIGN_OR_RETURN(std::vector<RequestOutput> finished, RunToCompletion(engine, callbacks));
+  std::vector<RequestOutput> outs(n);
+  for (RequestOutput& o : finished) outs[o.id - 1] = std::move(o);
   RunResult run;
   run.duration_s = (engine.NowMs() - start_ms) / 1e3;
   std::vector<std::vector<TokenId>> tokens(n);
@@ -234,7 +236,7 @@ class InProcessClient : public LoadClient {
     std::vector<TokenId> tokens;
     double last = 0;
     for (;;) {
-      std::optional<TokenDelta> d = admitted->stream->Next(std::chrono::milliseconds(60000));
+      std::optional<RequestDelta> d = admitted->stream->Next(std::chrono::milliseconds(60000));
       if (!d) {
         out.error = "no output for 60 s";
         out.e2e_s = seconds();

@@ -10,17 +10,16 @@
 
 namespace specula {
 
-double ForwardFlops(const ModelConfig& c, double tokens, double rows, double positions) {
-  const double dim = c.dim, q = c.q_dim(), kv = c.kv_dim(), hidden = c.hidden_dim;
-  const double per_token = 2.0 * (dim * (q + 2 * kv) + q * dim + 3 * dim * hidden);  // Q/K/V, O, gate/up/down
-  const double per_position = 4.0 * c.head_dim * c.num_heads;                        // q.k and p.v, every head
-  return c.num_layers * (tokens * per_token + positions * per_position) + rows * 2.0 * dim * c.vocab_size;
+ForwardShape ShapeOf(const ModelConfig& c) {
+  return {static_cast<double>(c.dim), static_cast<double>(c.q_dim()), static_cast<double>(c.kv_dim()),
+          static_cast<double>(c.hidden_dim), static_cast<double>(c.head_dim), static_cast<double>(c.num_heads),
+          static_cast<double>(c.num_layers), static_cast<double>(c.vocab_size)};
 }
 
 namespace {
 
 // Measurements by (model id, KV dtype, batch, block size). Each measurement is a few forwards at
-// full load; the engine's factor (engine/step_cost.h) follows later drift.
+// full load; the engine's factor (spec/step_cost.h) follows later drift.
 struct CacheKey {
   uint64_t model;
   int kv_dtype;

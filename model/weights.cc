@@ -104,7 +104,8 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlama2c(const std::string& pat
   c.rope_theta = 10000.0f;
   c.norm_eps = 1e-5f;
   c.bos_token_id = 1;
-  c.eos_token_ids = {2};
+  // EOS, and BOS: llama2.c's models mark the end of a story with BOS (run.c stops there).
+  c.eos_token_ids = {2, 1};
   if (c.num_heads > 0 && c.dim % c.num_heads != 0) {
     return bad(absl::StrCat("header dim ", c.dim, " is not a multiple of n_heads ", c.num_heads));
   }

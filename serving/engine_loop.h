@@ -23,27 +23,13 @@
 
 namespace specula {
 
-// What a request produced since its previous delta. The last delta has `finished` set and carries
-// the whole output (finish reason, token counts, timings, speculation counts) in `final`, or the
-// reason the request was refused in `error`.
-struct TokenDelta {
-  std::vector<TokenId> tokens;
-  // The tokens' text, when the engine has a tokenizer. With stop strings it lags the tokens by up
-  // to the longest stop string's length - 1 bytes until the last delta (vLLM's hold-back), so the
-  // deltas' text adds up to the final text and never contains a stop string.
-  std::string text;
-  bool finished = false;
-  absl::Status error;  // not OK: the request was refused (bad input) and never ran
-  RequestOutput final;
-};
-
 // One request's deltas, in order. Written by the loop thread, read by one reader.
 class RequestStream {
  public:
   explicit RequestStream(RequestId id) : id_(id) {}
   RequestId id() const { return id_; }
   // The next delta, waiting at most `timeout`; nullopt if none came by then, or after the last.
-  std::optional<TokenDelta> Next(std::chrono::milliseconds timeout);
+  std::optional<RequestDelta> Next(std::chrono::milliseconds timeout);
   // Called (on the loop's thread, outside the stream's lock) after each delta is pushed, so that
   // an event-driven reader (a gRPC reactor) needs no thread waiting in Next. Also called once now
   // if deltas are already waiting.
@@ -51,12 +37,12 @@ class RequestStream {
 
  private:
   friend class EngineLoop;
-  void Push(TokenDelta d);
+  void Push(RequestDelta d);
 
   const RequestId id_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<TokenDelta> deltas_;     // guarded by mu_
+  std::deque<RequestDelta> deltas_;     // guarded by mu_
   bool done_ = false;                 // the last delta was pushed; guarded by mu_
   std::function<void()> listener_;    // guarded by mu_
 };
@@ -108,8 +94,8 @@ class EngineLoop {
 
  private:
   void Run();
-  // Pushes each active request's tokens and text since its last delta. Loop thread only.
-  void PublishDeltas(std::vector<RequestOutput> finished);
+  // Pushes the step's deltas to their streams. Loop thread only.
+  void PublishDeltas(std::vector<RequestDelta> deltas);
 
   Engine* const engine_;
   const LoopHooks hooks_;
@@ -127,14 +113,11 @@ class EngineLoop {
   bool stop_ = false, cancel_all_ = false;                                // guarded by mu_
   EngineSnapshot snapshot_;                                              // guarded by mu_
 
-  // Loop thread only: the streams of admitted requests, and what each has been sent.
+  // Loop thread only: the streams of admitted requests.
   struct Active {
     std::shared_ptr<RequestStream> stream;
     double submit_ms = 0;
-    size_t tokens_sent = 0, text_sent = 0;
-    // Bytes of text held back from streaming: the longest stop string's length - 1 (as vLLM), so
-    // that a stop string the next tokens complete is never partly sent.
-    size_t hold_back = 0;
+    bool first_token = false;  // one was sent
   };
   std::unordered_map<RequestId, Active> active_;
   std::thread thread_;  // last: starts once the members above exist

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/engine.h"
+#include "engine/run.h"
 #include "nlohmann/json.hpp"
 
 namespace specula {
@@ -79,12 +80,6 @@ std::string ParsePromptLine(const std::string& text, int32_t line_number, const 
 
 namespace {
 
-void WriteJson(std::FILE* out, const json& j) {
-  const std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
-  std::fwrite(s.data(), 1, s.size(), out);
-  std::fflush(out);
-}
-
 void Progress(int32_t done, int32_t total, int64_t tokens, double ms) {
   const int width = 30;
   const int filled = total > 0 ? width * done / total : width;
@@ -95,6 +90,26 @@ void Progress(int32_t done, int32_t total, int64_t tokens, double ms) {
 }
 
 }  // namespace
+
+void WriteJsonLine(std::FILE* out, const json& j) {
+  const std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  std::fwrite(s.data(), 1, s.size(), out);
+  std::fflush(out);
+}
+
+json OutputJson(const json& id, const RequestOutput& o, bool spec) {
+  json j = {{"id", id},
+            {"text", o.text},
+            {"token_ids", o.tokens},
+            {"finish_reason", FinishReasonName(o.finish)},
+            {"prompt_tokens", o.prompt_tokens},
+            {"cached_prompt_tokens", o.cached_prompt_tokens},
+            {"ttft_ms", o.ttft_ms()},
+            {"tpot_ms", o.tpot_ms()},
+            {"preemptions", o.num_preemptions}};
+  if (spec) j["spec"] = SpecStatsJson(o.spec);
+  return j;
+}
 
 json SpecStatsJson(const SpecStats& s) {
   return {{"drafts", s.drafts},
@@ -163,7 +178,7 @@ absl::Status RunBatchGenerate(LlamaModel& model, const Tokenizer& tokenizer, con
     }
     if (!error.empty()) {
       std::fprintf(stderr, "%s:%d: %s\n", opt.prompts_file.c_str(), number, error.c_str());
-      WriteJson(out, {{"id", line.id}, {"line", number}, {"error", error}, {"finish_reason", "error"}});
+      WriteJsonLine(out, {{"id", line.id}, {"line", number}, {"error", error}, {"finish_reason", "error"}});
       ++rejected;
       continue;
     }
@@ -172,27 +187,18 @@ absl::Status RunBatchGenerate(LlamaModel& model, const Tokenizer& tokenizer, con
   }
   int32_t finished = 0;
   double last_progress = -1e9;
-  while (engine.HasUnfinished()) {
-    for (RequestOutput& o : engine.Step()) {
-      ++finished;
-      const Line& line = lines.at(o.id);
-      json j = {{"id", line.id},
-                {"text", o.text},
-                {"token_ids", o.tokens},
-                {"finish_reason", FinishReasonName(o.finish)},
-                {"prompt_tokens", o.prompt_tokens},
-                {"cached_prompt_tokens", o.cached_prompt_tokens},
-                {"ttft_ms", o.ttft_ms()},
-                {"tpot_ms", o.tpot_ms()},
-                {"preemptions", o.num_preemptions}};
-      if (opt.proposer != nullptr) j["spec"] = SpecStatsJson(o.spec);
-      WriteJson(out, j);
-    }
-    if (opt.progress && engine.NowMs() - last_progress > 200) {
-      last_progress = engine.NowMs();
-      Progress(finished, accepted, engine.stats().generated_tokens, engine.NowMs());
-    }
-  }
+  RunCallbacks callbacks;
+  callbacks.on_delta = [&](const RequestDelta& d) {
+    if (!d.finished) return;
+    ++finished;
+    WriteJsonLine(out, OutputJson(lines.at(d.id).id, d.final, opt.proposer != nullptr));
+  };
+  callbacks.after_step = [&] {
+    if (!opt.progress || engine.NowMs() - last_progress <= 200) return;
+    last_progress = engine.NowMs();
+    Progress(finished, accepted, engine.stats().generated_tokens, engine.NowMs());
+  };
+  if (auto run = RunToCompletion(engine, callbacks); !run.ok()) return run.status();
   const BlockManager& bm = engine.scheduler().blocks();
   if (opt.progress) Progress(finished, accepted, engine.stats().generated_tokens, engine.NowMs());
   std::fprintf(stderr,

@@ -7,12 +7,11 @@
 
 #include "absl/status/status.h"
 #include "engine/engine.h"
+#include "draft/proposer.h"
 #include "model/llama_model.h"
 #include "model/sampler.h"
-#include "draft/proposer.h"
 #include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
-#include "verify/rejection_sampler.h"
 #include "scheduler/scheduler.h"
 
 namespace specula {
@@ -31,6 +30,11 @@ struct BatchOptions {
 
 // Acceptance statistics as JSON (per request or in total).
 nlohmann::json SpecStatsJson(const SpecStats& s);
+// A finished request as one output line: id, text, token_ids, finish_reason, token counts,
+// timings, preemptions, and its acceptance statistics when `spec`.
+nlohmann::json OutputJson(const nlohmann::json& id, const RequestOutput& o, bool spec);
+// `j` and a newline, flushed (invalid UTF-8 replaced).
+void WriteJsonLine(std::FILE* out, const nlohmann::json& j);
 // One line for stderr.
 std::string SpecStatsLine(const SpecStats& s);
 // The speculation lengths chosen (a histogram over decoding sequence-steps) and the share of steps

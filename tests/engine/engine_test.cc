@@ -6,7 +6,7 @@
 
 #include <map>
 
-#include "engine/generate.h"
+#include "tests/one_sequence.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/test_util.h"
@@ -61,7 +61,9 @@ class EngineTest : public ::testing::Test {
     std::map<RequestId, RequestOutput> out;
     for (int steps = 0; e.HasUnfinished(); ++steps) {
       EXPECT_LT(steps, 100000);
-      for (RequestOutput& o : e.Step()) out.emplace(o.id, std::move(o));
+      for (RequestDelta& d : e.Step()) {
+        if (d.finished) out.emplace(d.id, std::move(d.final));
+      }
     }
     EXPECT_TRUE(e.scheduler().CheckInvariants().ok());
     EXPECT_EQ(e.scheduler().blocks().num_available(), e.scheduler().blocks().num_blocks());
@@ -178,14 +180,15 @@ TEST_F(EngineTest, AbortStopStringsAndBadRequests) {
   ASSERT_TRUE(e.AddRequest(b).ok());
   EXPECT_EQ(e.AddRequest(a).code(), absl::StatusCode::kAlreadyExists);
   std::map<RequestId, RequestOutput> out;
-  for (int i = 0; i < 3; ++i) {
-    for (auto& o : e.Step()) out.emplace(o.id, std::move(o));
-  }
+  auto step = [&] {
+    for (auto& d : e.Step()) {
+      if (d.finished) out.emplace(d.id, std::move(d.final));
+    }
+  };
+  for (int i = 0; i < 3; ++i) step();
   e.Abort(2);
-  while (e.HasUnfinished()) {
-    for (auto& o : e.Step()) out.emplace(o.id, std::move(o));
-  }
-  for (auto& o : e.Step()) out.emplace(o.id, std::move(o));
+  while (e.HasUnfinished()) step();
+  step();
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(out[1].finish, FinishReason::kStopString);
   EXPECT_EQ(out[1].text, ", there was a little girl named ");

@@ -14,7 +14,7 @@
 #include "draft/ngram_proposer.h"
 #include "draft/self_draft.h"
 #include "engine/engine.h"
-#include "engine/generate.h"
+#include "tests/one_sequence.h"
 #include "model/forward_cost.h"
 #include "model/make_model.h"
 #include "gtest/gtest.h"
@@ -89,7 +89,9 @@ std::map<RequestId, RequestOutput> RunToEnd(Engine& e, const std::vector<Request
   for (const Request& r : reqs) EXPECT_TRUE(e.AddRequest(r).ok());
   std::map<RequestId, RequestOutput> out;
   while (e.HasUnfinished()) {
-    for (auto& o : e.Step()) out.emplace(o.id, std::move(o));
+    for (auto& d : e.Step()) {
+      if (d.finished) out.emplace(d.id, std::move(d.final));
+    }
   }
   EXPECT_EQ(e.scheduler().blocks().num_available(), e.scheduler().blocks().num_blocks());
   return out;
@@ -434,7 +436,9 @@ Lossless SampleAndTest(LlamaModel& target, LlamaModel& draft, const std::vector<
       EXPECT_TRUE(e.AddRequest(r).ok());
     }
     while (e.HasUnfinished()) {
-      for (auto& o : e.Step()) counts[std::vector<TokenId>(o.tokens.begin(), o.tokens.begin() + depth)]++;
+      for (auto& d : e.Step()) {
+        if (d.finished) counts[std::vector<TokenId>(d.final.tokens.begin(), d.final.tokens.begin() + depth)]++;
+      }
     }
   }
   EXPECT_GT(e.stats().spec.accepted_tokens, 0);
@@ -558,9 +562,10 @@ TEST(SpecLeakTest, TenThousandRandomRequestsWithAbortsLeakNothing) {
       e.Abort(live[i]);
       ++aborted;
     }
-    for (auto& o : e.Step()) {
+    for (auto& d : e.Step()) {
+      if (!d.finished) continue;
       ++finished;
-      live.erase(std::remove(live.begin(), live.end(), o.id), live.end());
+      live.erase(std::remove(live.begin(), live.end(), d.id), live.end());
     }
     ASSERT_TRUE(e.scheduler().CheckInvariants().ok()) << e.scheduler().CheckInvariants();
   }

@@ -10,7 +10,7 @@
 
 #include "draft/draft_model_proposer.h"
 #include "engine/engine.h"
-#include "engine/generate.h"
+#include "tests/one_sequence.h"
 #include "model/make_model.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/kernels/gpu_util.h"
@@ -235,9 +235,10 @@ std::map<RequestId, std::vector<TokenId>> RunEngine(LlamaModel& m, const std::ve
   for (const Request& r : reqs) EXPECT_TRUE(e.AddRequest(r).ok());
   std::map<RequestId, std::vector<TokenId>> out;
   while (e.HasUnfinished()) {
-    for (auto& o : e.Step()) {
-      EXPECT_TRUE(o.error.empty()) << o.error;
-      out[o.id] = o.tokens;
+    for (auto& d : e.Step()) {
+      if (!d.finished) continue;
+      EXPECT_TRUE(d.final.error.empty()) << d.final.error;
+      out[d.id] = d.final.tokens;
     }
   }
   return out;

@@ -3,7 +3,7 @@
 #include <fstream>
 
 #include "core/mapped_file.h"
-#include "engine/generate.h"
+#include "tests/one_sequence.h"
 #include "model/make_model.h"
 #include "model/safetensors.h"
 #include "gtest/gtest.h"

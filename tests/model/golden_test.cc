@@ -1,7 +1,7 @@
 // Golden end-to-end: greedy decoding of the real stories260K model.
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "engine/generate.h"
+#include "tests/one_sequence.h"
 #include "model/tokenizer.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"

@@ -2,7 +2,7 @@
 // watermark cut followed by re-feeding reproduces the logits.
 #include <map>
 
-#include "engine/generate.h"
+#include "tests/one_sequence.h"
 #include "model/tokenizer.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"

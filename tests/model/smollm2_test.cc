@@ -13,7 +13,7 @@
 #include "draft/draft_model_proposer.h"
 #include "draft/self_draft.h"
 #include "engine/engine.h"
-#include "engine/generate.h"
+#include "tests/one_sequence.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/llama_model.h"

@@ -53,9 +53,9 @@ class EngineLoopTest : public ::testing::Test {
   }
 
   // Reads a stream to its end: the tokens and text of its deltas, and the last delta.
-  static TokenDelta Drain(RequestStream& s, std::vector<TokenId>* tokens, std::string* text) {
+  static RequestDelta Drain(RequestStream& s, std::vector<TokenId>* tokens, std::string* text) {
     for (;;) {
-      std::optional<TokenDelta> d = s.Next(milliseconds(10000));
+      std::optional<RequestDelta> d = s.Next(milliseconds(10000));
       if (!d.has_value()) {
         ADD_FAILURE() << "request " << s.id() << ": no delta within 10 s";
         return {};
@@ -79,14 +79,16 @@ TEST_F(EngineLoopTest, ConcurrentStreamsEqualOfflineOutputs) {
     Engine e(model_, tok_, Config());
     for (int i = 0; i < kRequests; ++i) ASSERT_TRUE(e.AddRequest(Make(i)).ok());
     while (e.HasUnfinished()) {
-      for (RequestOutput& o : e.Step()) offline.emplace(o.id, std::move(o));
+      for (RequestDelta& d : e.Step()) {
+        if (d.finished) offline.emplace(d.id, std::move(d.final));
+      }
     }
   }
   Engine engine(model_, tok_, Config());
   EngineLoop loop(&engine);
   std::vector<std::thread> clients;
   std::map<RequestId, std::pair<std::vector<TokenId>, std::string>> got;
-  std::map<RequestId, TokenDelta> last;
+  std::map<RequestId, RequestDelta> last;
   std::mutex mu;
   for (int t = 0; t < 4; ++t) {
     clients.emplace_back([&, t] {
@@ -94,7 +96,7 @@ TEST_F(EngineLoopTest, ConcurrentStreamsEqualOfflineOutputs) {
         auto stream = loop.Submit(Make(i));
         std::vector<TokenId> tokens;
         std::string text;
-        TokenDelta end = Drain(*stream, &tokens, &text);
+        RequestDelta end = Drain(*stream, &tokens, &text);
         std::lock_guard<std::mutex> lock(mu);
         got[i] = {tokens, text};
         last[i] = std::move(end);
@@ -120,14 +122,14 @@ TEST_F(EngineLoopTest, CancelEndsTheStreamAndFreesItsBlocks) {
   Engine engine(model_, tok_, Config());
   EngineLoop loop(&engine);
   auto stream = loop.Submit(Make(1, 400));
-  std::optional<TokenDelta> first = stream->Next(milliseconds(10000));
+  std::optional<RequestDelta> first = stream->Next(milliseconds(10000));
   ASSERT_TRUE(first.has_value());
   ASSERT_FALSE(first->finished);
   EXPECT_GT(loop.Snapshot().kv_blocks_used, 0);
   loop.Cancel(1);
   std::vector<TokenId> tokens = first->tokens;
   std::string text;
-  const TokenDelta end = Drain(*stream, &tokens, &text);
+  const RequestDelta end = Drain(*stream, &tokens, &text);
   EXPECT_EQ(end.final.finish, FinishReason::kAborted);
   EXPECT_LT(tokens.size(), 400u);
   // The snapshot of the step that returned the aborted request is out before its last delta.
@@ -147,7 +149,7 @@ TEST_F(EngineLoopTest, RefusalsArriveOnTheStream) {
   Request bad = Make(5);
   bad.prompt.push_back(100000);  // outside the vocabulary
   auto refused = loop.Submit(bad);
-  std::optional<TokenDelta> d = refused->Next(milliseconds(10000));
+  std::optional<RequestDelta> d = refused->Next(milliseconds(10000));
   ASSERT_TRUE(d.has_value());
   EXPECT_TRUE(d->finished);
   EXPECT_EQ(d->error.code(), absl::StatusCode::kInvalidArgument);
@@ -183,7 +185,9 @@ TEST_F(EngineLoopTest, StopStringSpanningTokensIsNeverPartlyStreamed) {
     ASSERT_TRUE(e.AddRequest(r).ok());
     std::vector<RequestOutput> done;
     while (e.HasUnfinished()) {
-      for (RequestOutput& o : e.Step()) done.push_back(std::move(o));
+      for (RequestDelta& d : e.Step()) {
+        if (d.finished) done.push_back(std::move(d.final));
+      }
     }
     ASSERT_EQ(done.size(), 1u);
     TokenId prev = r.prompt.back();
@@ -211,7 +215,7 @@ TEST_F(EngineLoopTest, StopStringSpanningTokensIsNeverPartlyStreamed) {
   std::string streamed;
   int text_deltas = 0;
   for (;;) {
-    std::optional<TokenDelta> d = stream->Next(milliseconds(10000));
+    std::optional<RequestDelta> d = stream->Next(milliseconds(10000));
     ASSERT_TRUE(d.has_value());
     streamed += d->text;
     EXPECT_EQ(expected.compare(0, streamed.size(), streamed), 0) << "streamed '" << streamed << "'";

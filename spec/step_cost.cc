@@ -1,15 +1,19 @@
-#include "engine/step_cost.h"
+#include "spec/step_cost.h"
 
 #include <algorithm>
 #include <cmath>
 
+#include "spec/tuning.h"
+
 namespace specula {
 namespace {
 
-constexpr double kFactorRate = 0.03;  // per observation: ~30 steps
-constexpr double kMinFactor = 0.1, kMaxFactor = 10.0;
-constexpr double kCorrectionRate = 0.05;
-constexpr double kMinCorrection = 0.5, kMaxCorrection = 2.0;  // the shape, not the machine's speed
+using tuning::kCorrectionRate;
+using tuning::kFactorRate;
+using tuning::kMaxCorrection;
+using tuning::kMaxFactor;
+using tuning::kMinCorrection;
+using tuning::kMinFactor;
 
 }  // namespace
 

@@ -3,14 +3,14 @@
 // estimates, the choice of k where speculation pays and where it cannot, a costly draft forward,
 // retrying a request after early rejections, what each size of verification costs, the work of a
 // choice).
-#include "engine/spec_controller.h"
+#include "spec/controller.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
 
-#include "engine/step_cost.h"
+#include "spec/step_cost.h"
 #include "gtest/gtest.h"
 
 namespace specula {
@@ -77,21 +77,20 @@ TEST(StepCostTest, WorkCorrectionLearnsEachSizeOnItsOwn) {
 }
 
 // A stories15m-shape target and a small draft of the same vocabulary.
-ModelConfig Shape(int32_t dim, int32_t hidden, int32_t layers) {
-  ModelConfig c;
-  c.dim = dim;
+ForwardShape Shape(int32_t dim, int32_t hidden, int32_t layers) {
+  ForwardShape c;
+  c.dim = c.q_dim = c.kv_dim = dim;  // 6 heads, as many for keys and values
   c.hidden_dim = hidden;
   c.num_layers = layers;
-  c.num_heads = c.num_kv_heads = 6;
+  c.num_heads = 6;
   c.head_dim = dim / 6;
   c.vocab_size = 32000;
-  c.max_seq_len = 1024;
   return c;
 }
-const ModelConfig kTarget = Shape(288, 768, 6), kDraft = Shape(66, 172, 2);
+const ForwardShape kTarget = Shape(288, 768, 6), kDraft = Shape(66, 172, 2);
 
 // A table of `fixed` seconds plus `per_token` per decode token (its logits row included) of `c`.
-std::vector<CostPoint> Table(const ModelConfig& c, double fixed, double per_token) {
+std::vector<CostPoint> Table(const ForwardShape& c, double fixed, double per_token) {
   std::vector<CostPoint> t;
   for (int n = 1; n <= 512; n *= 2) t.push_back({ForwardFlops(c, n, n, n * 50.0), fixed + per_token * n});
   return t;
@@ -102,7 +101,7 @@ std::vector<CostPoint> Table(const ModelConfig& c, double fixed, double per_toke
 SpecController Controller(double per_token, double per_forward, double fixed = 1e-3) {
   std::unique_ptr<StepCost> draft;
   if (per_forward > 0) draft = std::make_unique<StepCost>(Table(kDraft, per_forward, 1e-7));
-  return SpecController(&kTarget, StepCost(Table(kTarget, fixed, per_token)), per_forward > 0 ? &kDraft : nullptr,
+  return SpecController(kTarget, StepCost(Table(kTarget, fixed, per_token)), per_forward > 0 ? std::optional(kDraft) : std::nullopt,
                         std::move(draft));
 }
 
@@ -286,7 +285,7 @@ TEST(SpecControllerTest, ComesBackToDraftsAfterASlowSpell) {
 TEST(SpecControllerTest, FollowsTheTurnFromMemoryToCompute) {
   std::vector<CostPoint> table;
   for (int n = 1; n <= 512; n *= 2) table.push_back({ForwardFlops(kTarget, n, n, n * 50.0), 2e-3 + 2.5e-4 * std::max(0, n - 8)});
-  SpecController c(&kTarget, StepCost(table), &kDraft, std::make_unique<StepCost>(Table(kDraft, 3e-4, 1e-7)));
+  SpecController c(kTarget, StepCost(table), kDraft, std::make_unique<StepCost>(Table(kDraft, 3e-4, 1e-7)));
   std::mt19937 rng(6);
   for (int i = 0; i < 8; ++i) Simulate(c, i, 0.8, 2000, &rng);
   const std::vector<SpecCandidate> eight = Candidates(8), two = Candidates(2);
@@ -332,7 +331,7 @@ TEST(SpecControllerTest, RetriesARequestWhoseFirstDraftsWereRejected) {
 TEST(SpecControllerTest, StaysWithinTheMeasuredShapes) {
   auto upto = [](std::vector<CostPoint> t, size_t points) { return std::vector<CostPoint>(t.begin(), t.begin() + points); };
   const std::vector<CostPoint> target = Table(kTarget, 1e-3, 1e-5), draft = Table(kDraft, 5e-5, 1e-7);
-  SpecController c(&kTarget, StepCost(upto(target, 4)), &kDraft, std::make_unique<StepCost>(upto(draft, 4)));
+  SpecController c(kTarget, StepCost(upto(target, 4)), kDraft, std::make_unique<StepCost>(upto(draft, 4)));
   std::mt19937 rng(7);
   for (int i = 0; i < 32; ++i) Simulate(c, i, 0.8, 2000, &rng);
   const std::vector<SpecCandidate> many = Candidates(32), one = Candidates(1);
@@ -362,7 +361,7 @@ TEST(SpecControllerTest, AsksForLargerShapesWhereTheyMightPay) {
   const std::vector<SpecCandidate> eight = Candidates(8);
   auto all_zero = [](const std::vector<int32_t>& k) { return std::all_of(k.begin(), k.end(), [](int32_t x) { return x == 0; }); };
   for (const auto& [alpha, per_forward] : {std::pair{0.8, 5e-5}, std::pair{0.02, 5e-5}, std::pair{0.8, 2e-3}}) {
-    SpecController c(&kTarget, StepCost(upto8), &kDraft, std::make_unique<StepCost>(Table(kDraft, per_forward, 1e-7)));
+    SpecController c(kTarget, StepCost(upto8), kDraft, std::make_unique<StepCost>(Table(kDraft, per_forward, 1e-7)));
     std::mt19937 rng(11);
     for (int i = 0; i < 8; ++i) Simulate(c, i, alpha, 2000, &rng);
     for (int step = 0; step < 20; ++step) EXPECT_TRUE(all_zero(c.Choose(Base(8), 0, eight))) << alpha;
@@ -381,7 +380,7 @@ TEST(SpecControllerTest, AsksForLargerShapesWhereTheyMightPay) {
 // lag kept auto on plain steps until new requests came.)
 TEST(SpecControllerTest, TakesDraftsAfterALongLag) {
   const std::vector<CostPoint> draft = Table(kDraft, 5e-5, 1e-7);
-  SpecController c(&kTarget, StepCost(Table(kTarget, 1e-3, 1e-5)), &kDraft,
+  SpecController c(kTarget, StepCost(Table(kTarget, 1e-3, 1e-5)), kDraft,
                    std::make_unique<StepCost>(std::vector<CostPoint>(draft.begin(), draft.begin() + 4)));
   std::mt19937 rng(9);
   for (int i = 0; i < 8; ++i) Simulate(c, i, 0.8, 2000, &rng);

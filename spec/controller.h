@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <random>
 #include <unordered_map>
 #include <utility>
@@ -27,8 +28,8 @@
 
 #include "absl/types/span.h"
 #include "core/step.h"
-#include "engine/step_cost.h"
-#include "model/model_config.h"
+#include "core/forward_work.h"
+#include "spec/step_cost.h"
 
 namespace specula {
 
@@ -38,13 +39,13 @@ struct SpecCandidate {
   int32_t max_k = 0;     // drafts the scheduler made room for
   int32_t len = 0;       // tokens so far (the last one not yet run through the target)
   int32_t catch_up = 0;  // tokens the draft model must run before its first draft (its lag)
+  size_t plan_index = 0;  // its place in the step's plan
 };
 
 class SpecController {
  public:
-  // `draft` and `draft_cost` are null for proposers without a model (n-gram: no draft time). The
-  // configs must outlive the controller.
-  SpecController(const ModelConfig* target, StepCost target_cost, const ModelConfig* draft,
+  // `draft` and `draft_cost` are empty for proposers without a model (n-gram: no draft time).
+  SpecController(const ForwardShape& target, StepCost target_cost, std::optional<ForwardShape> draft,
                  std::unique_ptr<StepCost> draft_cost);
 
   // `base_flops`: the step's target work without any draft; `fixed_tokens`: tokens the step yields
@@ -68,7 +69,7 @@ class SpecController {
   void ObserveStep(double target_flops, double target_seconds, absl::Span<const double> draft_flops,
                    double draft_seconds, bool verified = false);
 
-  // Tables with more shapes measured (engine/engine.h measures the larger ones lazily); each keeps
+  // Tables with more shapes measured (spec/adaptive.h measures the larger ones lazily); each keeps
   // its factor. The draft's is ignored without a draft model.
   void SetTargetPoints(std::vector<CostPoint> points) {
     target_cost_.SetPoints(std::move(points));
@@ -114,25 +115,9 @@ class SpecController {
   };
   mutable std::vector<Draft> drafts_, heap_;  // Select's scratch
   mutable bool wants_larger_shapes_ = false;  // set by Select
-  // A target step is only predicted up to this multiple of its table's largest measured one (its
-  // factor learns only from such steps, and so does the draft's). The draft's forwards are predicted
-  // at any size: the table's extension (in proportion to work past the last point) overprices them,
-  // which errs on the safe side, and its first forward runs the tokens it lags by, which grow with
-  // every step without drafts. With that forward bounded too, ~8 steps without drafts in a batch of
-  // 8 put every sequence's catch-up past the draft's reach, and auto then ran plain steps until
-  // new requests came (stretches of 80 plain steps in a run where k = 2 gained 1.1x).
-  static constexpr double kReach = 2.0;
-  // The predicted gain a step with drafts must have over the plain step. Where every fixed k gained
-  // less than the cost model's error (batch 8 on the synthetic pair: k = 1 and 2 at 0.95-1.02x of
-  // no speculation), auto speculated on most steps in some runs and lost 6.5% to no speculation.
-  static constexpr double kMargin = 0.03;
-  // Per plain step, in logs: a premium learned for steps with drafts halves (in logs) every ~350
-  // plain steps.
-  static constexpr double kVerifyRelax = 0.002;
   // Choose without the skipping of long plain runs.
   std::vector<int32_t> Evaluate(double base_flops, double fixed_tokens, absl::Span<const SpecCandidate> c);
-  static constexpr int32_t kOffRun = 8, kOffEvery = 4;
-  int32_t off_run_ = 0;  // plain choices in a row (up to kOffRun), then counts the steps past them
+  int32_t off_run_ = 0;  // plain choices in a row (up to tuning::kOffRun), then counts the steps past them
   // The best k per candidate for acceptances `alpha` (per candidate).
   std::vector<int32_t> Select(double base_flops, double fixed_tokens, absl::Span<const SpecCandidate> c,
                               const std::vector<double>& alpha) const;
@@ -147,7 +132,7 @@ class SpecController {
   // Beta(a, b) of a request's acceptance, around the engine-wide `prior` (< 0: its mean).
   std::pair<double, double> Posterior(RequestId id, double prior = -1) const;
 
-  const ModelConfig* target_;
+  ForwardShape target_;
   StepCost target_cost_;   // plain steps
   StepCost verify_extra_;  // no table: its factor() is what steps with drafts take beyond target_cost_
   WorkCorrection verify_shape_;  // and by their size, at target_cost_'s points and between them
@@ -156,7 +141,7 @@ class SpecController {
   double VerifiedSeconds(double flops) const {
     return target_cost_.Predict(flops) * verify_extra_.factor() * verify_shape_.At(flops);
   }
-  const ModelConfig* draft_;
+  std::optional<ForwardShape> draft_;
   std::unique_ptr<StepCost> draft_cost_;
   std::unordered_map<RequestId, Acceptance> seqs_;
   Acceptance engine_;  // decayed sums over every request

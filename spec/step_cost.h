@@ -1,5 +1,5 @@
 // The predicted time of a forward (the target's step, or one of the draft's forwards), for adaptive
-// speculation: a table of times by work (FLOPs, model/forward_cost.h), interpolated linearly
+// speculation: a table of times by work (FLOPs, core/forward_work.h), interpolated linearly
 // between its points and extended past the last one by the last segment's slope or in proportion to
 // work, whichever is larger, times a factor that follows the engine's own measured steps.
 //
@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/forward_cost.h"
+#include "core/forward_work.h"
 
 namespace specula {
 

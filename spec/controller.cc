@@ -1,21 +1,21 @@
-#include "engine/spec_controller.h"
+#include "spec/controller.h"
 
 #include <algorithm>
 #include <cmath>
 
+#include "spec/tuning.h"
+
 namespace specula {
 namespace {
 
-// Acceptance is Beta-distributed: engine-wide, Beta(1, 1) (uniform) plus the decayed counts of every
-// verification; per request, the engine-wide mean worth kRequestWeight verifications plus the
-// request's own counts.
-constexpr double kEngineForget = 0.999;  // per verification, engine-wide
-// The highest acceptance a choice assumes (E(k) stays finite as alpha -> 1), and the one
-// DraftsCouldPay asks about ("every draft accepted").
-constexpr double kMaxAlpha = 0.99;
-// 8, not 4: a new request's draws from Beta(3.2, 0.8) (the engine at 0.8) spread so widely that a
-// single sequence ran 3.5% of its steps without drafts and many with 1 or 2, where 4 did best.
-constexpr double kRequestWeight = 8.0;
+using tuning::kEngineForget;
+using tuning::kMargin;
+using tuning::kMaxAlpha;
+using tuning::kOffEvery;
+using tuning::kOffRun;
+using tuning::kReach;
+using tuning::kRequestWeight;
+using tuning::kVerifyRelax;
 
 // A draw from Beta(a, b), as X / (X + Y) for X ~ Gamma(a), Y ~ Gamma(b).
 double SampleBeta(double a, double b, std::mt19937_64* rng) {
@@ -26,10 +26,10 @@ double SampleBeta(double a, double b, std::mt19937_64* rng) {
 
 }  // namespace
 
-SpecController::SpecController(const ModelConfig* target, StepCost target_cost, const ModelConfig* draft,
+SpecController::SpecController(const ForwardShape& target, StepCost target_cost, std::optional<ForwardShape> draft,
                                std::unique_ptr<StepCost> draft_cost)
     : target_(target), target_cost_(std::move(target_cost)), draft_(draft), draft_cost_(std::move(draft_cost)) {
-  if (draft_ == nullptr) draft_cost_.reset();
+  if (!draft_) draft_cost_.reset();
   SetShapeWorks();
 }
 
@@ -119,14 +119,14 @@ double SpecController::TargetFlops(double base_flops, absl::Span<const SpecCandi
                                    absl::Span<const int32_t> k) const {
   for (size_t i = 0; i < c.size(); ++i) {
     // Drafts at positions len .. len + k - 1, each with its logits row.
-    base_flops += ForwardFlops(*target_, k[i], k[i], AttendedPositions(c[i].len, k[i]));
+    base_flops += ForwardFlops(target_, k[i], k[i], AttendedPositions(c[i].len, k[i]));
   }
   return base_flops;
 }
 
 std::vector<double> SpecController::DraftFlops(absl::Span<const SpecCandidate> c, absl::Span<const int32_t> k) const {
   std::vector<double> flops;
-  if (draft_ == nullptr) return flops;
+  if (!draft_) return flops;
   for (size_t i = 0; i < c.size(); ++i) {
     if (k[i] > static_cast<int32_t>(flops.size())) flops.resize(k[i], 0.0);
     // Forward 0 runs the tokens the draft lags by; forward j runs draft j - 1 (position len + j - 1).
@@ -139,7 +139,7 @@ std::vector<double> SpecController::DraftFlops(absl::Span<const SpecCandidate> c
 
 double SpecController::FirstDraftFlops(const SpecCandidate& c) const {
   // The draft's first forward runs the tokens it lags by, the last of them with its logits row.
-  return draft_ == nullptr ? 0.0 : ForwardFlops(*draft_, c.catch_up, 1, AttendedPositions(c.len - c.catch_up, c.catch_up));
+  return !draft_ ? 0.0 : ForwardFlops(*draft_, c.catch_up, 1, AttendedPositions(c.len - c.catch_up, c.catch_up));
 }
 
 std::vector<int32_t> SpecController::Evaluate(double base_flops, double fixed_tokens,
@@ -160,7 +160,7 @@ std::vector<int32_t> SpecController::Evaluate(double base_flops, double fixed_to
   bool any = false;
   double engine_draw = -1;  // drawn at the first candidate in reach
   for (size_t i = 0; i < c.size(); ++i) {
-    if (c[i].max_k <= 0 || ForwardFlops(*target_, 1, 1, c[i].len + 1) > target_room) continue;
+    if (c[i].max_k <= 0 || ForwardFlops(target_, 1, 1, c[i].len + 1) > target_room) continue;
     if (engine_draw < 0) engine_draw = SampleBeta(engine_.accepted + 1.0, engine_.rejected + 1.0, &rng_);
     const auto [a, b] = Posterior(c[i].id, engine_draw);
     alpha[i] = std::min(SampleBeta(a, b, &rng_), kMaxAlpha);
@@ -172,9 +172,6 @@ std::vector<int32_t> SpecController::Evaluate(double base_flops, double fixed_to
 
 std::vector<int32_t> SpecController::Choose(double base_flops, double fixed_tokens,
                                             absl::Span<const SpecCandidate> c) {
-  // After kOffRun plain choices in a row, only every kOffEvery-th step is evaluated: where drafts
-  // never pay (the real pair), the draws and walks over 8 to 32 sequences took 5 us of steps of
-  // 100-400 us, once their first drafts were within the measured shapes.
   if (off_run_ >= kOffRun && off_run_++ % kOffEvery != 0) return std::vector<int32_t>(c.size(), 0);
   std::vector<int32_t> k = Evaluate(base_flops, fixed_tokens, c);
   if (std::all_of(k.begin(), k.end(), [](int32_t x) { return x == 0; })) {
@@ -187,11 +184,11 @@ std::vector<int32_t> SpecController::Choose(double base_flops, double fixed_toke
 
 bool SpecController::DraftsCouldPay(int32_t max_seqs, int32_t max_k) const {
   if (draft_cost_ == nullptr) return true;  // no draft model: drafts cost only their verification
-  constexpr int32_t kLen = 32;              // the measured forwards' context (model/forward_cost.cc)
+  constexpr int32_t kLen = tuning::kMeasuredContext;
   for (int32_t n = 1; n <= std::max(max_seqs, 1); n *= 2) {
-    const double base = ForwardFlops(*target_, n, n, n * AttendedPositions(kLen, 1));
+    const double base = ForwardFlops(target_, n, n, n * AttendedPositions(kLen, 1));
     // Past the table's reach nothing is priced: no draft could be chosen there either.
-    if (base + ForwardFlops(*target_, 1, 1, kLen + 1) > kReach * target_cost_.max_flops()) break;
+    if (base + ForwardFlops(target_, 1, 1, kLen + 1) > kReach * target_cost_.max_flops()) break;
     std::vector<SpecCandidate> c;
     for (int32_t i = 0; i < n; ++i) c.push_back({i, max_k, kLen + 1, 1});
     const std::vector<int32_t> k = Select(base, 0, c, std::vector<double>(n, kMaxAlpha));
@@ -230,8 +227,8 @@ std::vector<int32_t> SpecController::Select(double base_flops, double fixed_toke
       Draft d = heap.back();
       heap.pop_back();
       const SpecCandidate& ci = c[d.seq];
-      d.target_flops = ForwardFlops(*target_, 1, 1, ci.len + d.j);
-      d.draft_flops = draft_ == nullptr ? 0.0 : d.j == 1 ? FirstDraftFlops(ci) : ForwardFlops(*draft_, 1, 1, ci.len + d.j - 1);
+      d.target_flops = ForwardFlops(target_, 1, 1, ci.len + d.j);
+      d.draft_flops = !draft_ ? 0.0 : d.j == 1 ? FirstDraftFlops(ci) : ForwardFlops(*draft_, 1, 1, ci.len + d.j - 1);
       drafts.push_back(d);
       push(d.seq, d.j + 1, d.gain * alpha[d.seq]);
     }

@@ -1,0 +1,64 @@
+// The engine's one output path (vLLM v1's OutputProcessor): each request's generated tokens, their
+// incremental detokenization, stop strings, the streaming hold-back, UTF-8 boundaries, timings and
+// finish reasons, turned into the per-request deltas that Engine::Step returns. Stop tokens and the
+// length limit end a request in the scheduler (it frees the KV and drops tokens past them); the
+// engine then passes on only the tokens the scheduler kept.
+#pragma once
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "engine/request.h"
+#include "model/tokenizer.h"
+
+namespace specula {
+
+class OutputProcessor {
+ public:
+  // `tokenizer` may be null: no text and no stop strings.
+  explicit OutputProcessor(const Tokenizer* tokenizer) : tokenizer_(tokenizer) {}
+
+  // A request the engine took (its last prompt token starts the detokenization).
+  void Add(const Request& r, double now_ms);
+  size_t num_tokens(RequestId id) const { return outputs_.at(id).out.tokens.size(); }
+  // The step that first schedules a request.
+  void Scheduled(RequestId id, double now_ms);
+  // A verification of `drafts` drafts that accepted `accepted`.
+  void RecordSpec(RequestId id, int32_t drafts, int32_t accepted) { outputs_.at(id).out.spec.Record(drafts, accepted); }
+  // The step's new tokens of a request, at `now_ms`; `cached_prompt_tokens` is recorded with the
+  // first. Returns true when a stop string now appears in the text (it is cut there; the caller
+  // ends the request with FinishReason::kStopString).
+  bool Append(RequestId id, absl::Span<const TokenId> tokens, double now_ms, int32_t cached_prompt_tokens);
+  // Ends a request; its last delta carries the whole output.
+  void Finish(RequestId id, FinishReason reason, double now_ms, int32_t num_preemptions, std::string error = "");
+  // A delta for every request with new tokens or a finish since the last call; finished requests
+  // are forgotten.
+  std::vector<RequestDelta> TakeDeltas();
+
+ private:
+  struct State {
+    RequestOutput out;
+    std::vector<std::string> stop_strings;
+    TokenId last = -1;       // the last token detokenized (the prompt's at first)
+    size_t hold_back = 0;    // the longest stop string's length - 1
+    size_t tokens_sent = 0;  // what the deltas so far carried
+    size_t text_sent = 0;
+    bool finished = false;
+    bool changed = false;    // listed in changed_
+  };
+  void MarkChanged(RequestId id, State& s);
+  RequestDelta DeltaOf(State& s);
+
+  const Tokenizer* tokenizer_;
+  std::unordered_map<RequestId, State> outputs_;
+  std::vector<RequestId> changed_;  // requests with something for the next TakeDeltas, in order
+};
+
+// Appends to `out` the UTF-8 of `s` that can be sent now, each invalid byte replaced by U+FFFD
+// (Protobuf strings and JSON must be valid UTF-8), and returns the bytes of `s` consumed. A
+// multi-byte character cut at the end (a token may end inside one) waits unless `last`.
+size_t TakeUtf8(std::string_view s, bool last, std::string* out);
+
+}  // namespace specula

@@ -1,0 +1,76 @@
+// A request as every surface gives it to the engine (CLI, batch, gRPC, HTTP, experiments), what it
+// produced, and the deltas the engine's step returns for it. A request is validated in one place
+// (ValidateRequest) and has one stop set (StopTokenIds), whichever surface it came from.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/step.h"
+#include "model/model_config.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+#include "verify/rejection_sampler.h"
+
+namespace specula {
+
+struct Request {
+  RequestId id = 0;
+  std::vector<TokenId> prompt;
+  int32_t max_tokens = 16;
+  SamplingParams sampling;
+  std::vector<TokenId> stop_ids;          // in addition to the model's end tokens unless ignore_eos
+  std::vector<std::string> stop_strings;  // needs a tokenizer
+  bool ignore_eos = false;
+  int32_t priority = 0;
+};
+
+struct RequestOutput {
+  RequestId id = 0;
+  std::vector<TokenId> tokens;  // generated
+  std::string text;             // generated text (stop string cut off; valid UTF-8), when a tokenizer is set
+  FinishReason finish = FinishReason::kNone;
+  std::string error;
+  int32_t prompt_tokens = 0;
+  int32_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
+  int32_t num_preemptions = 0;
+  // Milliseconds since the engine started. scheduled_ms: the step that first scheduled it (it left
+  // the waiting queue; 0: never).
+  double arrival_ms = 0, scheduled_ms = 0, first_token_ms = 0, finish_ms = 0;
+  std::vector<double> token_ms;  // [tokens]
+
+  SpecStats spec;  // drafts, draft tokens, accepted tokens, accepted per position
+
+  double ttft_ms() const { return first_token_ms - arrival_ms; }
+  double tpot_ms() const {
+    return tokens.size() > 1 ? (token_ms.back() - token_ms.front()) / (tokens.size() - 1) : 0.0;
+  }
+};
+
+// What a request produced since its previous delta. The text lags the tokens by up to the longest
+// stop string's length - 1 bytes until the last delta (vLLM's hold-back), and a UTF-8 character cut
+// by a token boundary waits for the next; so the deltas' text adds up to the final text, is valid
+// UTF-8 (invalid bytes become U+FFFD) and never holds a stop string. The last delta has `finished`
+// set and carries the whole output in `final`, or the reason the request was refused in `error`.
+struct RequestDelta {
+  RequestId id = 0;
+  std::vector<TokenId> tokens;
+  std::string text;
+  bool finished = false;
+  absl::Status error;  // not OK: the request was refused (bad input) and never ran
+  RequestOutput final;
+};
+
+// The token ids that end a request: its own stop_ids and, unless ignore_eos, the model's end
+// tokens: the tokenizer's EOS and every id the model's config lists (llama2.c models list BOS, which
+// ends a story there). The one rule for every surface.
+std::vector<TokenId> StopTokenIds(const Request& r, const ModelConfig& model, const Tokenizer* tokenizer);
+
+// Errors name the request and the field: bad sampling parameters, token ids outside the
+// vocabulary, stop strings without a tokenizer. (What depends on the KV pool, the prompt's and
+// max_tokens' room, the scheduler checks when it takes the request.)
+absl::Status ValidateRequest(const Request& r, int32_t vocab_size, bool has_tokenizer);
+
+}  // namespace specula
