@@ -18,6 +18,11 @@ class DraftModelProposer : public Proposer {
  public:
   // `draft` must outlive the proposer. `num_blocks` of `block_size` slots for the draft's KV.
   DraftModelProposer(LlamaModel* draft, int32_t block_size, int32_t num_blocks);
+  // The same, owning its draft model (draft/factory.h).
+  DraftModelProposer(std::unique_ptr<LlamaModel> draft, int32_t block_size, int32_t num_blocks)
+      : DraftModelProposer(draft.get(), block_size, num_blocks) {
+    owned_ = std::move(draft);
+  }
 
   absl::Status Propose(absl::Span<const ProposeInput> inputs, std::vector<Proposal>* out) override;
   void Rollback(RequestId id, int32_t num_valid) override;
@@ -34,6 +39,7 @@ class DraftModelProposer : public Proposer {
     std::mt19937_64 rng;
   };
 
+  std::unique_ptr<LlamaModel> owned_;  // null when the caller owns the draft model
   LlamaModel* draft_;
   KvCache kv_;
   BlockAllocator allocator_;

@@ -266,7 +266,7 @@ absl::Status RunExperiment(const LoadedSpec& spec, const HarnessOptions& opt) {
       RunHooks hooks;
       hooks.stop = opt.stop;
       hooks.on_progress = [&](int32_t d, int32_t n) { progress.Requests(d, n); };
-      hooks.engine_flags = opt.engine_flags;
+      hooks.group = opt.group;
       hooks.before_load = opt.before_load;
       const auto t0 = std::chrono::steady_clock::now();
       auto m = RunPoint(spec, p, hooks);

@@ -10,12 +10,14 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
 
 #include "absl/status/statusor.h"
-#include "core/flags.h"
+#include "dist/communicator.h"
+#include "engine/options.h"
 #include "experiments/spec.h"
 
 namespace specula::experiments {
@@ -25,9 +27,9 @@ struct HarnessOptions {
   bool force = false;                       // discard DIR's results and rerun everything
   const std::atomic<bool>* stop = nullptr;  // Ctrl-C: stop after (or within) the current run
   bool progress = true;                     // the progress line on stderr
-  // Passed to every run (RunHooks): extra engine flags and the hook before an engine loads.
-  std::map<std::string, std::string> engine_flags;
-  std::function<absl::Status(const Flags&)> before_load;
+  // Passed to every run (RunHooks): the tensor-parallel group and the hook before an engine loads.
+  std::shared_ptr<Communicator> group;
+  std::function<absl::Status(const EngineOptions&)> before_load;
 };
 
 // Errors: a DIR holding another spec's results (without force), an unwritable DIR, a malformed

@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/flags.h"
 #include "core/status_macros.h"
 #include "engine/engine_setup.h"
 #include "engine/run.h"
@@ -16,29 +15,25 @@
 namespace specula::experiments {
 namespace {
 
-// The engine flags of a point, as `specula generate` would be given them.
-Flags PointFlags(const Experiment& s, const Point& p) {
-  Flags f;
-  f.values = {{"model", s.model().path()},
-              {"max-tokens", absl::StrCat(s.workload().max_tokens())},
-              {"temperature", absl::StrCat(p.temperature)},
-              {"max-num-seqs", absl::StrCat(p.max_num_seqs)},
-              {"max-num-batched-tokens", absl::StrCat(p.max_num_batched_tokens)},
-              {"kv-cache-dtype", p.kv_cache_dtype},
-              {"quantization", p.quantization}};
-  if (!s.model().tokenizer().empty()) f.values["tokenizer"] = s.model().tokenizer();
+// The engine of a point: the spec's model and workload, the point's batching and speculation.
+EngineOptions PointOptions(const Experiment& s, const Point& p) {
+  EngineOptions o;
+  o.target.model = s.model().path();
+  o.target.tokenizer = s.model().tokenizer();
+  o.target.kv_cache_dtype = p.kv_cache_dtype;
+  o.target.quantization = p.quantization;
+  o.defaults.max_tokens = s.workload().max_tokens();
+  o.defaults.sampling.temperature = static_cast<float>(p.temperature);
+  o.batching.max_num_seqs = p.max_num_seqs;
+  o.batching.max_num_batched_tokens = p.max_num_batched_tokens;
   if (p.spec_method != "none") {
-    f.values["spec-method"] = p.spec_method;
-    if (*p.num_spec_tokens == 0) {
-      f.values["num-spec-tokens"] = "auto";
-      f.values["max-spec-tokens"] = absl::StrCat(s.max_spec_tokens());
-    } else {
-      f.values["num-spec-tokens"] = absl::StrCat(*p.num_spec_tokens);
-    }
-    if (p.spec_method == "draft") f.values["draft-model"] = s.draft().path();
+    o.speculation.method = p.spec_method;
+    o.speculation.adaptive = *p.num_spec_tokens == 0;
+    o.speculation.num_spec_tokens = o.speculation.adaptive ? s.max_spec_tokens() : *p.num_spec_tokens;
+    if (p.spec_method == "draft") o.speculation.draft_model = s.draft().path();
   }
-  if (s.workload().ignore_eos()) f.switches.insert("ignore-eos");
-  return f;
+  o.ignore_eos = s.workload().ignore_eos();
+  return o;
 }
 
 // The spec's requests: its prompts file (read when the spec loaded) cycled to num_requests, or
@@ -158,10 +153,10 @@ absl::StatusOr<nlohmann::json> RunOffline(LoadedEngine& e, const SchedulerConfig
     // As the server does: a request asks for at most what its context has room for.
     r.max_tokens = std::min(lr.max_tokens > 0 ? lr.max_tokens : w.max_tokens(),
                             sc.max_model_len - static_cast<int32_t>(r.prompt.size()));
-    r.sampling = e.opt.sampling;
+    r.sampling = e.defaults().sampling;
     r.sampling.temperature = static_cast<float>(temperature);
     r.sampling.seed = w.seed() + static_cast<uint64_t>(i);
-    r.ignore_eos = lr.ignore_eos || e.ignore_eos;
+    r.ignore_eos = lr.ignore_eos || e.ignore_eos();
     if (auto st = engine.AddRequest(std::move(r)); !st.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("workload request ", i, ": ", st.message()));
     }
@@ -359,15 +354,12 @@ absl::StatusOr<nlohmann::json> RunRemote(const LoadedSpec& s, const Point& p, co
 
 absl::StatusOr<nlohmann::json> RunPoint(const LoadedSpec& s, const Point& p, const RunHooks& hooks) {
   if (p.remote) return RunRemote(s, p, hooks);
-  Flags flags = PointFlags(s.spec, p);
-  for (const auto& [name, value] : hooks.engine_flags) flags.values[name] = value;
-  if (hooks.before_load) {
-    if (absl::Status st = hooks.before_load(flags); !st.ok()) return st;
-  }
-  auto loaded = LoadEngine(flags);
-  if (!loaded.ok()) return loaded.status();
-  LoadedEngine& e = **loaded;
-  auto sc = BatchSchedulerConfig(flags, e);
+  EngineOptions options = PointOptions(s.spec, p);
+  if (hooks.group != nullptr) options.target.tensor_parallel_size = hooks.group->size();
+  if (hooks.before_load) RETURN_IF_ERROR(hooks.before_load(options));
+  ASSIGN_OR_RETURN(std::unique_ptr<LoadedEngine> loaded, LoadEngine(options, hooks.group));
+  LoadedEngine& e = *loaded;
+  auto sc = BatchSchedulerConfig(e);
   if (!sc.ok()) return sc.status();
   SpecConfig spec_cfg;
   spec_cfg.proposer = e.proposer.get();

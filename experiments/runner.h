@@ -7,10 +7,12 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "core/flags.h"
+#include "dist/communicator.h"
+#include "engine/options.h"
 #include "experiments/spec.h"
 #include "nlohmann/json.hpp"
 
@@ -19,11 +21,11 @@ namespace specula::experiments {
 struct RunHooks {
   const std::atomic<bool>* stop = nullptr;  // set (Ctrl-C): the run ends early with CancelledError
   std::function<void(int32_t done, int32_t total)> on_progress;  // requests finished; from any thread
-  // Added to every local point's engine flags (`experiment run --tensor-parallel-size N`).
-  std::map<std::string, std::string> engine_flags;
-  // Called with a local point's engine flags just before its engine loads (tensor parallelism: rank
-  // 0 sends them to the other ranks, which load the same engine); an error fails the run.
-  std::function<absl::Status(const Flags&)> before_load;
+  // Tensor parallelism (`experiment run --tensor-parallel-size N`): the group every local point's
+  // engine is sharded over, and a call with the point's engine options just before it loads (rank 0
+  // sends them to the other ranks, which load the same engine); an error fails the run.
+  std::shared_ptr<Communicator> group;
+  std::function<absl::Status(const EngineOptions&)> before_load;
 };
 
 // The measurements of one run (results.jsonl's fields after "key", "repeat" and "point"):

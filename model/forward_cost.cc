@@ -18,38 +18,27 @@ ForwardShape ShapeOf(const ModelConfig& c) {
 
 namespace {
 
-// Measurements by (model id, KV dtype, batch, block size). Each measurement is a few forwards at
-// full load; the engine's factor (spec/step_cost.h) follows later drift.
-struct CacheKey {
-  uint64_t model;
-  int kv_dtype;
-  int32_t batch, block_size;
-  auto operator<=>(const CacheKey&) const = default;
-};
-std::mutex cache_mu;
-std::map<CacheKey, std::vector<CostPoint>>& Cache() {
-  static auto* cache = new std::map<CacheKey, std::vector<CostPoint>>;
-  return *cache;
-}
-
 // Appends to `out` the shapes of n tokens for n = 1, 2, 4, ... past out's last, up to grid.max_tokens.
 absl::Status Measure(LlamaModel& model, const CostGrid& grid, std::vector<CostPoint>* out);
 
 }  // namespace
 
 absl::StatusOr<std::vector<CostPoint>> MeasureForwardCost(LlamaModel& model, const CostGrid& grid) {
-  const CacheKey key{model.id(), static_cast<int>(model.kv_dtype()), grid.batch, grid.block_size};
+  // Each measurement is a few forwards at full load; the engine's factor (spec/step_cost.h) follows
+  // later drift.
+  LlamaModel::MeasuredCost& measured = model.measured_cost();
+  const auto key = std::make_tuple(static_cast<int>(model.kv_dtype()), grid.batch, grid.block_size);
   std::vector<CostPoint> points;
   {
-    std::lock_guard<std::mutex> lock(cache_mu);
-    if (auto it = Cache().find(key); it != Cache().end()) points = it->second;
+    std::lock_guard<std::mutex> lock(measured.mu);
+    if (auto it = measured.points.find(key); it != measured.points.end()) points = it->second;
   }
   const size_t had = points.size();
   RETURN_IF_ERROR(Measure(model, grid, &points));
   if (points.size() > had) {
-    std::lock_guard<std::mutex> lock(cache_mu);
-    std::vector<CostPoint>& cached = Cache()[key];
-    if (cached.size() < points.size()) cached = points;
+    std::lock_guard<std::mutex> lock(measured.mu);
+    std::vector<CostPoint>& kept = measured.points[key];
+    if (kept.size() < points.size()) kept = points;
   }
   return points;
 }

@@ -21,8 +21,8 @@ inline double ForwardFlops(const ModelConfig& c, double tokens, double rows, dou
 
 // Times forwards of 1, 2, 4, ... up to grid.max_tokens new tokens, each with its logits row
 // (decodes and verification runs), spread over up to `batch` sequences at short contexts, the best
-// of a few runs each, until the budget is spent. A model's points are kept for the process's
-// lifetime by (model, KV dtype, batch, block size): a call measures only the shapes past those
+// of a few runs each, until the budget is spent. A model keeps its points (LlamaModel::
+// measured_cost) by (KV dtype, batch, block size): a call measures only the shapes past those
 // already measured, so an engine can measure its small shapes at startup and the larger ones later
 // (spec/adaptive.h), and engines built one after another on the same model measure once. Returns
 // every point measured so far, in order of work. The forwards write into a KV pool of their own (an

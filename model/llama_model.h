@@ -7,11 +7,13 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/batch.h"
+#include "core/forward_work.h"
 #include "model/kv_cache.h"
 #include "model/weights.h"
 #include "kernels/backend.h"
@@ -74,6 +76,15 @@ class LlamaModel {
   // The loop of ranks other than 0: receives each step plan and runs this rank's share of the
   // forward, until rank 0 says stop (OK) or a collective fails (its error).
   absl::Status RunFollower();
+
+  // This model's forwards measured so far (model/forward_cost.h), by the grid they were measured
+  // on, so that engines built one after another on the model measure once. The caller holds the
+  // lock while it reads or writes the points.
+  struct MeasuredCost {
+    std::mutex mu;
+    std::map<std::tuple<int, int32_t, int32_t>, std::vector<CostPoint>> points;  // (KV dtype, batch, block size)
+  };
+  MeasuredCost& measured_cost() { return measured_cost_; }
 
  private:
   // Pools rank 0 dropped since its last message (filled from KvCache destructors).
@@ -143,6 +154,7 @@ class LlamaModel {
   std::vector<float> tp_gather_host_;                       // the same on the host (device backends)
 
   int32_t max_graph_batch_ = 64;
+  MeasuredCost measured_cost_;
   uint64_t id_;
   uint64_t graph_kv_ = 0;  // KvCache::id() of the pool the captured graphs write into
 };

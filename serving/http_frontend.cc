@@ -251,6 +251,29 @@ absl::StatusOr<HttpRequestBody> ParseHttpRequestBody(const std::string& body, bo
   return b;
 }
 
+namespace {
+
+// A choice: completions carry `text`; chat carries `message` (whole) or `delta` (streamed).
+json ChoiceJson(bool chat, const std::string& text, bool delta, json finish, bool first) {
+  json c = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", std::move(finish)}};
+  if (!chat) {
+    c["text"] = text;
+  } else if (!delta) {
+    c["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    c["delta"] = first ? json{{"role", "assistant"}, {"content", text}} : json{{"content", text}};
+  }
+  return c;
+}
+
+json UsageJson(const RequestOutput& out) {
+  const int32_t n = static_cast<int32_t>(out.tokens.size());
+  return json{{"prompt_tokens", out.prompt_tokens}, {"completion_tokens", n}, {"total_tokens", out.prompt_tokens + n},
+              {"prompt_tokens_details", {{"cached_tokens", out.cached_prompt_tokens}}}};
+}
+
+}  // namespace
+
 void HttpFrontend::Impl::Handle(const httplib::Request& req, httplib::Response& res, bool chat) {
   const std::string model = server->options().model_name;
   auto parsed = ParseHttpRequestBody(req.body, chat, model, chat_template.has_value() ? &*chat_template : nullptr,
@@ -265,22 +288,8 @@ void HttpFrontend::Impl::Handle(const httplib::Request& req, httplib::Response& 
   const int64_t created = std::time(nullptr);
   const char* object = chat ? "chat.completion" : "text_completion";
   const char* chunk_object = chat ? "chat.completion.chunk" : "text_completion";
-  // A choice: completions carry `text`; chat carries `message` (whole) or `delta` (streamed).
   auto choice_of = [chat](const std::string& text, bool delta, json finish, bool first) {
-    json c = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}};
-    if (!chat) {
-      c["text"] = text;
-    } else if (!delta) {
-      c["message"] = {{"role", "assistant"}, {"content", text}};
-    } else {
-      c["delta"] = first ? json{{"role", "assistant"}, {"content", text}} : json{{"content", text}};
-    }
-    return c;
-  };
-  auto usage_of = [](const RequestOutput& out) {
-    const int32_t n = static_cast<int32_t>(out.tokens.size());
-    return json{{"prompt_tokens", out.prompt_tokens}, {"completion_tokens", n}, {"total_tokens", out.prompt_tokens + n},
-                {"prompt_tokens_details", {{"cached_tokens", out.cached_prompt_tokens}}}};
+    return ChoiceJson(chat, text, delta, std::move(finish), first);
   };
   // A client that goes away aborts its request, which frees its KV blocks: a non-streamed one is
   // checked after every delta (each step that gives it tokens) and every 20 ms while it waits; a
@@ -302,7 +311,7 @@ void HttpFrontend::Impl::Handle(const httplib::Request& req, httplib::Response& 
       if (!d->finished) continue;
       json choice = choice_of(text, false, FinishName(d->final.finish), false);
       res.set_content(json{{"id", id}, {"object", object}, {"created", created}, {"model", model},
-                           {"choices", {choice}}, {"usage", usage_of(d->final)}}
+                           {"choices", {choice}}, {"usage", UsageJson(d->final)}}
                           .dump(-1, ' ', false, json::error_handler_t::replace),
                       "application/json");
       return;
@@ -329,7 +338,7 @@ void HttpFrontend::Impl::Handle(const httplib::Request& req, httplib::Response& 
         if (!d->finished) return true;
         if (usage_in_stream) {
           send({{"id", id}, {"object", chunk_object}, {"created", created}, {"model", model}, {"choices", json::array()},
-                {"usage", usage_of(d->final)}});
+                {"usage", UsageJson(d->final)}});
         }
         const std::string done = "data: [DONE]\n\n";
         sink.write(done.data(), done.size());

@@ -387,22 +387,28 @@ class HttpClient final : public LoadClient {
 
   const ServerInfo& info() const override { return info_; }
 
-  RequestResult Send(const LoadRequest& r) override {
+  // A streamed /v1/completions request for `r`.
+  httplib::Request CompletionRequest(const LoadRequest& r) const {
     json body = {{"model", info_.model}, {"temperature", opt_.temperature}, {"stream", true},
                  {"stream_options", {{"include_usage", true}}}};
     if (r.prompt_token_ids.empty()) body["prompt"] = r.prompt; else body["prompt"] = r.prompt_token_ids;
     if (r.max_tokens > 0) body["max_tokens"] = r.max_tokens;
     if (r.ignore_eos) body["ignore_eos"] = true;
-    httplib::Client c(host_, port_);
-    c.set_connection_timeout(10);
-    const auto timeout = std::chrono::microseconds(static_cast<int64_t>(opt_.request_timeout_s * 1e6));
-    c.set_read_timeout(timeout);
-    c.set_write_timeout(timeout);
     httplib::Request q;
     q.method = "POST";
     q.path = "/v1/completions";
     q.headers = {{"Content-Type", "application/json"}, {"Accept", "text/event-stream"}};
     q.body = body.dump();
+    return q;
+  }
+
+  RequestResult Send(const LoadRequest& r) override {
+    httplib::Client c(host_, port_);
+    c.set_connection_timeout(10);
+    const auto timeout = std::chrono::microseconds(static_cast<int64_t>(opt_.request_timeout_s * 1e6));
+    c.set_read_timeout(timeout);
+    c.set_write_timeout(timeout);
+    httplib::Request q = CompletionRequest(r);
 
     RequestResult res;
     int status = 0, messages = 0, usage_tokens = -1;

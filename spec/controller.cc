@@ -197,49 +197,49 @@ bool SpecController::DraftsCouldPay(int32_t max_seqs, int32_t max_k) const {
   return false;  // within the measured shapes; wants_larger_shapes() says whether larger ones might
 }
 
-std::vector<int32_t> SpecController::Select(double base_flops, double fixed_tokens, absl::Span<const SpecCandidate> c,
-                                            const std::vector<double>& alpha) const {
-  const size_t n = c.size();
-  // The candidate drafts (sequence i, its j-th draft) in order of the tokens they add, alpha_i^j,
-  // ties by (sequence, j), each with the work it adds to the target's step and to the draft's j-th
-  // forward. A sequence's gains fall with j, so the order merges the sequences' runs: it is made
-  // lazily from a heap of each sequence's next draft, as far as the walks below read it (they mostly
-  // stop after a few drafts; sorting all 256 drafts of 32 sequences was most of the controller's
-  // time in steps that speculate on nothing).
-  std::vector<Draft>& drafts = drafts_;  // scratch kept between steps
-  std::vector<Draft>& heap = heap_;
-  drafts.clear();
-  heap.clear();
-  auto lower = [](const Draft& a, const Draft& b) {  // a comes after b
-    if (a.gain != b.gain) return a.gain < b.gain;
-    return a.seq != b.seq ? a.seq > b.seq : a.j > b.j;
-  };
-  auto push = [&](size_t i, int32_t j, double gain) {
-    if (j > c[i].max_k || gain < 1e-3) return;
-    heap.push_back({gain, i, j, 0, 0});
-    std::push_heap(heap.begin(), heap.end(), lower);
-  };
-  // drafts[idx], extending the order; null past the last draft.
-  auto at = [&](size_t idx) -> const Draft* {
-    while (drafts.size() <= idx) {
-      if (heap.empty()) return nullptr;
-      std::pop_heap(heap.begin(), heap.end(), lower);
-      Draft d = heap.back();
-      heap.pop_back();
-      const SpecCandidate& ci = c[d.seq];
-      d.target_flops = ForwardFlops(target_, 1, 1, ci.len + d.j);
-      d.draft_flops = !draft_ ? 0.0 : d.j == 1 ? FirstDraftFlops(ci) : ForwardFlops(*draft_, 1, 1, ci.len + d.j - 1);
-      drafts.push_back(d);
-      push(d.seq, d.j + 1, d.gain * alpha[d.seq]);
-    }
-    return &drafts[idx];
-  };
-  // The gains of every j-th draft, and the draft's cheapest first forward, for the bounds below.
+namespace {
+
+// a comes after b in the order of drafts: by gain, ties by (sequence, j).
+bool Lower(double a_gain, size_t a_seq, int32_t a_j, double b_gain, size_t b_seq, int32_t b_j) {
+  if (a_gain != b_gain) return a_gain < b_gain;
+  return a_seq != b_seq ? a_seq > b_seq : a_j > b_j;
+}
+
+}  // namespace
+
+void SpecController::PushDraft(size_t i, int32_t j, double gain, absl::Span<const SpecCandidate> c) const {
+  if (j > c[i].max_k || gain < 1e-3) return;
+  heap_.push_back({gain, i, j, 0, 0});
+  std::push_heap(heap_.begin(), heap_.end(), [](const Draft& a, const Draft& b) {
+    return Lower(a.gain, a.seq, a.j, b.gain, b.seq, b.j);
+  });
+}
+
+const SpecController::Draft* SpecController::NextDraft(size_t idx, absl::Span<const SpecCandidate> c,
+                                                        const std::vector<double>& alpha) const {
+  while (drafts_.size() <= idx) {
+    if (heap_.empty()) return nullptr;
+    std::pop_heap(heap_.begin(), heap_.end(), [](const Draft& a, const Draft& b) {
+      return Lower(a.gain, a.seq, a.j, b.gain, b.seq, b.j);
+    });
+    Draft d = heap_.back();
+    heap_.pop_back();
+    const SpecCandidate& ci = c[d.seq];
+    d.target_flops = ForwardFlops(target_, 1, 1, ci.len + d.j);
+    d.draft_flops = !draft_ ? 0.0 : d.j == 1 ? FirstDraftFlops(ci) : ForwardFlops(*draft_, 1, 1, ci.len + d.j - 1);
+    drafts_.push_back(d);
+    PushDraft(d.seq, d.j + 1, d.gain * alpha[d.seq], c);
+  }
+  return &drafts_[idx];
+}
+
+std::vector<double> SpecController::LevelGains(absl::Span<const SpecCandidate> c, const std::vector<double>& alpha,
+                                               double* first_forward) const {
   std::vector<double> level_gain(1, 0.0);  // [j]
-  double first_forward = draft_cost_ != nullptr ? 1e30 : 0.0;
-  for (size_t i = 0; i < n; ++i) {
+  *first_forward = draft_cost_ != nullptr ? 1e30 : 0.0;
+  for (size_t i = 0; i < c.size(); ++i) {
     if (alpha[i] < 1e-3) continue;
-    if (draft_cost_ != nullptr) first_forward = std::min(first_forward, draft_cost_->Predict(FirstDraftFlops(c[i])));
+    if (draft_cost_ != nullptr) *first_forward = std::min(*first_forward, draft_cost_->Predict(FirstDraftFlops(c[i])));
     double gain = 1.0;
     for (int32_t j = 1; j <= c[i].max_k; ++j) {
       gain *= alpha[i];
@@ -247,8 +247,19 @@ std::vector<int32_t> SpecController::Select(double base_flops, double fixed_toke
       if (static_cast<size_t>(j) >= level_gain.size()) level_gain.resize(j + 1, 0.0);
       level_gain[j] += gain;
     }
-    push(i, 1, alpha[i]);
+    PushDraft(i, 1, alpha[i], c);
   }
+  return level_gain;
+}
+
+std::vector<int32_t> SpecController::Select(double base_flops, double fixed_tokens, absl::Span<const SpecCandidate> c,
+                                            const std::vector<double>& alpha) const {
+  const size_t n = c.size();
+  drafts_.clear();
+  heap_.clear();
+  double first_forward = 0;
+  const std::vector<double> level_gain = LevelGains(c, alpha, &first_forward);  // [j]
+  auto at = [&](size_t idx) { return NextDraft(idx, c, alpha); };
   const int32_t max_k = static_cast<int32_t>(level_gain.size()) - 1;
 
   std::vector<int32_t> best(n, 0), k(n);

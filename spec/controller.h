@@ -113,7 +113,20 @@ class SpecController {
     int32_t j;
     double target_flops, draft_flops;
   };
-  mutable std::vector<Draft> drafts_, heap_;  // Select's scratch
+  // The candidate drafts (sequence i, its j-th draft) in order of the tokens they add, alpha_i^j,
+  // ties by (sequence, j), each with the work it adds to the target's step and to the draft's j-th
+  // forward. A sequence's gains fall with j, so the order merges the sequences' runs: it is made
+  // lazily from a heap of each sequence's next draft, as far as Select's walks read it (they mostly
+  // stop after a few drafts; sorting all 256 drafts of 32 sequences was most of the controller's
+  // time in steps that speculate on nothing). drafts_ is the order so far; heap_ the next drafts.
+  mutable std::vector<Draft> drafts_, heap_;
+  void PushDraft(size_t i, int32_t j, double gain, absl::Span<const SpecCandidate> c) const;
+  // drafts_[idx], extending the order; null past the last draft.
+  const Draft* NextDraft(size_t idx, absl::Span<const SpecCandidate> c, const std::vector<double>& alpha) const;
+  // The gains of every j-th draft summed over the candidates ([max j + 1]), and the draft's cheapest
+  // first forward, for Select's bounds; starts the order with each candidate's first draft.
+  std::vector<double> LevelGains(absl::Span<const SpecCandidate> c, const std::vector<double>& alpha,
+                                 double* first_forward) const;
   mutable bool wants_larger_shapes_ = false;  // set by Select
   // Choose without the skipping of long plain runs.
   std::vector<int32_t> Evaluate(double base_flops, double fixed_tokens, absl::Span<const SpecCandidate> c);

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/flags.h"
 #include "dist/communicator.h"
+#include "core/status_macros.h"
 #include "engine/engine_setup.h"
 #include "experiments/harness.h"
 #include "nlohmann/json.hpp"
@@ -56,40 +57,33 @@ request rate (online), the best configuration per batch size, and the capacity p
 std::atomic<bool> g_stop{false};
 void OnSigint(int) { g_stop = true; }
 
-// A point's engine flags from rank 0 to the other ranks, as JSON after a tag (so that a rank that
+// A point's engine options from rank 0 to the other ranks, as JSON after a tag (so that a rank that
 // is out of step, reading a step plan here, fails instead of misreading it). Empty: the sweep ended.
 constexpr char kPointTag[] = "experiment-point ";
 
-std::string EncodePointFlags(const Flags& f) {
-  return kPointTag + nlohmann::json{{"values", f.values}, {"switches", f.switches}}.dump();
-}
-
-absl::StatusOr<Flags> DecodePointFlags(const std::string& msg) {
+absl::StatusOr<EngineOptions> DecodePoint(const std::string& msg) {
   const size_t tag = sizeof(kPointTag) - 1;
-  auto j = nlohmann::json::parse(msg.size() > tag ? msg.substr(tag) : "", nullptr, false);
-  if (msg.compare(0, tag, kPointTag) != 0 || j.is_discarded()) {
+  auto options = msg.compare(0, tag, kPointTag) == 0 ? EngineOptionsFromJson(msg.substr(tag))
+                                                      : absl::InvalidArgumentError("no tag");
+  if (!options.ok()) {
     return absl::InternalError(absl::StrCat("experiment run: rank 0 sent ", msg.size(),
-                                            " bytes that are not a point's flags: the ranks are out of step"));
+                                            " bytes that are not a point's engine: the ranks are out of step"));
   }
-  Flags f;
-  f.values = j["values"].get<std::map<std::string, std::string>>();
-  f.switches = j["switches"].get<std::set<std::string>>();
-  return f;
+  return options;
 }
 
 // A rank other than 0: load each point's shard as rank 0 announces it, and run its forwards
 // (LoadEngine returns once rank 0's engine is gone), until rank 0 sends the end.
-absl::Status FollowSweep(Communicator& group) {
+absl::Status FollowSweep(const std::shared_ptr<Communicator>& group) {
   while (true) {
     std::string msg;
-    if (absl::Status st = group.BroadcastMessage(&msg, "experiment point"); !st.ok()) return st;
+    if (absl::Status st = group->BroadcastMessage(&msg, "experiment point"); !st.ok()) return st;
     if (msg.empty()) return absl::OkStatus();
-    auto flags = DecodePointFlags(msg);
-    if (!flags.ok()) return flags.status();
+    ASSIGN_OR_RETURN(EngineOptions options, DecodePoint(msg));
     // An engine that fails to load fails on rank 0 too (the same checks, before any collective),
     // which ends the sweep: the next message is the end.
-    if (auto loaded = LoadEngine(*flags); !loaded.ok()) {
-      std::cerr << "rank " << group.rank() << ": " << loaded.status().message() << "\n";
+    if (auto loaded = LoadEngine(options, group); !loaded.ok()) {
+      std::cerr << "rank " << group->rank() << ": " << loaded.status().message() << "\n";
     }
   }
 }
@@ -117,7 +111,7 @@ absl::Status Run(int argc, char** argv) {
     auto g = TensorParallelGroup(tp_size, timeout_s);
     if (!g.ok()) return g.status();
     group = *g;
-    if (group->rank() != 0) return FollowSweep(*group);
+    if (group->rank() != 0) return FollowSweep(group);
   }
   experiments::HarnessOptions opt;
   opt.out_dir = flags->values["out"];
@@ -130,9 +124,9 @@ absl::Status Run(int argc, char** argv) {
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
   if (group == nullptr) return experiments::RunExperiment(*spec, opt);
-  opt.engine_flags = {{"tensor-parallel-size", absl::StrCat(tp_size)}, {"collective-timeout-s", absl::StrCat(timeout_s)}};
-  opt.before_load = [&group](const Flags& f) {
-    std::string msg = EncodePointFlags(f);
+  opt.group = group;
+  opt.before_load = [&group](const EngineOptions& options) {
+    std::string msg = kPointTag + EngineOptionsToJson(options);
     return group->BroadcastMessage(&msg, "experiment point");
   };
   absl::Status st = experiments::RunExperiment(*spec, opt);

@@ -14,6 +14,7 @@
 #include "engine/run.h"
 #include "model/chat.h"
 #include "tools/batch_generate.h"
+#include "tools/engine_flags.h"
 
 namespace specula {
 namespace {
@@ -84,11 +85,11 @@ absl::StatusOr<std::string> ChatPrompt(Flags& flags) {
 SchedulerConfig SingleSchedulerConfig(const LoadedEngine& e, size_t prompt_tokens) {
   SchedulerConfig sc;
   sc.max_num_seqs = 1;
-  sc.block_size = e.opt.block_size;
+  sc.block_size = e.defaults().block_size;
   sc.max_model_len = e.model->config().max_seq_len;
   sc.max_num_batched_tokens = std::max(2048, e.num_spec + 1);
   sc.num_spec_tokens = e.num_spec;
-  const int64_t tokens = std::min<int64_t>(sc.max_model_len, prompt_tokens + e.opt.max_tokens + e.num_spec + 1);
+  const int64_t tokens = std::min<int64_t>(sc.max_model_len, prompt_tokens + e.defaults().max_tokens + e.num_spec + 1);
   sc.num_blocks = static_cast<int32_t>((tokens + sc.block_size - 1) / sc.block_size) + 1;
   return sc;
 }
@@ -114,9 +115,9 @@ absl::Status RunSinglePrompt(LoadedEngine& e, std::vector<TokenId> prompt, bool 
   RETURN_IF_ERROR(engine.Validate());
   Request r;
   r.prompt = std::move(prompt);
-  r.max_tokens = std::min<int64_t>(e.opt.max_tokens, std::max<int64_t>(1, sc.max_model_len - static_cast<int64_t>(r.prompt.size())));
-  r.sampling = e.opt.sampling;
-  r.ignore_eos = e.ignore_eos;
+  r.max_tokens = std::min<int64_t>(e.defaults().max_tokens, std::max<int64_t>(1, sc.max_model_len - static_cast<int64_t>(r.prompt.size())));
+  r.sampling = e.defaults().sampling;
+  r.ignore_eos = e.ignore_eos();
   RETURN_IF_ERROR(engine.AddRequest(std::move(r)));
   RunCallbacks stream;
   if (!json) {
@@ -156,17 +157,18 @@ absl::Status RunGenerate(int argc, char** argv) {
   if (flags->values.count("prompt-file")) {
     ASSIGN_OR_RETURN(flags->values["prompt"], ReadTextFile(flags->values["prompt-file"]));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<LoadedEngine> e, LoadEngine(*flags));
+  ASSIGN_OR_RETURN(EngineOptions options, EngineOptionsFromFlags(*flags));
+  ASSIGN_OR_RETURN(std::unique_ptr<LoadedEngine> e, LoadEngine(options));
   if (e->follower) return absl::OkStatus();  // a tensor-parallel rank other than 0: done
   if (flags->values.count("prompts-file")) {
     BatchOptions b;
     b.prompts_file = flags->values["prompts-file"];
-    b.sampling = e->opt.sampling;
-    b.max_tokens = e->opt.max_tokens;
+    b.sampling = options.defaults.sampling;
+    b.max_tokens = options.defaults.max_tokens;
     b.add_bos = e->add_bos;
-    b.ignore_eos = e->ignore_eos;
+    b.ignore_eos = options.ignore_eos;
     b.progress = !flags->switches.count("no-progress");
-    ASSIGN_OR_RETURN(b.scheduler, BatchSchedulerConfig(*flags, *e));
+    ASSIGN_OR_RETURN(b.scheduler, BatchSchedulerConfig(*e));
     b.proposer = e->proposer.get();
     b.adaptive_spec = e->adaptive;
     return RunBatchGenerate(*e->model, *e->tokenizer, b, stdout);

@@ -10,7 +10,9 @@
 #include "serving/grpc_frontend.h"
 #include "serving/http_frontend.h"
 #include "serving/server.h"
+#include "core/status_macros.h"
 #include "engine/engine_setup.h"
+#include "tools/engine_flags.h"
 
 namespace specula {
 namespace {
@@ -43,6 +45,59 @@ Engine flags, as for generate:
 )";
 
 
+// The serving flags besides the engine's.
+struct ServeFlags {
+  std::string host = "127.0.0.1";
+  int32_t grpc_port = 50051, http_port = 8000, http_threads = 128;
+  double drain_timeout_s = 30;
+  ServeOptions opt;
+};
+
+absl::StatusOr<ServeFlags> ReadServeFlags(const Flags& flags) {
+  ServeFlags f;
+  ServeOptions& opt = f.opt;
+  for (auto st : {GetNumber(flags, "grpc-port", &f.grpc_port), GetNumber(flags, "http-port", &f.http_port),
+                  GetNumber(flags, "http-threads", &f.http_threads),
+                  GetNumber(flags, "max-queue-len", &opt.admission.max_queue_len),
+                  GetNumber(flags, "max-queue-delay-ms", &opt.admission.max_queue_delay_ms),
+                  GetNumber(flags, "ttft-slo-ms", &opt.admission.ttft_slo_ms),
+                  GetNumber(flags, "drain-timeout-s", &f.drain_timeout_s)}) {
+    if (!st.ok()) return st;
+  }
+  for (auto [name, port] : {std::pair{"--grpc-port", f.grpc_port}, {"--http-port", f.http_port}}) {
+    if (port < 0 || port > 65535) return absl::InvalidArgumentError(absl::StrCat(name, ": ", port, " is not a port"));
+  }
+  if (f.http_threads < 1) return absl::InvalidArgumentError(absl::StrCat("--http-threads must be >= 1, got ", f.http_threads));
+  if (opt.admission.max_queue_len < 0 || opt.admission.max_queue_delay_ms < 0 || opt.admission.ttft_slo_ms < 0 ||
+      f.drain_timeout_s < 0) {
+    return absl::InvalidArgumentError("--max-queue-len, --max-queue-delay-ms, --ttft-slo-ms and --drain-timeout-s must be >= 0");
+  }
+  if (auto it = flags.values.find("host"); it != flags.values.end()) f.host = it->second;
+  return f;
+}
+
+// Waits for SIGTERM or SIGINT, then drains: new requests refused, those in flight given up to
+// drain_timeout_s, the rest aborted.
+void ServeUntilSignal(const sigset_t& signals, double drain_timeout_s, Server& server, GrpcFrontend& grpc,
+                      HttpFrontend& http) {
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::fprintf(stderr, "[specula] %s: draining %lld requests in flight (up to %.0f s)\n",
+               sig == SIGTERM ? "SIGTERM" : "SIGINT", static_cast<long long>(server.in_flight()), drain_timeout_s);
+  server.StartDrain();
+  grpc.SetServing(false);
+  const bool idle = server.WaitIdle(std::chrono::milliseconds(static_cast<int64_t>(drain_timeout_s * 1000)));
+  if (!idle) {
+    std::fprintf(stderr, "[specula] drain timeout: aborting %lld requests\n", static_cast<long long>(server.in_flight()));
+    server.CancelAll();
+    server.WaitIdle(std::chrono::milliseconds(5000));
+  }
+  // The engine loop still runs here, so calls still open end with their aborted last delta.
+  grpc.Shutdown(std::chrono::milliseconds(1000));
+  http.Stop();
+  std::fprintf(stderr, "[specula] drained; exiting\n");
+}
+
 }  // namespace
 
 absl::Status RunServe(int argc, char** argv) {
@@ -51,84 +106,46 @@ absl::Status RunServe(int argc, char** argv) {
                 "max-queue-delay-ms", "ttft-slo-ms", "drain-timeout-s"});
   std::set<std::string> switches = kEngineSwitches;
   switches.insert("help");
-  auto flags = ParseFlags(argc, argv, known, switches);
-  if (!flags.ok()) return flags.status();
-  if (flags->switches.count("help")) {
+  ASSIGN_OR_RETURN(Flags flags, ParseFlags(argc, argv, known, switches));
+  if (flags.switches.count("help")) {
     std::cout << kServeUsage << kEngineFlagsHelp;
     return absl::OkStatus();
   }
-  int32_t grpc_port = 50051, http_port = 8000, http_threads = 128;
-  double drain_timeout_s = 30;
-  ServeOptions opt;
-  for (auto st : {GetNumber(*flags, "grpc-port", &grpc_port), GetNumber(*flags, "http-port", &http_port),
-                  GetNumber(*flags, "http-threads", &http_threads),
-                  GetNumber(*flags, "max-queue-len", &opt.admission.max_queue_len),
-                  GetNumber(*flags, "max-queue-delay-ms", &opt.admission.max_queue_delay_ms),
-                  GetNumber(*flags, "ttft-slo-ms", &opt.admission.ttft_slo_ms),
-                  GetNumber(*flags, "drain-timeout-s", &drain_timeout_s)}) {
-    if (!st.ok()) return st;
-  }
-  for (auto [name, port] : {std::pair{"--grpc-port", grpc_port}, {"--http-port", http_port}}) {
-    if (port < 0 || port > 65535) return absl::InvalidArgumentError(absl::StrCat(name, ": ", port, " is not a port"));
-  }
-  if (http_threads < 1) return absl::InvalidArgumentError(absl::StrCat("--http-threads must be >= 1, got ", http_threads));
-  if (opt.admission.max_queue_len < 0 || opt.admission.max_queue_delay_ms < 0 || opt.admission.ttft_slo_ms < 0 ||
-      drain_timeout_s < 0) {
-    return absl::InvalidArgumentError("--max-queue-len, --max-queue-delay-ms, --ttft-slo-ms and --drain-timeout-s must be >= 0");
-  }
-  const std::string host = flags->values.count("host") ? flags->values["host"] : "127.0.0.1";
-
-  // SIGTERM and SIGINT are taken by sigwait below: blocked here, before any thread starts, so that
-  // every thread inherits the mask and none is interrupted.
+  ASSIGN_OR_RETURN(ServeFlags f, ReadServeFlags(flags));
+  ASSIGN_OR_RETURN(EngineOptions options, EngineOptionsFromFlags(flags));
+  // SIGTERM and SIGINT are taken by sigwait: blocked here, before any thread starts, so that every
+  // thread inherits the mask and none is interrupted.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto loaded = LoadEngine(*flags);
-  if (!loaded.ok()) return loaded.status();
-  if ((*loaded)->follower) return absl::OkStatus();  // a tensor-parallel rank other than 0: only rank 0 serves
-  LoadedEngine& e = **loaded;
-  auto sc = BatchSchedulerConfig(*flags, e);
-  if (!sc.ok()) return sc.status();
+  ASSIGN_OR_RETURN(std::unique_ptr<LoadedEngine> loaded, LoadEngine(options));
+  if (loaded->follower) return absl::OkStatus();  // a tensor-parallel rank other than 0: only rank 0 serves
+  LoadedEngine& e = *loaded;
+  ASSIGN_OR_RETURN(SchedulerConfig sc, BatchSchedulerConfig(e));
   SpecConfig spec;
   spec.proposer = e.proposer.get();
   spec.adaptive = e.adaptive;
-  Engine engine(e.model.get(), e.tokenizer.get(), *sc, spec);
-  if (auto st = engine.Validate(); !st.ok()) return st;
+  Engine engine(e.model.get(), e.tokenizer.get(), sc, spec);
+  RETURN_IF_ERROR(engine.Validate());
 
-  opt.model_name = flags->values.count("served-model-name") ? flags->values["served-model-name"] : e.model_path;
-  opt.default_max_tokens = e.opt.max_tokens;
+  ServeOptions& opt = f.opt;
+  opt.model_name = flags.values.count("served-model-name") ? flags.values["served-model-name"] : options.target.model;
+  opt.default_max_tokens = options.defaults.max_tokens;
   opt.add_bos = e.add_bos;
-  opt.spec_method = e.spec_method;
+  opt.spec_method = options.speculation.method;
   opt.num_spec_tokens = e.proposer == nullptr ? "0" : e.adaptive ? "auto" : absl::StrCat(e.num_spec);
   Server server(&engine, e.tokenizer.get(), e.model->config(), opt);
-  auto grpc = GrpcFrontend::Start(&server, host, grpc_port);
-  if (!grpc.ok()) return grpc.status();
-  auto http = HttpFrontend::Start(&server, host, http_port, http_threads,
-                                   FindChatTemplate(e.model_path, flags->values.count("chat-template") ? flags->values["chat-template"] : ""));
-  if (!http.ok()) return http.status();
+  ASSIGN_OR_RETURN(auto grpc, GrpcFrontend::Start(&server, f.host, f.grpc_port));
+  const std::string chat_template = flags.values.count("chat-template") ? flags.values["chat-template"] : "";
+  ASSIGN_OR_RETURN(auto http, HttpFrontend::Start(&server, f.host, f.http_port, f.http_threads,
+                                                  FindChatTemplate(options.target.model, chat_template)));
   std::fprintf(stderr, "[specula] serving %s on grpc %s:%d and http %s:%d (max %d sequences, %d KV blocks): ready\n",
-               opt.model_name.c_str(), host.c_str(), (*grpc)->port(), host.c_str(), (*http)->port(), sc->max_num_seqs,
-               sc->num_blocks);
-
-  int sig = 0;
-  sigwait(&signals, &sig);
-  std::fprintf(stderr, "[specula] %s: draining %lld requests in flight (up to %.0f s)\n",
-               sig == SIGTERM ? "SIGTERM" : "SIGINT", static_cast<long long>(server.in_flight()), drain_timeout_s);
-  server.StartDrain();
-  (*grpc)->SetServing(false);
-  const bool idle = server.WaitIdle(std::chrono::milliseconds(static_cast<int64_t>(drain_timeout_s * 1000)));
-  if (!idle) {
-    std::fprintf(stderr, "[specula] drain timeout: aborting %lld requests\n", static_cast<long long>(server.in_flight()));
-    server.CancelAll();
-    server.WaitIdle(std::chrono::milliseconds(5000));
-  }
-  // The engine loop still runs here, so calls still open end with their aborted last delta.
-  (*grpc)->Shutdown(std::chrono::milliseconds(1000));
-  (*http)->Stop();
-  std::fprintf(stderr, "[specula] drained; exiting\n");
+               opt.model_name.c_str(), f.host.c_str(), grpc->port(), f.host.c_str(), http->port(), sc.max_num_seqs,
+               sc.num_blocks);
+  ServeUntilSignal(signals, f.drain_timeout_s, server, *grpc, *http);
   return absl::OkStatus();
 }
 

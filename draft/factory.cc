@@ -1,0 +1,51 @@
+#include "draft/factory.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "draft/draft_model_proposer.h"
+#include "draft/ngram_proposer.h"
+#include "draft/self_draft.h"
+#include "model/llama_model.h"
+
+namespace specula {
+namespace {
+
+// A draft model from its weights (`path` names them in errors), with a KV pool of 64 full contexts.
+absl::StatusOr<std::unique_ptr<Proposer>> FromWeights(const std::string& path,
+                                                      absl::StatusOr<std::unique_ptr<ModelWeights>> weights,
+                                                      const DraftRuntime& rt) {
+  if (!weights.ok()) return weights.status();
+  if ((*weights)->config.vocab_size != rt.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": the draft's vocabulary (", (*weights)->config.vocab_size,
+                                                   " tokens) is incompatible with the target's (", rt.vocab_size, ")"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeBackend(rt.backend));
+  ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::Create(std::move(weights).value(), std::move(backend)));
+  RETURN_IF_ERROR(model->set_kv_dtype(rt.kv_dtype));
+  const int32_t blocks = 64 * ((model->config().max_seq_len + rt.block_size - 1) / rt.block_size);
+  return std::make_unique<DraftModelProposer>(std::move(model), rt.block_size, blocks);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Proposer>> MakeNgramProposer(int32_t min_n, int32_t max_n) {
+  if (min_n < 1 || max_n < min_n) return absl::InvalidArgumentError("--ngram-min/--ngram-max: need 1 <= min <= max");
+  return std::make_unique<NgramProposer>(min_n, max_n);
+}
+
+absl::StatusOr<std::unique_ptr<Proposer>> MakeDraftModelProposer(const std::string& path, const DraftRuntime& rt) {
+  return FromWeights(path, LoadModel(path), rt);
+}
+
+absl::StatusOr<std::unique_ptr<Proposer>> MakeLayerSkipProposer(const std::string& target_path, int32_t num_layers,
+                                                                 const DraftRuntime& rt) {
+  return FromWeights(target_path, LayerSkipDraftWeights(target_path, num_layers), rt);
+}
+
+absl::StatusOr<std::unique_ptr<Proposer>> MakeSelfQuantProposer(const std::string& target_path,
+                                                                 const std::string& quant_type, const DraftRuntime& rt) {
+  ASSIGN_OR_RETURN(QuantType type, ParseQuantType(quant_type));
+  return FromWeights(target_path, SelfQuantDraftWeights(target_path, type), rt);
+}
+
+}  // namespace specula
