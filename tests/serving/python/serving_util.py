@@ -164,16 +164,23 @@ def metric(m, name, **labels):
     return m.get((name, frozenset(labels.items())), 0.0)
 
 
-def offline_greedy(prompts, max_tokens, *extra):
-    """`specula generate --prompts-file` over the prompts: {index: token ids}."""
+def generate_batch(prompts, max_tokens, *extra, model=TARGET, tokenizer=TOKENIZER):
+    """`specula generate --prompts-file` over the prompts: {index: its output line (a dict)}."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "prompts.jsonl")
         with open(path, "w") as f:
             for i, p in enumerate(prompts):
                 f.write(json.dumps({"id": i, "prompt": p, "max_tokens": max_tokens}) + "\n")
-        out = subprocess.run([BINARY, "generate", "--model", TARGET, "--tokenizer", TOKENIZER, "--prompts-file", path,
-                              "--no-progress", *map(str, extra)], capture_output=True, text=True, check=True).stdout
-    return {json.loads(l)["id"]: json.loads(l)["token_ids"] for l in out.splitlines() if l.strip()}
+        out = subprocess.run([BINARY, "generate", "--model", model, *(["--tokenizer", tokenizer] if tokenizer else []),
+                              "--prompts-file", path, "--no-progress", *map(str, extra)],
+                             capture_output=True, text=True, check=True).stdout
+    lines = [json.loads(l) for l in out.splitlines() if l.strip()]
+    return {j["id"]: j for j in lines}
+
+
+def offline_greedy(prompts, max_tokens, *extra):
+    """`specula generate --prompts-file` over the prompts: {index: token ids}."""
+    return {i: j["token_ids"] for i, j in generate_batch(prompts, max_tokens, *extra).items()}
 
 
 PROMPTS = ["Once upon a time", "Lily and Ben", "The little dog", "One day, Tom", "There was a big tree",

@@ -17,7 +17,7 @@ import urllib.request
 
 import grpc
 
-from serving_util import BINARY, SOURCE, TARGET, TOKENIZER, Serve, random_model, stubs, time_scale
+from serving_util import BINARY, SOURCE, TARGET, TOKENIZER, Serve, generate_batch, random_model, stubs, time_scale
 
 pb, pb_grpc = stubs()
 MAX_TOKENS = 400
@@ -40,15 +40,8 @@ def single(model, tokenizer, prompt, *extra):
 
 def batch(model, tokenizer, *extra):
     """`generate --prompts-file`: {index: (token ids, finish reason, text)}."""
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "prompts.jsonl")
-        with open(path, "w") as f:
-            for i, p in enumerate(PROMPTS):
-                f.write(json.dumps({"id": i, "prompt": p, "max_tokens": MAX_TOKENS}) + "\n")
-        out = subprocess.run([BINARY, "generate", *model_args(model, tokenizer), "--prompts-file", path,
-                              "--no-progress", *extra], capture_output=True, text=True, check=True).stdout
-    lines = [json.loads(l) for l in out.splitlines() if l.strip()]
-    return {j["id"]: (j["token_ids"], j["finish_reason"], j["text"]) for j in lines}
+    lines = generate_batch(PROMPTS, MAX_TOKENS, *extra, model=model, tokenizer=tokenizer)
+    return {i: (j["token_ids"], j["finish_reason"], j["text"]) for i, j in lines.items()}
 
 
 def served(model, tokenizer):
