@@ -12,7 +12,7 @@
 #include "engine/engine.h"
 #include "model/sampler.h"
 #include "model/llama_model.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "scheduler/scheduler.h"
 #include "core/flags.h"
 #include "dist/communicator.h"
