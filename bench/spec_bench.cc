@@ -43,7 +43,7 @@
 #include "draft/draft_model_proposer.h"
 #include "engine/engine.h"
 #include "model/make_model.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "kernels/cpu/cpu_backend.h"
 
 namespace specula {

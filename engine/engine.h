@@ -17,9 +17,9 @@
 #include "model/kv_cache.h"
 #include "model/llama_model.h"
 #include "model/sampler.h"
-#include "model/tokenizer.h"
 #include "scheduler/scheduler.h"
 #include "spec/adaptive.h"
+#include "tokenizer/tokenizer.h"
 #include "verify/rejection_sampler.h"
 
 namespace specula {

@@ -11,7 +11,7 @@
 #include "draft/proposer.h"
 #include "engine/options.h"
 #include "model/llama_model.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "scheduler/scheduler.h"
 
 namespace specula {

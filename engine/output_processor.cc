@@ -3,32 +3,9 @@
 #include <algorithm>
 #include <utility>
 
-namespace specula {
+#include "tokenizer/utf8.h"
 
-size_t TakeUtf8(std::string_view s, bool last, std::string* out) {
-  static constexpr char kReplacement[] = "\xEF\xBF\xBD";
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = s[i];
-    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    size_t have = 1;
-    while (n > 1 && have < n && i + have < s.size() && (static_cast<unsigned char>(s[i + have]) & 0xC0) == 0x80) ++have;
-    if (n > 1 && have < n && i + have == s.size() && !last) return i;  // cut at the end: wait
-    uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
-    for (size_t j = 1; j < have; ++j) cp = (cp << 6) | (static_cast<unsigned char>(s[i + j]) & 0x3F);
-    const bool valid = n == 1 || (n > 1 && have == n &&
-                                  ((n == 2 && cp >= 0x80) || (n == 3 && cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF)) ||
-                                   (n == 4 && cp >= 0x10000 && cp <= 0x10FFFF)));
-    if (valid) {
-      out->append(s.substr(i, n));
-      i += n;
-    } else {
-      out->append(kReplacement);
-      ++i;
-    }
-  }
-  return i;
-}
+namespace specula {
 
 void OutputProcessor::Add(const Request& r, double now_ms) {
   State s;

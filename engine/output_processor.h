@@ -11,7 +11,7 @@
 
 #include "absl/types/span.h"
 #include "engine/request.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace specula {
 
@@ -55,10 +55,5 @@ class OutputProcessor {
   std::unordered_map<RequestId, State> outputs_;
   std::vector<RequestId> changed_;  // requests with something for the next TakeDeltas, in order
 };
-
-// Appends to `out` the UTF-8 of `s` that can be sent now, each invalid byte replaced by U+FFFD
-// (Protobuf strings and JSON must be valid UTF-8), and returns the bytes of `s` consumed. A
-// multi-byte character cut at the end (a token may end inside one) waits unless `last`.
-size_t TakeUtf8(std::string_view s, bool last, std::string* out);
 
 }  // namespace specula

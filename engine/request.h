@@ -11,7 +11,7 @@
 #include "core/step.h"
 #include "model/model_config.h"
 #include "model/sampler.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "verify/rejection_sampler.h"
 
 namespace specula {

@@ -1,4 +1,4 @@
-// Chat templates (model/chat_template*.cc): the input is a Jinja template, parsed (lexer, parser,
+// Chat templates (chat/chat_template*.cc): the input is a Jinja template, parsed (lexer, parser,
 // the supported subset) and rendered with a fixed small conversation, with and without the
 // generation prompt. When the input holds a NUL byte, the template is what comes before it and
 // what follows is a JSON object of variables rendered through RenderJson (messages with tool
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "model/chat_template.h"
+#include "chat/chat_template.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);

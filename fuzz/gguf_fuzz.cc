@@ -1,17 +1,17 @@
-// GGUF files (model/gguf.cc GgufFile::Open): the header, every metadata key/value (scalars,
+// GGUF files (core/gguf.cc GgufFile::Open): the header, every metadata key/value (scalars,
 // strings, arrays), the tensor directory and the data offsets; then what is read from them: the
-// embedded tokenizer (model/gguf_tokenizer.cc) encoding and decoding a fixed text, the chat
-// template and its special tokens (model/chat.cc), and the model's config and tensors
+// embedded tokenizer (tokenizer/gguf_tokenizer.cc) encoding and decoding a fixed text, the chat
+// template and its special tokens (chat/chat.cc), and the model's config and tensors
 // (model/gguf_loader.cc).
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "chat/chat.h"
+#include "core/gguf.h"
 #include "fuzz/fuzz_util.h"
-#include "model/chat.h"
-#include "model/gguf.h"
-#include "model/tokenizer.h"
 #include "model/weights.h"
+#include "tokenizer/tokenizer.h"
 
 namespace {
 

@@ -8,9 +8,9 @@
 
 #include "fuzz/fuzz_util.h"
 #include "google/protobuf/stubs/logging.h"
-#include "model/tokenizer.h"
 #include "serving/grpc_frontend.h"
 #include "serving/server.h"
+#include "tokenizer/tokenizer.h"
 
 namespace {
 

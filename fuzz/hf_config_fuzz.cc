@@ -1,15 +1,15 @@
 // The small JSON files of an HF model directory: config.json (model/model_config.cc ParseHfConfig,
 // then the sizes a loader derives from it) and tokenizer_config.json (BOS/EOS and add_bos_token in
-// model/hf_tokenizer.cc, chat_template in model/chat.cc). The input is both files at once.
+// tokenizer/hf_tokenizer.cc, chat_template in chat/chat.cc). The input is both files at once.
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <string>
 
+#include "chat/chat.h"
 #include "fuzz/fuzz_util.h"
-#include "model/chat.h"
 #include "model/model_config.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// HF tokenizer.json (model/hf_tokenizer.cc): model.vocab, model.merges, added_tokens, the
+// HF tokenizer.json (tokenizer/hf_tokenizer.cc): model.vocab, model.merges, added_tokens, the
 // normalizer and pre_tokenizer steps and the post_processor; an accepted tokenizer then encodes
 // a fixed text (every pre-tokenizer step and the BPE merge loop run) and decodes what it made.
 #include <cstddef>
@@ -7,7 +7,7 @@
 
 #include "fuzz/fuzz_util.h"
 #include "fuzz/tokenizer_check.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace {
 

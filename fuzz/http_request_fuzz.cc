@@ -9,12 +9,12 @@
 #include <memory>
 #include <string>
 
+#include "chat/chat.h"
+#include "chat/chat_template.h"
 #include "fuzz/fuzz_util.h"
-#include "model/chat.h"
-#include "model/chat_template.h"
-#include "model/tokenizer.h"
 #include "serving/http_frontend.h"
 #include "serving/server.h"
+#include "tokenizer/tokenizer.h"
 
 namespace {
 

@@ -8,9 +8,9 @@
 #include <string>
 
 #include "fuzz/fuzz_util.h"
-#include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "serving/load_gen.h"
+#include "tokenizer/tokenizer.h"
 #include "tools/batch_generate.h"
 
 namespace {

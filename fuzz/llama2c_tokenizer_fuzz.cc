@@ -1,4 +1,4 @@
-// llama2.c tokenizer.bin (model/llama2c_tokenizer.cc LoadLlama2cTokenizer): int32
+// llama2.c tokenizer.bin (tokenizer/llama2c_tokenizer.cc LoadLlama2cTokenizer): int32
 // max_token_length, then per token a float32 score, an int32 length and the bytes. The file does
 // not record its vocabulary size (the model's header does): the input's first 4 bytes are that
 // vocab_size (little-endian int32, any value) and the rest is the file. An accepted tokenizer
@@ -10,7 +10,7 @@
 
 #include "fuzz/fuzz_util.h"
 #include "fuzz/tokenizer_check.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace {
 

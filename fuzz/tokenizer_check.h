@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace specula::fuzz {
 

@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/gguf.h"
 #include "core/status_macros.h"
-#include "model/gguf.h"
 #include "model/weights.h"
 
 namespace specula {

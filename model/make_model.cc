@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status_macros.h"
-#include "model/pretokenize.h"
 #include "nlohmann/json.hpp"
 
 namespace specula {
@@ -68,13 +67,29 @@ void FillUniform(float* out, int64_t n, float mean, float std, uint64_t seed) {
   }
 }
 
+// GPT-2's reversible map from bytes to printable code points, as UTF-8: the byte symbols of a
+// byte-level vocabulary. The tokenizers' copy, ByteToUnicode (tokenizer/pretokenize.h), is out of
+// model/'s reach (core/, kernels/ and dist/ only); MakeModelTest checks that the tokenizer.json
+// written here decodes every byte.
+std::vector<std::string> ByteSymbols() {
+  std::vector<std::string> m(256);
+  int32_t n = 0;
+  for (int32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    const int32_t cp = printable ? b : 256 + n++;  // below U+0800: one or two bytes
+    m[b] = cp < 0x80 ? std::string(1, static_cast<char>(cp))
+                     : std::string{static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+  }
+  return m;
+}
+
 // A byte-level tokenizer.json covering `vocab` ids: 256 byte symbols, filler pieces, and
 // BOS/EOS as the last two ids.
 std::string ByteLevelTokenizerJson(int32_t vocab) {
   using json = nlohmann::json;
   json v = json::object();
   int32_t n = 0;
-  const std::vector<std::string> bytes = ByteToUnicode();
+  const std::vector<std::string> bytes = ByteSymbols();
   for (; n < 256 && n < vocab - 2; ++n) v[bytes[n]] = n;
   for (; n < vocab - 2; ++n) v[absl::StrCat("<|filler_", n, "|>")] = n;
   json added = json::array();

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "model/chat.h"
+#include "chat/chat.h"
 #include "serving/server.h"
 
 namespace specula {

@@ -10,7 +10,7 @@
 #include "draft/proposer.h"
 #include "model/llama_model.h"
 #include "model/sampler.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/scheduler.h"
 

@@ -8,11 +8,11 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "chat/chat.h"
 #include "core/flags.h"
 #include "core/mapped_file.h"
 #include "core/status_macros.h"
 #include "engine/run.h"
-#include "model/chat.h"
 #include "tools/batch_generate.h"
 #include "tools/engine_flags.h"
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "model/gguf.h"
+#include "core/gguf.h"
 
 int main(int argc, char** argv) {
   if (argc < 3) {

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/gguf.h"
 #include "gtest/gtest.h"
-#include "model/gguf.h"
 #include "model/llama_model.h"
 #include "model/weights.h"
 #include "tests/test_util.h"

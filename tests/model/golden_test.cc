@@ -2,7 +2,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "tests/one_sequence.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/test_util.h"

@@ -3,7 +3,7 @@
 #include <map>
 
 #include "tests/one_sequence.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/test_util.h"

@@ -9,6 +9,7 @@
 
 #include "model/make_model.h"
 #include "model/weights.h"
+#include "tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -58,6 +59,10 @@ TEST(MakeModelTest, NamedShapesAreRealAndWeightsAreNotDegenerate) {
   const double std = std::sqrt(sq / n - (sum / n) * (sum / n));
   EXPECT_NEAR(std, 1.0 / std::sqrt(c.dim), 0.01);  // 1/sqrt(fan_in)
   EXPECT_NEAR((*w)->final_norm[0], 1.0f, 0.1f);
+  // The byte symbols model/ writes are the byte map the tokenizers read.
+  auto tok = LoadHfTokenizer(dir + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  for (TokenId b = 0; b < 256; ++b) EXPECT_EQ((*tok)->DecodeToken(-1, b), std::string(1, static_cast<char>(b))) << b;
 }
 
 }  // namespace

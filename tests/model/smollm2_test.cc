@@ -17,7 +17,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/llama_model.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "tests/test_util.h"
 
 namespace specula {

@@ -13,7 +13,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "model/llama_model.h"
 #include "model/weights.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "tests/test_util.h"
 
 namespace specula {

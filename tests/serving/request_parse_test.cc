@@ -3,14 +3,14 @@
 // field, never an exception; then the server's validation.
 #include <string>
 
+#include "chat/chat.h"
+#include "chat/chat_template.h"
 #include "gtest/gtest.h"
-#include "model/chat.h"
-#include "model/chat_template.h"
-#include "model/tokenizer.h"
 #include "serving/grpc_frontend.h"
 #include "serving/http_frontend.h"
 #include "serving/server.h"
 #include "tests/test_util.h"
+#include "tokenizer/tokenizer.h"
 
 namespace specula {
 namespace {

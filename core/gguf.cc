@@ -1,4 +1,4 @@
-#include "model/gguf.h"
+#include "core/gguf.h"
 
 #include <cstring>
 #include <set>

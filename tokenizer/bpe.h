@@ -1,6 +1,6 @@
 // The BPE core behind the tokenizer.json loader and the GGUF loader: a vocabulary, its merges, the
 // added tokens and the normalizer / pre-tokenizer steps, all in memory. The loaders check their
-// file and fill a BpeModel; MakeBpeTokenizer (in hf_tokenizer.cc) trusts it. Internal to model/.
+// file and fill a BpeModel; MakeBpeTokenizer (in hf_tokenizer.cc) trusts it. Internal to tokenizer/.
 #pragma once
 
 #include <cstdint>
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "core/batch.h"
-#include "model/pretokenize.h"
-#include "model/tokenizer.h"
+#include "tokenizer/pretokenize.h"
+#include "tokenizer/tokenizer.h"
 
 namespace specula {
 

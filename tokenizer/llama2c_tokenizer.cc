@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/mapped_file.h"
 #include "core/status_macros.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace specula {
 
@@ -54,7 +54,8 @@ class Llama2cTokenizer final : public Tokenizer {
       if (space != ids_.end()) syms.push_back(space->second);  // sentencepiece's dummy prefix
     }
     // One symbol per UTF-8 code point (a lead byte and up to 3 continuation bytes); unknown ones
-    // fall back to one token per byte.
+    // fall back to one token per byte. The grouping is run.c's, whatever the first byte: Utf8Len
+    // (tokenizer/utf8.h) would split invalid sequences differently.
     for (size_t i = 0; i < text.size();) {
       size_t j = i + 1;
       while (j < text.size() && j - i < 4 && (static_cast<uint8_t>(text[j]) & 0xC0) == 0x80) ++j;

@@ -1,13 +1,13 @@
 // A model's chat template and special tokens, found beside its weights (GGUF
 // `tokenizer.chat_template`, or HF `tokenizer_config.json`'s `chat_template`), and applied to a
-// conversation with the Jinja subset of model/chat_template.h.
+// conversation with the Jinja subset of chat/chat_template.h.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "model/chat_template.h"
+#include "chat/chat_template.h"
 
 namespace specula {
 

@@ -11,8 +11,9 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "chat/chat_template_internal.h"
 #include "core/status_macros.h"
-#include "model/chat_template_internal.h"
+#include "tokenizer/utf8.h"
 
 namespace specula::jinja {
 
@@ -88,20 +89,8 @@ absl::Status TypeError(const std::string& msg) { return absl::InvalidArgumentErr
 void Put(char32_t cp, std::string* out) {
   if (cp >= 0xDC80 && cp <= 0xDCFF) {
     *out += static_cast<char>(cp - 0xDC00);  // an escaped invalid byte
-  } else if (cp < 0x80) {
-    *out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    *out += static_cast<char>(0xC0 | (cp >> 6));
-    *out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    *out += static_cast<char>(0xE0 | (cp >> 12));
-    *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    *out += static_cast<char>(0x80 | (cp & 0x3F));
   } else {
-    *out += static_cast<char>(0xF0 | (cp >> 18));
-    *out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    *out += static_cast<char>(0x80 | (cp & 0x3F));
+    AppendUtf8(cp, out);
   }
 }
 
@@ -252,20 +241,9 @@ std::string JsonString(std::string_view s, bool ensure_ascii) {
 // Code points; an invalid byte b becomes U+DC00+b (Python's surrogateescape) so nothing is lost.
 std::u32string Decode(std::string_view s) {
   std::u32string out;
-  for (size_t k = 0; k < s.size();) {
-    const auto c = static_cast<unsigned char>(s[k]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    bool ok = n > 0 && k + n <= s.size();
-    for (size_t m = 1; ok && m < n; ++m) ok = (static_cast<unsigned char>(s[k + m]) & 0xC0) == 0x80;
-    if (!ok) {
-      out += static_cast<char32_t>(0xDC00 + c);
-      ++k;
-      continue;
-    }
-    char32_t cp = n == 1 ? c : c & (0x7F >> n);
-    for (size_t m = 1; m < n; ++m) cp = (cp << 6) | (static_cast<unsigned char>(s[k + m]) & 0x3F);
-    out += cp;
-    k += n;
+  for (size_t k = 0, n; k < s.size(); k += n) {
+    const int32_t cp = DecodeUtf8(s, k, &n);
+    out += static_cast<char32_t>(cp >= 0 ? cp : 0xDC00 + static_cast<unsigned char>(s[k]));
   }
   return out;
 }

@@ -4,7 +4,7 @@
 #include <fstream>
 
 #include "core/mapped_file.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/test_util.h"

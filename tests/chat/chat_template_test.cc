@@ -1,13 +1,13 @@
 // Chat templates: constructs outside the Jinja subset are errors that name the construct and its
 // line, runtime errors (raise_exception(), type errors) surface their message, and small templates
 // render exactly. Byte-for-byte parity with Python jinja2 on the real templates is
-// tests/model/python/test_chat_template.py.
-#include "model/chat_template.h"
+// tests/chat/python/test_chat_template.py.
+#include "chat/chat_template.h"
 
 #include <fstream>
 
 #include "core/mapped_file.h"
-#include "model/chat.h"
+#include "chat/chat.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 

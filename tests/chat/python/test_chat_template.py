@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Chat templates: the C++ renderer (model/chat_template.h) against Python jinja2, byte for byte.
+"""Chat templates: the C++ renderer (chat/chat_template.h) against Python jinja2, byte for byte.
 
 The reference is the environment transformers' apply_chat_template builds
 (transformers/utils/chat_template_utils.py, _compile_jinja_template):

@@ -9,8 +9,8 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "chat/chat_template_internal.h"
 #include "core/status_macros.h"
-#include "model/chat_template_internal.h"
 
 namespace specula::jinja {
 namespace {

@@ -1,8 +1,10 @@
-#include "model/pretokenize.h"
+#include "tokenizer/pretokenize.h"
 
 #include <unicode/uchar.h>
 
 #include <cstdint>
+
+#include "tokenizer/utf8.h"
 
 namespace specula {
 namespace {
@@ -14,19 +16,7 @@ struct Cp {
 
 std::vector<Cp> Decode(std::string_view s) {
   std::vector<Cp> out;
-  for (size_t i = 0; i < s.size();) {
-    const size_t len = Utf8Len(s, i);
-    int32_t cp = -1;
-    const uint8_t b0 = static_cast<uint8_t>(s[i]);
-    if (len == 1 && b0 < 0x80) {
-      cp = b0;
-    } else if (len > 1) {
-      cp = b0 & (0xFF >> (len + 1));
-      for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<uint8_t>(s[i + k]) & 0x3F);
-    }
-    out.push_back({cp, i});
-    i += len;
-  }
+  for (size_t i = 0, len; i < s.size(); i += len) out.push_back({DecodeUtf8(s, i, &len), i});
   return out;
 }
 
@@ -145,21 +135,6 @@ size_t Match(const std::vector<Cp>& c, size_t i, SplitPattern pattern) {
 
 }  // namespace
 
-std::string Utf8(int32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    s += static_cast<char>(0xE0 | (cp >> 12));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
-
 // GPT-2's reversible byte -> printable code point map.
 std::vector<std::string> ByteToUnicode() {
   std::vector<std::string> m(256);
@@ -169,16 +144,6 @@ std::vector<std::string> ByteToUnicode() {
     m[b] = Utf8(printable ? b : 256 + n++);
   }
   return m;
-}
-
-size_t Utf8Len(std::string_view s, size_t i) {
-  const uint8_t b = static_cast<uint8_t>(s[i]);
-  size_t len = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 0;
-  if (len == 0 || i + len > s.size()) return 1;
-  for (size_t k = 1; k < len; ++k) {
-    if ((static_cast<uint8_t>(s[i + k]) & 0xC0) != 0x80) return 1;
-  }
-  return len;
 }
 
 bool ParseSplitPattern(const std::string& regex, SplitPattern* out) {

@@ -30,13 +30,7 @@ std::vector<std::string> SplitWithPattern(std::string_view text, SplitPattern pa
 // (Rust's char::is_numeric: "²", "½" and "٣" too, not only 0-9).
 std::vector<std::string> SplitDigits(std::string_view text);
 
-// UTF-8 encoding of a code point below 0x10000.
-std::string Utf8(int32_t cp);
-
 // GPT-2's reversible map from bytes to printable code points: [256] UTF-8 strings.
 std::vector<std::string> ByteToUnicode();
-
-// Length of the UTF-8 sequence at text[i] (1 for an invalid byte).
-size_t Utf8Len(std::string_view text, size_t i);
 
 }  // namespace specula

@@ -8,8 +8,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "chat/chat_template_internal.h"
 #include "core/status_macros.h"
-#include "model/chat_template_internal.h"
 
 namespace specula::jinja {
 

@@ -8,8 +8,8 @@
 #include <map>
 #include <variant>
 
-#include "model/pretokenize.h"
-#include "model/tokenizer.h"
+#include "tokenizer/pretokenize.h"
+#include "tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 

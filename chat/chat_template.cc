@@ -1,15 +1,15 @@
 // Chat templates: the parser and the ChatTemplate API. The parser follows jinja2's grammar and
 // operator precedence (parser.py) for the statements and expressions of the supported subset; a
 // filter, test or tag outside it is an error here, before anything is rendered.
-#include "model/chat_template.h"
+#include "chat/chat_template.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 
 #include "absl/strings/str_cat.h"
+#include "chat/chat_template_internal.h"
 #include "core/status_macros.h"
-#include "model/chat_template_internal.h"
 #include "nlohmann/json.hpp"
 
 namespace specula {

@@ -1,4 +1,4 @@
-// Internals of the chat template engine (model/chat_template.h), shared by its parts:
+// Internals of the chat template engine (chat/chat_template.h), shared by its parts:
 //   chat_template_lexer.cc     source -> tokens (whitespace control, trim_blocks, lstrip_blocks)
 //   chat_template.cc           tokens -> syntax tree; the ChatTemplate API
 //   chat_template_eval.cc      the renderer, and the core operations on values

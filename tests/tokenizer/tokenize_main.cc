@@ -1,5 +1,5 @@
 // Encodes texts with a Specula tokenizer, for the comparisons against HF tokenizers in
-// tests/model/python/test_gguf_tokenizer.py.
+// tests/tokenizer/python/test_gguf_tokenizer.py.
 //
 //   tokenize_main TOKENIZER_PATH < texts.jsonl > ids.jsonl
 //
@@ -9,8 +9,8 @@
 #include <iostream>
 #include <string>
 
-#include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "tokenizer/tokenizer.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

@@ -1,4 +1,4 @@
-// Renders chat templates for tests/model/python/test_chat_template.py.
+// Renders chat templates for tests/chat/python/test_chat_template.py.
 //
 //   chat_template_render CASE.json
 //
@@ -15,7 +15,7 @@
 #include <iostream>
 #include <sstream>
 
-#include "model/chat_template.h"
+#include "chat/chat_template.h"
 #include "nlohmann/json.hpp"
 
 namespace {

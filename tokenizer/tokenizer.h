@@ -44,7 +44,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadLlama2cTokenizer(const std::strin
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizer(const std::string& json_path);
 
 // The vocabulary embedded in a GGUF file (tokenizer.ggml.*): the gpt2 byte-level BPE with merges
-// and its `pre` type, or the llama SPM with scores; BOS, EOS and added tokens (model/gguf_tokenizer.cc).
+// and its `pre` type, or the llama SPM with scores; BOS, EOS and added tokens (tokenizer/gguf_tokenizer.cc).
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadGgufTokenizer(const std::string& gguf_path);
 
 // `path` is a tokenizer.bin, a tokenizer.json, a .gguf file, or a directory holding tokenizer.json.

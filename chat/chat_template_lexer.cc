@@ -8,8 +8,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "chat/chat_template_internal.h"
 #include "core/status_macros.h"
-#include "model/chat_template_internal.h"
+#include "tokenizer/utf8.h"
 
 namespace specula::jinja {
 namespace {
@@ -63,23 +64,6 @@ int CountNewlines(std::string_view s) {
 // Python's unicode-escape decoding of a string literal's body (jinja2 unescapes this way).
 absl::StatusOr<std::string> Unescape(std::string_view body, int line) {
   std::string out;
-  auto put_cp = [&](uint32_t cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  };
   for (size_t k = 0; k < body.size(); ++k) {
     if (body[k] != '\\' || k + 1 == body.size()) {
       out += body[k];
@@ -109,7 +93,7 @@ absl::StatusOr<std::string> Unescape(std::string_view body, int line) {
         if (end != hex.c_str() + n || cp > 0x10FFFF) {
           return SyntaxError(line, absl::StrCat("bad \\", std::string(1, c), " escape"));
         }
-        put_cp(static_cast<uint32_t>(cp));
+        AppendUtf8(static_cast<char32_t>(cp), &out);
         k += n;
         break;
       }
@@ -122,7 +106,7 @@ absl::StatusOr<std::string> Unescape(std::string_view body, int line) {
             ++n;
           }
           --k;
-          put_cp(cp);
+          AppendUtf8(cp, &out);
         } else {
           out += '\\';  // unknown escapes stay as written
           out += c;

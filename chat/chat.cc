@@ -1,11 +1,11 @@
-#include "model/chat.h"
+#include "chat/chat.h"
 
 #include <sys/stat.h>
 
 #include "absl/strings/str_cat.h"
+#include "core/gguf.h"
 #include "core/mapped_file.h"
 #include "core/status_macros.h"
-#include "model/gguf.h"
 #include "nlohmann/json.hpp"
 
 namespace specula {

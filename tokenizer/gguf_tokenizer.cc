@@ -1,5 +1,5 @@
 // The tokenizer embedded in a GGUF file (llama.cpp's tokenizer.ggml.* keys), built on the BPE core
-// that tokenizer.json uses (model/bpe.h):
+// that tokenizer.json uses (tokenizer/bpe.h):
 //  - "gpt2": byte-level BPE with tokenizer.ggml.merges, split as tokenizer.ggml.pre says;
 //  - "llama": sentencepiece with tokenizer.ggml.scores: "▁" for spaces, the adjacent pair whose
 //    merged piece scores best merges first (llama.cpp's SPM tokenizer), byte fallback <0xXX>.
@@ -11,10 +11,11 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "core/gguf.h"
 #include "core/status_macros.h"
-#include "model/bpe.h"
-#include "model/gguf.h"
-#include "model/tokenizer.h"
+#include "tokenizer/bpe.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 
 namespace specula {
 namespace {

@@ -1,4 +1,4 @@
-// The BPE core (model/bpe.h) and HF tokenizer.json with a BPE model, in two forms:
+// The BPE core (tokenizer/bpe.h) and HF tokenizer.json with a BPE model, in two forms:
 //  - byte-level (Llama 3, Qwen2, SmolLM, GPT-2): pre-tokenizer splits, bytes mapped to printable
 //    code points, merges by rank;
 //  - sentencepiece-style (Llama 2): "▁" for spaces, merges on characters, byte fallback <0xXX>.
@@ -16,10 +16,11 @@
 #include "absl/strings/str_replace.h"
 #include "core/mapped_file.h"
 #include "core/status_macros.h"
-#include "model/bpe.h"
-#include "model/pretokenize.h"
-#include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "tokenizer/bpe.h"
+#include "tokenizer/pretokenize.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 
 namespace specula {
 namespace {
