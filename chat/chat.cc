@@ -1,6 +1,5 @@
 #include "chat/chat.h"
 
-#include <sys/stat.h>
 
 #include "absl/strings/str_cat.h"
 #include "core/gguf.h"
@@ -12,11 +11,6 @@ namespace specula {
 namespace {
 
 using json = nlohmann::json;
-
-bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
 
 // tokenizer_config.json writes special tokens as a string or as {"content": ...}.
 std::string TokenString(const json& j, const char* key) {

@@ -37,4 +37,7 @@ class MappedFile {
 // Reads a whole (small) text file, e.g. config.json.
 absl::StatusOr<std::string> ReadTextFile(const std::string& path);
 
+// Whether `path` names a directory (an HF model directory, as opposed to a model file).
+bool IsDirectory(const std::string& path);
+
 }  // namespace specula

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/mapped_file.h"
 #include "core/status_macros.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -16,11 +17,6 @@ namespace specula {
 namespace {
 
 using json = nlohmann::json;
-
-bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
 
 bool IsFile(const std::string& path) {
   struct stat st;
