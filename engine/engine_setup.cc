@@ -141,19 +141,17 @@ absl::StatusOr<std::unique_ptr<LoadedEngine>> LoadEngine(const EngineOptions& op
   e->options = options;
   RETURN_IF_ERROR(LoadTarget(options.target, std::move(group), e.get()));
   if (e->follower) return e;
-  const SpeculationOptions& s = options.speculation;
-  if (s.method != "none") {
+  if (options.speculation.method != "none") {
     ASSIGN_OR_RETURN(e->proposer, MakeProposer(options, *e));
-    e->num_spec = s.num_spec_tokens;
-    e->adaptive = s.adaptive;
   }
   e->add_bos = options.add_bos && e->tokenizer->add_bos_default();
   return e;
 }
+
 absl::StatusOr<SchedulerConfig> BatchSchedulerConfig(LoadedEngine& e) {
   LlamaModel& model = *e.model;
   const BatchingOptions& b = e.options.batching;
-  const int32_t num_spec = e.num_spec;
+  const int32_t num_spec = e.num_spec();
   const double gpu_util = e.options.target.gpu_memory_utilization;
   SchedulerConfig sc;
   sc.block_size = e.options.defaults.block_size;

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "dist/communicator.h"
 #include "draft/proposer.h"
+#include "engine/engine.h"
 #include "engine/options.h"
 #include "model/llama_model.h"
 #include "tokenizer/tokenizer.h"
@@ -21,8 +22,6 @@ struct LoadedEngine {
   std::unique_ptr<LlamaModel> model;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<Proposer> proposer;  // null: no speculation (a draft model is the proposer's)
-  int32_t num_spec = 0;                // k, or the largest k under auto; 0 without speculation
-  bool adaptive = false;               // --num-spec-tokens auto
   bool add_bos = true;                 // the tokenizer's BOS, unless --no-bos
   // Tensor parallelism, on a rank other than 0: LoadEngine has already run this rank's share of
   // every forward (LlamaModel::RunFollower) until rank 0 stopped; nothing else is loaded, and the
@@ -31,6 +30,16 @@ struct LoadedEngine {
 
   const RequestDefaults& defaults() const { return options.defaults; }
   bool ignore_eos() const { return options.ignore_eos; }
+  // k, or the largest k under auto; 0 without speculation.
+  int32_t num_spec() const { return proposer == nullptr ? 0 : options.speculation.num_spec_tokens; }
+  bool adaptive() const { return proposer != nullptr && options.speculation.adaptive; }  // --num-spec-tokens auto
+  // The engine's speculation: the proposer and whether k is chosen each step.
+  SpecConfig spec_config() const {
+    SpecConfig spec;
+    spec.proposer = proposer.get();
+    spec.adaptive = adaptive();
+    return spec;
+  }
 };
 
 // Loads the target, its tokenizer and the proposer; every option is checked (an error names its

@@ -361,9 +361,7 @@ absl::StatusOr<nlohmann::json> RunPoint(const LoadedSpec& s, const Point& p, con
   LoadedEngine& e = *loaded;
   auto sc = BatchSchedulerConfig(e);
   if (!sc.ok()) return sc.status();
-  SpecConfig spec_cfg;
-  spec_cfg.proposer = e.proposer.get();
-  spec_cfg.adaptive = e.adaptive;
+  const SpecConfig spec_cfg = e.spec_config();
   const std::vector<LoadRequest> requests = Workload(s, e.model->config().vocab_size);
   if (p.online) return RunOnline(e, *sc, spec_cfg, requests, s.spec.workload(), p, hooks);
   return RunOffline(e, *sc, spec_cfg, requests, s.spec.workload(), p.temperature, hooks);

@@ -87,9 +87,9 @@ SchedulerConfig SingleSchedulerConfig(const LoadedEngine& e, size_t prompt_token
   sc.max_num_seqs = 1;
   sc.block_size = e.defaults().block_size;
   sc.max_model_len = e.model->config().max_seq_len;
-  sc.max_num_batched_tokens = std::max(2048, e.num_spec + 1);
-  sc.num_spec_tokens = e.num_spec;
-  const int64_t tokens = std::min<int64_t>(sc.max_model_len, prompt_tokens + e.defaults().max_tokens + e.num_spec + 1);
+  sc.max_num_batched_tokens = std::max(2048, e.num_spec() + 1);
+  sc.num_spec_tokens = e.num_spec();
+  const int64_t tokens = std::min<int64_t>(sc.max_model_len, prompt_tokens + e.defaults().max_tokens + e.num_spec() + 1);
   sc.num_blocks = static_cast<int32_t>((tokens + sc.block_size - 1) / sc.block_size) + 1;
   return sc;
 }
@@ -108,10 +108,7 @@ void PrintStats(const RequestOutput& out) {
 
 absl::Status RunSinglePrompt(LoadedEngine& e, std::vector<TokenId> prompt, bool json) {
   const SchedulerConfig sc = SingleSchedulerConfig(e, prompt.size());
-  SpecConfig spec;
-  spec.proposer = e.proposer.get();
-  spec.adaptive = e.adaptive;
-  Engine engine(e.model.get(), e.tokenizer.get(), sc, spec);
+  Engine engine(e.model.get(), e.tokenizer.get(), sc, e.spec_config());
   RETURN_IF_ERROR(engine.Validate());
   Request r;
   r.prompt = std::move(prompt);
@@ -170,7 +167,7 @@ absl::Status RunGenerate(int argc, char** argv) {
     b.progress = !flags->switches.count("no-progress");
     ASSIGN_OR_RETURN(b.scheduler, BatchSchedulerConfig(*e));
     b.proposer = e->proposer.get();
-    b.adaptive_spec = e->adaptive;
+    b.adaptive_spec = e->adaptive();
     return RunBatchGenerate(*e->model, *e->tokenizer, b, stdout);
   }
   std::vector<TokenId> prompt;

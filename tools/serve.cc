@@ -125,10 +125,7 @@ absl::Status RunServe(int argc, char** argv) {
   if (loaded->follower) return absl::OkStatus();  // a tensor-parallel rank other than 0: only rank 0 serves
   LoadedEngine& e = *loaded;
   ASSIGN_OR_RETURN(SchedulerConfig sc, BatchSchedulerConfig(e));
-  SpecConfig spec;
-  spec.proposer = e.proposer.get();
-  spec.adaptive = e.adaptive;
-  Engine engine(e.model.get(), e.tokenizer.get(), sc, spec);
+  Engine engine(e.model.get(), e.tokenizer.get(), sc, e.spec_config());
   RETURN_IF_ERROR(engine.Validate());
 
   ServeOptions& opt = f.opt;
@@ -136,7 +133,7 @@ absl::Status RunServe(int argc, char** argv) {
   opt.default_max_tokens = options.defaults.max_tokens;
   opt.add_bos = e.add_bos;
   opt.spec_method = options.speculation.method;
-  opt.num_spec_tokens = e.proposer == nullptr ? "0" : e.adaptive ? "auto" : absl::StrCat(e.num_spec);
+  opt.num_spec_tokens = e.proposer == nullptr ? "0" : e.adaptive() ? "auto" : absl::StrCat(e.num_spec());
   Server server(&engine, e.tokenizer.get(), e.model->config(), opt);
   ASSIGN_OR_RETURN(auto grpc, GrpcFrontend::Start(&server, f.host, f.grpc_port));
   const std::string chat_template = flags.values.count("chat-template") ? flags.values["chat-template"] : "";
