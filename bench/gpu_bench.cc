@@ -13,11 +13,14 @@
 //                            end to end through the engine: B requests of 32 prompt tokens and
 //                            128 greedy output tokens; generated tokens/s (prefill included, as
 //                            HF `generate` counts it; compare with bench/hf_generate_bench.py).
-//  BM_GpuSpec/k:K/batch:B    speculation on the GPU: the synthetic proposer (each draft accepted
-//                            with probability alpha = 0.8, NOT lossless) with a 2-layer draft of the
-//                            target's width and vocabulary on the GPU; K = 0 plain decoding, 1, 2
-//                            and 4 fixed, -1 --num-spec-tokens auto. 2 x B requests of 128 tokens,
-//                            B at a time.
+//  BM_GpuSpec/k:K/batch:B/host:H/draft:D
+//                            speculation on the GPU: the synthetic proposer (each draft accepted
+//                            with probability alpha = 0.8, NOT lossless) with a 2-layer draft on
+//                            the GPU, of the target's width (D = 0) or of width 512 (D = 1), both
+//                            with its vocabulary; K = 0 plain decoding, 1, 2 and 4 fixed, -1
+//                            --num-spec-tokens auto. max(2 x B, 16) requests of 128 tokens, B at a
+//                            time. Tokens are chosen on the device (H = 0), or on the host from
+//                            copied logits (H = 1, for comparison).
 //
 //   build/release/bench/gpu_bench
 //   SPECULA_GPU_BENCH_MODEL=/tmp/llama-3-8b build/release/bench/gpu_bench --benchmark_filter=DecodeStep
@@ -163,28 +166,48 @@ BENCHMARK(BM_GpuGenerate)
     ->Unit(benchmark::kSecond)
     ->Iterations(2);
 
+// The drafts of BM_GpuSpec: 0, two layers of the target's width (31% of its bytes, most of them
+// the 128k-row classifier); 1, two layers of width 512 with the same vocabulary (6%), as a small
+// draft model sharing the target's tokenizer would be.
+LlamaModel* SpecDraft(const ModelConfig& target, int32_t kind) {
+  static std::unique_ptr<LlamaModel> drafts[2];
+  if (drafts[kind] != nullptr) return drafts[kind].get();
+  ModelConfig c = target;
+  c.num_layers = 2;
+  if (kind == 1) {
+    c.dim = 512;
+    c.hidden_dim = 1536;
+    c.num_heads = 8;
+    c.num_kv_heads = 8;
+    c.head_dim = 64;
+  }
+  auto w = LoadModel(bench::RandomModel(kind == 0 ? "llama-3.2-1b-2layer-bf16" : "llama-3.2-1b-narrow-bf16", c,
+                                        DType::kBF16, 2 + kind));
+  auto be = MakeBackend({"cuda", "bf16"});
+  if (!w.ok() || !be.ok()) return nullptr;
+  auto d = LlamaModel::Create(std::move(w).value(), std::move(be).value());
+  if (d.ok()) drafts[kind] = std::move(d).value();
+  return drafts[kind].get();
+}
+
 void BM_GpuSpec(benchmark::State& state) {
   Loaded* l = Get(state);
   if (l->model == nullptr) return;
   LlamaModel& m = *l->model;
   m.set_max_graph_batch(64);
-  static std::unique_ptr<LlamaModel> draft = [&]() -> std::unique_ptr<LlamaModel> {
-    ModelConfig c = m.config();
-    c.num_layers = 2;
-    auto w = LoadModel(bench::RandomModel("llama-3.2-1b-2layer-bf16", c, DType::kBF16, 2));
-    auto be = MakeBackend({"cuda", "bf16"});
-    if (!w.ok() || !be.ok()) return nullptr;
-    auto d = LlamaModel::Create(std::move(w).value(), std::move(be).value());
-    return d.ok() ? std::move(d).value() : nullptr;
-  }();
+  LlamaModel* draft = SpecDraft(m.config(), static_cast<int32_t>(state.range(3)));
   if (draft == nullptr) return state.SkipWithError("cannot load the draft model");
   const int32_t k = static_cast<int32_t>(state.range(0)), B = static_cast<int32_t>(state.range(1));
+  const bool host = state.range(2) != 0;
+  // At batch 1, 16 requests in a row (2,048 tokens): with 2, auto's first steps (its acceptance
+  // estimate starts at 0.5) were a third of the run.
+  const int32_t requests = std::max(2 * B, 16);
   int64_t generated = 0;
   double drafts = 0, seq_steps = 0, cannot_pay = 0, lazy_measure = 0;
   for (auto _ : state) {
     state.PauseTiming();  // the engine's startup (auto's cost measurement) is not the step loop
     const int32_t blocks = B * 12 + 16;  // 32 prompt + 128 generated + 8 lookahead, blocks of 16
-    DraftModelProposer proposer(draft.get(), 16, blocks);
+    DraftModelProposer proposer(draft, 16, blocks);
     SchedulerConfig c;
     c.max_num_seqs = B;
     c.max_num_batched_tokens = 4096;
@@ -196,9 +219,11 @@ void BM_GpuSpec(benchmark::State& state) {
     spec.synthetic_alpha = k != 0 ? 0.8 : -1.0;
     spec.allow_synthetic = true;
     spec.adaptive = k < 0;
+    spec.verify_on = host ? SpecConfig::VerifyOn::kHost : SpecConfig::VerifyOn::kBackend;
+    proposer.set_argmax_on_backend(!host);
     Engine e(&m, nullptr, c, spec);
     if (auto st = e.Validate(); !st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
-    if (auto st = AddRequests(e, 2 * B); !st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
+    if (auto st = AddRequests(e, requests); !st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
     const double startup_measure = e.stats().cost_measure_seconds;
     state.ResumeTiming();
     while (e.HasUnfinished()) {
@@ -220,9 +245,21 @@ void BM_GpuSpec(benchmark::State& state) {
   // Seconds that auto spent measuring larger shapes between steps (timed), over all iterations.
   state.counters["lazy_measure_s"] = lazy_measure;
 }
+void SpecArgs(benchmark::internal::Benchmark* b) {
+  for (int draft : {0, 1}) {
+    for (int batch : {1, 32, 64}) {
+      for (int k : {0, 1, 2, 4, -1}) {
+        if (k != 0 || draft == 0) b->Args({k, batch, 0, draft});
+      }
+    }
+  }
+  for (int batch : {1, 32}) {
+    for (int k : {0, 4}) b->Args({k, batch, 1, 0});
+  }
+}
 BENCHMARK(BM_GpuSpec)
-    ->ArgNames({"k", "batch"})
-    ->ArgsProduct({{0, 1, 2, 4, -1}, {1, 8, 32}})
+    ->ArgNames({"k", "batch", "host", "draft"})
+    ->Apply(SpecArgs)
     ->UseRealTime()
     ->Unit(benchmark::kSecond)
     ->Iterations(2);

@@ -3,11 +3,13 @@
 #include <algorithm>
 
 #include "core/categorical.h"
+#include "core/status_macros.h"
 
 namespace specula {
 
 DraftModelProposer::DraftModelProposer(LlamaModel* draft, int32_t block_size, int32_t num_blocks)
-    : draft_(draft), kv_(draft->config(), {block_size, num_blocks, draft->kv_dtype()}, &draft->backend()), allocator_(kv_.num_blocks()) {}
+    : draft_(draft), kv_(draft->config(), {block_size, num_blocks, draft->kv_dtype()}, &draft->backend()), allocator_(kv_.num_blocks()),
+      argmax_on_backend_(draft->backend().on_device()) {}
 
 absl::Status DraftModelProposer::Propose(absl::Span<const ProposeInput> inputs, std::vector<Proposal>* out) {
   out->assign(inputs.size(), Proposal{});
@@ -36,33 +38,24 @@ absl::Status DraftModelProposer::Propose(absl::Span<const ProposeInput> inputs, 
   }
   for (int32_t step = 0; !active.empty(); ++step) {
     ForwardBatch batch;
+    bool greedy = true;  // every row's draft is its argmax: chosen where the logits are
     for (Active& a : active) {
       const int32_t len = static_cast<int32_t>(a.tokens.size());
       batch.seqs.push_back({absl::MakeConstSpan(a.tokens).subspan(a.state->computed, len - a.state->computed),
                             a.state->computed, a.state->blocks->table()});
+      const SamplingParams& sp = *inputs[a.index].sampling;
+      greedy = greedy && sp.temperature == 0.0f && sp.repetition_penalty == 1.0f;
     }
-    if (auto st = draft_->Forward(batch, kv_, LogitsMode::kLastPerSequence, &logits_); !st.ok()) return st;
+    const bool on_backend = greedy && argmax_on_backend_ && draft_->logits_stay_in_backend();
+    RETURN_IF_ERROR(draft_->Forward(batch, kv_, LogitsMode::kLastPerSequence, on_backend ? nullptr : &logits_));
+    if (on_backend) RETURN_IF_ERROR(ArgmaxOnBackend(static_cast<int32_t>(active.size()), vocab));
     std::vector<Active> next;
     for (size_t j = 0; j < active.size(); ++j) {
       Active& a = active[j];
       const ProposeInput& in = inputs[a.index];
       Proposal& p = (*out)[a.index];
       a.state->computed = static_cast<int32_t>(a.tokens.size());
-      const absl::Span<const float> row = absl::MakeConstSpan(logits_).subspan(j * vocab, vocab);
-      TokenId d;
-      if (in.sampling->temperature == 0.0f && in.sampling->repetition_penalty == 1.0f) {
-        // Greedy without a penalty: the argmax that the one-hot distribution would give, without its
-        // three passes over the vocabulary (a tenth of a 1-token forward of a small draft at 32,000).
-        d = static_cast<TokenId>(Argmax(row));
-      } else {
-        SamplingProbabilities(*in.sampling, row, a.tokens, &probs_);
-        if (in.sampling->temperature == 0.0f) {
-          d = static_cast<TokenId>(Argmax(probs_));  // the penalized argmax's one-hot
-        } else {
-          d = SampleCategorical(probs_, std::uniform_real_distribution<double>(0.0, 1.0)(a.state->rng));
-          p.probs.insert(p.probs.end(), probs_.begin(), probs_.end());
-        }
-      }
+      const TokenId d = on_backend ? argmax_[j] : Choose(j, vocab, in, a.tokens, a.state->rng, &p);
       p.tokens.push_back(d);
       a.tokens.push_back(d);
       if (static_cast<int32_t>(p.tokens.size()) < in.k) next.push_back(std::move(a));
@@ -70,6 +63,30 @@ absl::Status DraftModelProposer::Propose(absl::Span<const ProposeInput> inputs, 
     active = std::move(next);
   }
   return absl::OkStatus();
+}
+
+TokenId DraftModelProposer::Choose(size_t row_index, int32_t vocab, const ProposeInput& in,
+                                   absl::Span<const TokenId> tokens, std::mt19937_64& rng, Proposal* p) {
+  const absl::Span<const float> row = absl::MakeConstSpan(logits_).subspan(row_index * vocab, vocab);
+  if (in.sampling->temperature == 0.0f && in.sampling->repetition_penalty == 1.0f) {
+    // Greedy without a penalty: the argmax that the one-hot distribution would give, without its
+    // three passes over the vocabulary (a tenth of a 1-token forward of a small draft at 32,000).
+    return static_cast<TokenId>(Argmax(row));
+  }
+  SamplingProbabilities(*in.sampling, row, tokens, &probs_);
+  if (in.sampling->temperature == 0.0f) return static_cast<TokenId>(Argmax(probs_));  // the penalized argmax's one-hot
+  const TokenId d = SampleCategorical(probs_, std::uniform_real_distribution<double>(0.0, 1.0)(rng));
+  p->probs.insert(p->probs.end(), probs_.begin(), probs_.end());
+  return d;
+}
+
+absl::Status DraftModelProposer::ArgmaxOnBackend(int32_t rows, int32_t vocab) {
+  Backend& be = draft_->backend();
+  RETURN_IF_ERROR(argmax_dev_.Grow(&be, rows * sizeof(int32_t)));
+  argmax_.resize(rows);
+  be.Argmax(draft_->backend_logits(), rows, vocab, argmax_dev_.as<int32_t>());
+  be.CopyOut(argmax_.data(), argmax_dev_.get(), rows * sizeof(int32_t));
+  return be.Sync();
 }
 
 absl::StatusOr<std::vector<CostPoint>> DraftModelProposer::MeasureCost(const CostGrid& grid) {

@@ -31,6 +31,9 @@ class DraftModelProposer : public Proposer {
   const ModelConfig* model_config() const override { return &draft_->config(); }
   absl::StatusOr<std::vector<CostPoint>> MeasureCost(const CostGrid& grid) override;
   int32_t CatchUpTokens(RequestId id, int32_t len) const override;
+  // Greedy drafts are chosen where the draft's logits are (its backend's Argmax; only the ids come
+  // back) when its backend is a device; tests turn it on for the CPU backend too.
+  void set_argmax_on_backend(bool on) { argmax_on_backend_ = on; }
 
  private:
   struct SeqState {
@@ -44,8 +47,17 @@ class DraftModelProposer : public Proposer {
   KvCache kv_;
   BlockAllocator allocator_;
   std::unordered_map<RequestId, SeqState> seqs_;
+  // One draft token for row `row_index` of logits_ on the host (sampled ones record their q in p).
+  TokenId Choose(size_t row_index, int32_t vocab, const ProposeInput& in, absl::Span<const TokenId> tokens,
+                 std::mt19937_64& rng, Proposal* p);
+  // argmax_[rows] from the draft's last logits, left in its backend.
+  absl::Status ArgmaxOnBackend(int32_t rows, int32_t vocab);
+
   std::vector<float> logits_;  // [num_seqs, vocab]
   std::vector<float> probs_;   // [vocab]
+  bool argmax_on_backend_;
+  BackendBuffer argmax_dev_;       // [num_seqs] i32
+  std::vector<TokenId> argmax_;    // [num_seqs]
 };
 
 }  // namespace specula

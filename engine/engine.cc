@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "model/forward_cost.h"
 #include "verify/verify.h"
 
@@ -20,6 +21,9 @@ Engine::Engine(LlamaModel* model, const Tokenizer* tokenizer, const SchedulerCon
       kv_(model->config(), {config.block_size, config.num_blocks, model->kv_dtype()}, &model->backend()),
       outputs_(tokenizer), spec_(spec) {
   stats_.spec_k_histogram.assign(std::max(config.num_spec_tokens, 0) + 1, 0);
+  const bool on_backend = spec_.verify_on == SpecConfig::VerifyOn::kBackend ||
+                          (spec_.verify_on == SpecConfig::VerifyOn::kAuto && model_->backend().on_device());
+  if (on_backend && model_->logits_stay_in_backend()) backend_verifier_ = std::make_unique<BackendVerifier>(&model_->backend());
   if (!spec_.adaptive || spec_.proposer == nullptr || !model_->status().ok() || !kv_.status().ok()) return;
   AdaptiveConfig ac{config.max_num_seqs, config.block_size, config.num_spec_tokens, spec_.calibration_seconds,
                     spec_.target_cost, spec_.draft_cost, spec_.refine_cost};
@@ -45,6 +49,9 @@ absl::Status Engine::Validate() const {
   if (!model_->status().ok()) return model_->status();
   if (!kv_.status().ok()) return kv_.status();
   if (!calibration_.ok()) return calibration_;
+  if (spec_.verify_on == SpecConfig::VerifyOn::kBackend && backend_verifier_ == nullptr) {
+    return absl::FailedPreconditionError("tokens cannot be chosen on a device under tensor parallelism");
+  }
   if (spec_.adaptive && spec_.proposer == nullptr) {
     return absl::InvalidArgumentError("adaptive speculation needs a proposer");
   }
@@ -102,18 +109,18 @@ std::vector<RequestDelta> Engine::Step() {
   CountSpeculation(plan, candidates);
   const Drafts drafts = Propose(plan);
   absl::StatusOr<Ran> ran = Forward(plan, drafts);
-  if (!ran.ok()) {
-    FailStep(plan, ran.status());
+  absl::StatusOr<StepResult> result = ran.ok() ? Verify(plan, drafts, *ran) : absl::StatusOr<StepResult>(ran.status());
+  if (!result.ok()) {
+    FailStep(plan, result.status());
     return outputs_.TakeDeltas();
   }
-  const StepResult result = Verify(plan, drafts, *ran);
   if (speculation_ != nullptr) {
     ran->timing.seconds = SecondsSince(start);
-    speculation_->Observe(plan, candidates, result, ran->timing);
+    speculation_->Observe(plan, candidates, *result, ran->timing);
     stats_.cost_measure_seconds = speculation_->measure_seconds();
     stats_.cost_measured_tokens = speculation_->measured_tokens();
   }
-  Update(plan, result, drafts);
+  Update(plan, *result, drafts);
   return outputs_.TakeDeltas();
 }
 
@@ -214,15 +221,35 @@ absl::StatusOr<Engine::Ran> Engine::Forward(const StepPlan& plan, const Drafts& 
   }
   ran.timing.rows = rows;
   ran.timing.propose_seconds = drafts.seconds;
-  if (auto status = model_->Forward(batch, kv_, LogitsMode::kLastPerSequence, &logits_); !status.ok()) return status;
+  std::vector<float>* logits = backend_verifier_ != nullptr ? nullptr : &logits_;  // null: they stay in the backend
+  if (auto status = model_->Forward(batch, kv_, LogitsMode::kLastPerSequence, logits); !status.ok()) return status;
   return ran;
 }
 
-StepResult Engine::Verify(const StepPlan& plan, const Drafts& drafts, const Ran& ran) {
+absl::StatusOr<StepResult> Engine::Verify(const StepPlan& plan, const Drafts& drafts, const Ran& ran) {
+  verified_.assign(plan.seqs.size(), VerifyResult{});
+  if (backend_verifier_ != nullptr) {
+    RETURN_IF_ERROR(VerifyOnBackend(plan, drafts, ran));
+  } else {
+    VerifyOnHost(plan, drafts, ran);
+  }
+  StepResult result;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
+    if (!s.samples) continue;
+    const int32_t k = drafts.index[i] == SIZE_MAX ? 0 : static_cast<int32_t>(drafts.proposals[drafts.index[i]].tokens.size());
+    if (drafts.index[i] != SIZE_MAX) {
+      stats_.spec.Record(k, verified_[i].num_accepted);
+      outputs_.RecordSpec(s.id, k, verified_[i].num_accepted);
+    }
+    result.outputs.push_back({s.id, std::move(verified_[i].tokens), k});
+  }
+  return result;
+}
+
+void Engine::VerifyOnHost(const StepPlan& plan, const Drafts& drafts, const Ran& ran) {
   const int32_t vocab = model_->config().vocab_size;
   const int64_t num = static_cast<int64_t>(plan.seqs.size());
-  sampled_.assign(num, -1);
-  verified_.assign(num, VerifyResult{});
   // Every sequence's new tokens over every core: a sampled row is a pass over the vocabulary (an
   // argmax when greedy), 2.6% of a 32-sequence step on one core while the others waited, and a
   // verification up to k + 1 of them (hence a dynamic schedule). Each sequence has its own sampler
@@ -235,7 +262,7 @@ StepResult Engine::Verify(const StepPlan& plan, const Drafts& drafts, const Ran&
     Active& a = active_.at(s.id);
     const SequenceState& st = *scheduler_.Get(s.id);
     if (drafts.index[i] == SIZE_MAX) {
-      sampled_[i] = a.sampler->Sample(absl::MakeConstSpan(row, vocab), st.tokens);
+      verified_[i].tokens = {a.sampler->Sample(absl::MakeConstSpan(row, vocab), st.tokens)};
       continue;
     }
     const Proposal& d = drafts.proposals[drafts.index[i]];
@@ -243,20 +270,29 @@ StepResult Engine::Verify(const StepPlan& plan, const Drafts& drafts, const Ran&
     verified_[i] = specula::Verify(logits, vocab, {d.tokens, d.probs}, a.request.sampling, st.tokens, *a.uniform,
                                    spec_.synthetic_alpha);
   }
-  StepResult result;
+}
+
+absl::Status Engine::VerifyOnBackend(const StepPlan& plan, const Drafts& drafts, const Ran& ran) {
+  to_verify_.clear();
+  std::vector<size_t> plan_index;  // [to_verify_]
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
     if (!s.samples) continue;
-    if (drafts.index[i] == SIZE_MAX) {
-      result.outputs.push_back({s.id, {sampled_[i]}, 0});
-      continue;
+    Active& a = active_.at(s.id);
+    DraftChain chain;
+    if (drafts.index[i] != SIZE_MAX) {
+      const Proposal& d = drafts.proposals[drafts.index[i]];
+      chain = {d.tokens, d.probs};
     }
-    const int32_t k = static_cast<int32_t>(drafts.proposals[drafts.index[i]].tokens.size());
-    stats_.spec.Record(k, verified_[i].num_accepted);
-    outputs_.RecordSpec(s.id, k, verified_[i].num_accepted);
-    result.outputs.push_back({s.id, std::move(verified_[i].tokens), k});
+    to_verify_.push_back({ran.row_of[i], chain, &a.request.sampling, scheduler_.Get(s.id)->tokens, a.sampler.get(),
+                          a.uniform.get()});
+    plan_index.push_back(i);
   }
-  return result;
+  std::vector<VerifyResult> results;
+  RETURN_IF_ERROR(backend_verifier_->Run(model_->backend_logits(), ran.timing.rows, model_->config().vocab_size,
+                                         to_verify_, spec_.synthetic_alpha, &results));
+  for (size_t j = 0; j < results.size(); ++j) verified_[plan_index[j]] = std::move(results[j]);
+  return absl::OkStatus();
 }
 
 void Engine::Update(const StepPlan& plan, const StepResult& result, const Drafts& drafts) {

@@ -20,6 +20,7 @@
 #include "scheduler/scheduler.h"
 #include "spec/adaptive.h"
 #include "tokenizer/tokenizer.h"
+#include "verify/backend_verify.h"
 #include "verify/rejection_sampler.h"
 
 namespace specula {
@@ -42,6 +43,11 @@ struct SpecConfig {
   // tests and cost studies.
   std::optional<std::vector<CostPoint>> target_cost = std::nullopt, draft_cost = std::nullopt;
   bool refine_cost = true;
+  // Where the step's tokens are chosen, plain samples and verifications alike: on the host from
+  // copied logits, or where the logits are, by the backend's Argmax, Sample and VerifyDrafts
+  // (verify/backend_verify.h: only token ids come back). kAuto: the backend when it is a device.
+  enum class VerifyOn { kAuto, kHost, kBackend };
+  VerifyOn verify_on = VerifyOn::kAuto;
 };
 
 struct EngineStats {
@@ -107,7 +113,10 @@ class Engine {
   std::vector<SpecCandidate> Candidates(const StepPlan& plan);
   Drafts Propose(const StepPlan& plan);
   absl::StatusOr<Ran> Forward(const StepPlan& plan, const Drafts& drafts);
-  StepResult Verify(const StepPlan& plan, const Drafts& drafts, const Ran& ran);
+  absl::StatusOr<StepResult> Verify(const StepPlan& plan, const Drafts& drafts, const Ran& ran);
+  // Verify's two places: each fills verified_ for every sampling sequence of the plan.
+  void VerifyOnHost(const StepPlan& plan, const Drafts& drafts, const Ran& ran);
+  absl::Status VerifyOnBackend(const StepPlan& plan, const Drafts& drafts, const Ran& ran);
   void Update(const StepPlan& plan, const StepResult& result, const Drafts& drafts);
 
   // Counts the step's decoding sequences by the drafts they were given.
@@ -123,9 +132,10 @@ class Engine {
   KvCache kv_;
   OutputProcessor outputs_;
   std::unordered_map<RequestId, Active> active_;
-  std::vector<float> logits_;           // [rows, vocab]
-  std::vector<TokenId> sampled_;        // [num_seqs]: the step's tokens of rows without drafts
-  std::vector<VerifyResult> verified_;  // [num_seqs]: the step's verifications of sequences with drafts
+  std::vector<float> logits_;           // [rows, vocab] (host verification)
+  std::unique_ptr<BackendVerifier> backend_verifier_;  // null: tokens are chosen on the host
+  std::vector<RowsToVerify> to_verify_;                // [sampling sequences] (backend verification)
+  std::vector<VerifyResult> verified_;  // [num_seqs]: the step's tokens of each sampling sequence
   std::vector<std::vector<TokenId>> fed_;  // [num_seqs]: last token + drafts, for speculating sequences
   EngineStats stats_;
   SpecConfig spec_;

@@ -83,6 +83,10 @@ struct VerifyArgs {
   const float* uniform_final = nullptr;  // [num_seqs] the recovered or bonus draw
   int32_t* num_accepted = nullptr;       // [num_seqs] out
   int32_t* tokens = nullptr;             // [num_seqs, k + 1] out: accepted, then recovered/bonus
+  // Each sequence's first row in target_probs and in draft_probs (its rows follow it); null: the
+  // dense layouts above, s * (k + 1) and s * k.
+  const int32_t* target_row = nullptr;   // [num_seqs]
+  const int32_t* draft_row = nullptr;    // [num_seqs]
 };
 
 class Backend {
@@ -196,6 +200,8 @@ class Backend {
   // Copies whole blocks src[i] -> dst[i] (K and V) within one layer's pool (copy-on-write).
   virtual void CopyKvBlocks(const PagedKvLayer& kv, const int32_t* src, const int32_t* dst,
                             int32_t n) = 0;
+  // tokens[m]: each row's argmax (lowest index on ties), without a processed distribution.
+  virtual void Argmax(const float* logits, int32_t m, int32_t vocab, int32_t* tokens) = 0;
   // tokens[m] from logits[m, vocab] after temperature, top-k and top-p; probs[m, vocab] (may be
   // null) receives the processed distribution (one-hot when greedy).
   virtual void Sample(const float* logits, int32_t m, int32_t vocab, const SampleArgs& args,

@@ -80,7 +80,9 @@ absl::Status Measure(LlamaModel& model, const CostGrid& grid, std::vector<CostPo
   }
   std::vector<TokenId> ids(per_seq_max);
   for (int32_t i = 0; i < per_seq_max; ++i) ids[i] = (i * 7 + 3) % c.vocab_size;
-  std::vector<float> logits;
+  // On a device the step's logits stay there (verification runs there too): so do these.
+  std::vector<float> host_logits;
+  std::vector<float>* logits = model.backend().on_device() && model.logits_stay_in_backend() ? nullptr : &host_logits;
   double last = out->empty() ? 0.0 : out->back().seconds;  // seconds of the last shape measured
   for (int32_t n = first; n <= max_tokens; n *= 2) {
     // Stop before a shape that would run past the budget (its time is about twice the last one's).
@@ -101,7 +103,8 @@ absl::Status Measure(LlamaModel& model, const CostGrid& grid, std::vector<CostPo
     double best = 1e30;
     for (int rep = 0; rep < 3; ++rep) {
       const auto r0 = Clock::now();
-      RETURN_IF_ERROR(model.Forward(in, kv, LogitsMode::kLastPerSequence, &logits));
+      RETURN_IF_ERROR(model.Forward(in, kv, LogitsMode::kLastPerSequence, logits));
+      if (logits == nullptr) RETURN_IF_ERROR(model.backend().Sync());  // the forward returned before it ran
       const double s = std::chrono::duration<double>(Clock::now() - r0).count();
       if (rep > 0) best = std::min(best, s);
     }

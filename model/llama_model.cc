@@ -19,8 +19,11 @@ uint64_t NextModelId() {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
-// Decode batches are padded up to one of these sizes so a few captured graphs cover them all.
+// Batches of captured steps are padded up to one of these sizes so a few graphs cover them all.
 constexpr int32_t kGraphBatches[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256};
+
+// Tokens per sequence up to which a step is captured: a verification of up to 15 drafts.
+constexpr int32_t kMaxGraphTokens = 16;
 
 int32_t GraphBatch(int32_t seqs, int32_t max_graph_batch) {
   for (int32_t b : kGraphBatches) {
@@ -194,12 +197,7 @@ absl::Status LlamaModel::Reserve(int32_t tokens, int32_t seqs, int32_t table_len
   const ModelConfig& c = config();
   const size_t T = cap_tokens_, e = DTypeBytes(backend_->dtype()), i32 = sizeof(int32_t);
   Backend* be = backend_.get();
-  RETURN_IF_ERROR(ids_dev_.Grow(be, T * i32));
-  RETURN_IF_ERROR(pos_dev_.Grow(be, T * i32));
-  RETURN_IF_ERROR(slots_dev_.Grow(be, T * i32));
-  RETURN_IF_ERROR(qstart_dev_.Grow(be, (cap_seqs_ + 1) * i32));
-  RETURN_IF_ERROR(tables_dev_.Grow(be, std::max(cap_table_, 1) * i32));
-  RETURN_IF_ERROR(rows_dev_.Grow(be, R * i32));
+  RETURN_IF_ERROR(meta_dev_.Grow(be, (3 * T + cap_seqs_ + 1 + std::max(cap_table_, 1) + R) * i32));
   RETURN_IF_ERROR(x_.Grow(be, T * c.dim * e));
   RETURN_IF_ERROR(xn_.Grow(be, T * c.dim * e));
   RETURN_IF_ERROR(proj_.Grow(be, T * c.dim * e));
@@ -219,15 +217,14 @@ void LlamaModel::Run(int32_t T, int32_t S, int32_t rows, int32_t max_blocks, KvC
   const ModelConfig& c = config();
   const int32_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim;
   Backend& be = *backend_;
-  const int32_t* positions = pos_dev_.as<int32_t>();
-  const AttentionMetadata meta{S, T, qstart_dev_.as<int32_t>(), positions, slots_dev_.as<int32_t>(),
-                               tables_dev_.as<int32_t>(), max_blocks};
+  const int32_t* positions = dev_meta_.positions;
+  const AttentionMetadata meta{S, T, dev_meta_.query_start, positions, dev_meta_.slots, dev_meta_.tables, max_blocks};
   const RopeParams rope{c.head_dim, c.rope_interleaved, cos_sin_.as<float>()};
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   void *x = x_.get(), *xn = xn_.get(), *q = q_.get(), *k = k_.get(), *v = v_.get(), *attn = attn_.get(),
        *proj = proj_.get(), *gate = gate_.get(), *up = up_.get();
 
-  be.EmbeddingGather(embed_, dim, ids_dev_.as<int32_t>(), T, x);
+  be.EmbeddingGather(embed_, dim, dev_meta_.ids, T, x);
   be.RmsNorm(x, layers_[0].attn_norm, T, dim, c.norm_eps, xn);
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const Layer& w = layers_[l];
@@ -254,7 +251,7 @@ void LlamaModel::Run(int32_t T, int32_t S, int32_t rows, int32_t max_blocks, KvC
       be.Add(x, proj, static_cast<int64_t>(T) * dim);
     }
   }
-  be.EmbeddingGather(x, dim, rows_dev_.as<int32_t>(), rows, final_.get());  // rows whose logits return
+  be.EmbeddingGather(x, dim, dev_meta_.rows, rows, final_.get());  // rows whose logits return
   be.RmsNorm(final_.get(), final_norm_, rows, dim, c.norm_eps, final_.get());
 }
 
@@ -340,6 +337,71 @@ absl::Status LlamaModel::RunFollower() {
   }
 }
 
+LlamaModel::GraphShape LlamaModel::GraphShapeOf(const ForwardBatch& batch, LogitsMode mode) const {
+  GraphShape g;
+  if (mode != LogitsMode::kLastPerSequence || !backend_->SupportsGraphs() || batch.seqs.empty()) return g;
+  for (const auto& s : batch.seqs) {
+    g.tokens = std::max<int32_t>(g.tokens, s.tokens.size());
+    g.all_rows = g.all_rows || s.all_logits;
+  }
+  if (g.tokens > kMaxGraphTokens) return GraphShape{};
+  g.seqs = GraphBatch(static_cast<int32_t>(batch.seqs.size()), max_graph_batch_);
+  return g;
+}
+
+// Flattens the batch into the step's host metadata: token ids, positions, KV slots, padded block
+// tables and the rows whose logits are computed, real rows first in batch order. In a graph shape
+// every sequence has g.tokens tokens: a real one's padding repeats its last position with slot -1
+// (no K/V written, output zero); a padding sequence sits at position 0 with an empty table. Returns
+// the real rows; out_rows_ holds the rows computed.
+int32_t LlamaModel::Flatten(const ForwardBatch& batch, const KvCache& kv, LogitsMode mode, const GraphShape& g,
+                            int32_t T, int32_t S, int32_t max_blocks) {
+  token_ids_.assign(T, 0);
+  positions_.assign(T, 0);
+  slots_.assign(T, -1);
+  query_start_.resize(S + 1);
+  tables_.assign(static_cast<size_t>(S) * max_blocks, -1);
+  out_rows_.clear();
+  int32_t t = 0;
+  for (int32_t s = 0; s < S; ++s) {
+    query_start_[s] = t;
+    if (s >= static_cast<int32_t>(batch.seqs.size())) {
+      t += g.tokens;
+      continue;
+    }
+    const SequenceInput& in = batch.seqs[s];
+    std::copy(in.block_table.begin(), in.block_table.end(), tables_.begin() + static_cast<size_t>(s) * max_blocks);
+    for (size_t i = 0; i < in.tokens.size(); ++i, ++t) {
+      const int32_t pos = in.start_pos + static_cast<int32_t>(i);
+      token_ids_[t] = in.tokens[i];
+      positions_[t] = pos;
+      slots_[t] = in.block_table[pos / kv.block_size()] * kv.block_size() + pos % kv.block_size();
+      if (mode == LogitsMode::kAll || in.all_logits) out_rows_.push_back(t);
+    }
+    if (mode == LogitsMode::kLastPerSequence && !in.all_logits) out_rows_.push_back(t - 1);
+    if (g.seqs == 0) continue;
+    for (int32_t pad = static_cast<int32_t>(in.tokens.size()); pad < g.tokens; ++pad, ++t) positions_[t] = positions_[t - 1];
+  }
+  query_start_[S] = T;
+  const int32_t rows = static_cast<int32_t>(out_rows_.size());
+  const int32_t run_rows = g.seqs == 0 ? rows : g.all_rows ? T : g.seqs;
+  while (static_cast<int32_t>(out_rows_.size()) < run_rows) out_rows_.push_back(static_cast<int32_t>(out_rows_.size()));
+  return rows;
+}
+
+void LlamaModel::CopyMetaIn() {
+  meta_.clear();
+  const int32_t* base = meta_dev_.as<int32_t>();
+  const int32_t* at[6];
+  int i = 0;
+  for (const std::vector<int32_t>* v : {&token_ids_, &positions_, &slots_, &query_start_, &tables_, &out_rows_}) {
+    at[i++] = base + meta_.size();
+    meta_.insert(meta_.end(), v->begin(), v->end());
+  }
+  dev_meta_ = {at[0], at[1], at[2], at[3], at[4], at[5]};
+  backend_->CopyIn(meta_dev_.get(), meta_.data(), meta_.size() * sizeof(int32_t));
+}
+
 absl::Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& kv, LogitsMode mode,
                                  std::vector<float>* logits) {
   RETURN_IF_ERROR(status_);
@@ -358,79 +420,52 @@ absl::Status LlamaModel::ForwardLocal(const ForwardBatch& batch, KvCache& kv, Lo
   int32_t T = batch.NumTokens();
   int32_t S = static_cast<int32_t>(batch.seqs.size());
 
-  // Decode steps (one token per sequence, last logits only) replay a graph captured for the batch
-  // padded up to a fixed size, with block tables padded to the full context.
-  bool decode = mode == LogitsMode::kLastPerSequence && T == S;
-  for (const auto& s : batch.seqs) decode = decode && !s.all_logits;
-  const int32_t graph_batch = decode && be.SupportsGraphs() ? GraphBatch(S, max_graph_batch_) : 0;
-
+  // Steps of few tokens per sequence (decode: 1; verification: 1 + drafts; a draft's catch-up)
+  // replay a graph captured for the batch padded to a bucket of sequences of equal length, with
+  // block tables padded to the full context.
+  const GraphShape g = GraphShapeOf(batch, mode);
   int32_t max_blocks = 0;
   for (const auto& s : batch.seqs) max_blocks = std::max<int32_t>(max_blocks, s.block_table.size());
-  if (graph_batch > 0) {
+  if (g.seqs > 0) {
     // No sequence can hold more blocks than the pool has.
     max_blocks = std::min((c.max_seq_len + kv.block_size() - 1) / kv.block_size(), kv.num_blocks());
-    T = S = graph_batch;
+    S = g.seqs;
+    T = g.seqs * g.tokens;
   }
-
-  // Flatten the batch: token ids, positions, KV slots and padded block tables. Padding sequences
-  // (graph batches) have one token at position 0 with slot -1 and an empty table.
-  token_ids_.assign(T, 0);
-  positions_.assign(T, 0);
-  slots_.assign(T, -1);
-  query_start_.resize(S + 1);
-  tables_.assign(static_cast<size_t>(S) * max_blocks, -1);
-  out_rows_.clear();
-  int32_t t = 0;
-  for (int32_t s = 0; s < S; ++s) {
-    query_start_[s] = t;
-    if (s >= static_cast<int32_t>(batch.seqs.size())) {
-      ++t;
-      continue;
-    }
-    const SequenceInput& in = batch.seqs[s];
-    std::copy(in.block_table.begin(), in.block_table.end(), tables_.begin() + static_cast<size_t>(s) * max_blocks);
-    for (size_t i = 0; i < in.tokens.size(); ++i, ++t) {
-      const int32_t pos = in.start_pos + static_cast<int32_t>(i);
-      token_ids_[t] = in.tokens[i];
-      positions_[t] = pos;
-      slots_[t] = in.block_table[pos / kv.block_size()] * kv.block_size() + pos % kv.block_size();
-      if (mode == LogitsMode::kAll || in.all_logits) out_rows_.push_back(t);
-    }
-    if (mode == LogitsMode::kLastPerSequence && !in.all_logits) out_rows_.push_back(t - 1);
-  }
-  query_start_[S] = T;
-  const int32_t rows = static_cast<int32_t>(out_rows_.size());
-  const int32_t run_rows = graph_batch > 0 ? graph_batch : rows;
-  while (static_cast<int32_t>(out_rows_.size()) < run_rows) out_rows_.push_back(static_cast<int32_t>(out_rows_.size()));
-
+  const int32_t rows = Flatten(batch, kv, mode, g, T, S, max_blocks);
+  const int32_t run_rows = static_cast<int32_t>(out_rows_.size());
   RETURN_IF_ERROR(Reserve(T, S, S * max_blocks, run_rows));
-  be.CopyIn(ids_dev_.get(), token_ids_.data(), T * sizeof(int32_t));
-  be.CopyIn(pos_dev_.get(), positions_.data(), T * sizeof(int32_t));
-  be.CopyIn(slots_dev_.get(), slots_.data(), T * sizeof(int32_t));
-  be.CopyIn(qstart_dev_.get(), query_start_.data(), (S + 1) * sizeof(int32_t));
-  if (!tables_.empty()) be.CopyIn(tables_dev_.get(), tables_.data(), tables_.size() * sizeof(int32_t));
-  be.CopyIn(rows_dev_.get(), out_rows_.data(), run_rows * sizeof(int32_t));
+  CopyMetaIn();
 
-  logits->resize(static_cast<size_t>(rows) * c.vocab_size);
-  float* logits_out = be.on_device() ? logits_dev_.as<float>() : logits->data();
-  if (graph_batch > 0) {
+  if (logits == nullptr && !logits_stay_in_backend()) {
+    return absl::FailedPreconditionError("logits cannot stay on a device under tensor parallelism");
+  }
+  std::vector<float>* host = logits != nullptr ? logits : &own_logits_;  // [rows, vocab]
+  if (logits != nullptr || !be.on_device() || tp()) host->resize(static_cast<size_t>(rows) * c.vocab_size);
+  float* logits_out = be.on_device() ? logits_dev_.as<float>() : host->data();
+  if (g.seqs > 0) {
     if (graph_kv_ != kv.id()) {  // not the address: a new pool can take a freed one's
       be.ClearGraphs();
       graph_kv_ = kv.id();
     }
-    if (!be.Replay(graph_batch)) {
+    if (!be.Replay(g.key())) {
       be.BeginCapture();
       Run(T, S, run_rows, max_blocks, kv);
-      Classify(run_rows, logits_out, logits);
-      RETURN_IF_ERROR(be.EndCapture(graph_batch));
-      if (!be.Replay(graph_batch)) return absl::InternalError("captured graph did not replay");
+      Classify(run_rows, logits_out, host);
+      RETURN_IF_ERROR(be.EndCapture(g.key()));
+      if (!be.Replay(g.key())) return absl::InternalError("captured graph did not replay");
     }
   } else {
     Run(T, S, run_rows, max_blocks, kv);
-    Classify(run_rows, logits_out, logits);
+    Classify(run_rows, logits_out, host);
   }
   RETURN_IF_ERROR(tp_status_);
-  if (be.on_device() && !tp()) be.CopyOut(logits->data(), logits_out, logits->size() * sizeof(float));
+  if (be.on_device() && !tp() && logits != nullptr) {
+    be.CopyOut(logits->data(), logits_out, logits->size() * sizeof(float));
+  }
+  // Logits left on a device are read by the next op on its stream, which waits for them: the host
+  // need not. A failure shows at the next Sync.
+  if (logits == nullptr && be.on_device()) return absl::OkStatus();
   return be.Sync();
 }
 

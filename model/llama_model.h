@@ -57,14 +57,26 @@ class LlamaModel {
   absl::Status set_kv_dtype(DType d);
 
   // Runs one step for a batch of sequences. Writes the new tokens' K/V into `kv` and returns logits
-  // in `logits`: [num_tokens or num_seqs, vocab_size], in batch order. Bad input (token id out of
-  // range, context overflow, short block table, a KV cache of another backend) is an
-  // InvalidArgument error and touches nothing; a backend failure names the op.
+  // in `logits`: [num_tokens or num_seqs, vocab_size], in batch order. Null `logits` leaves them in
+  // the backend's memory, in the same layout, for backend_logits() (where logits_stay_in_backend()).
+  // Bad input (token id out of range, context overflow, short block table, a KV cache of another
+  // backend) is an InvalidArgument error and touches nothing; a backend failure names the op.
   absl::Status Forward(const ForwardBatch& batch, KvCache& kv, LogitsMode mode,
                        std::vector<float>* logits);
+  // The last Forward's logits when it was given none: [rows, vocab_size] f32 in backend memory,
+  // valid until the next Forward. On a device that Forward returns before they are computed: the
+  // next op on the backend's stream reads them in order, and Sync() waits for them (and reports a
+  // failure of the forward). A device under tensor parallelism gathers them on the host, so
+  // there they never stay.
+  bool logits_stay_in_backend() const { return !(tp() && backend_->on_device()); }
+  const float* backend_logits() const {
+    return backend_->on_device() ? logits_dev_.as<float>() : own_logits_.data();
+  }
 
-  // Decode steps (one token per sequence) of up to this many sequences replay captured graphs on
-  // backends that support them; 0 turns graphs off.
+  // Steps of up to this many sequences, each of at most 16 tokens (decode, verification of up to
+  // 15 drafts, a draft's catch-up), replay captured graphs on backends that support them, keyed by
+  // (batch bucket, tokens per sequence, whether every row's logits are computed); 0 turns graphs
+  // off.
   void set_max_graph_batch(int32_t n) { max_graph_batch_ = n; }
 
   // Sizes the step scratch for up to `tokens` tokens over `seqs` sequences with `table_len` block
@@ -93,7 +105,19 @@ class LlamaModel {
     std::vector<uint64_t> ids;
   };
 
+  // A step replayed from a captured graph: the batch padded to `seqs` sequences (0: no graph) of
+  // `tokens` tokens each; `all_rows`: every token's logits are computed (some sequence wants its own).
+  struct GraphShape {
+    int32_t seqs = 0;
+    int32_t tokens = 1;
+    bool all_rows = false;
+    int64_t key() const { return seqs | (int64_t{tokens} << 16) | (int64_t{all_rows} << 32); }
+  };
+
   bool tp() const { return comm_ != nullptr && weights_->shard.active(); }
+  GraphShape GraphShapeOf(const ForwardBatch& batch, LogitsMode mode) const;
+  int32_t Flatten(const ForwardBatch& batch, const KvCache& kv, LogitsMode mode, const GraphShape& g, int32_t T,
+                  int32_t S, int32_t max_blocks);
   absl::Status SendStep(const ForwardBatch& batch, const KvCache& kv, LogitsMode mode);
   absl::Status ForwardLocal(const ForwardBatch& batch, KvCache& kv, LogitsMode mode, std::vector<float>* logits);
   // Sums a row-parallel product over the ranks (the first failure is kept in tp_status_).
@@ -125,12 +149,17 @@ class LlamaModel {
 
   // Backend scratch, grown to the largest step seen and reused (no allocation in steady state).
   int32_t cap_tokens_ = 0, cap_seqs_ = 0, cap_table_ = 0, cap_rows_ = 0;
-  BackendBuffer ids_dev_;     // [T] i32
-  BackendBuffer pos_dev_;     // [T] i32
-  BackendBuffer slots_dev_;   // [T] i32
-  BackendBuffer qstart_dev_;  // [S + 1] i32
-  BackendBuffer tables_dev_;  // [S, max_blocks] i32
-  BackendBuffer rows_dev_;    // [rows] i32 rows whose logits are returned
+  // The step's metadata in one buffer, copied in at once: ids [T], positions [T], slots [T],
+  // query starts [S + 1], block tables [S, max_blocks], rows whose logits are computed [rows], all
+  // i32 and packed in that order (a graph's shape fixes the offsets it captured).
+  BackendBuffer meta_dev_;
+  std::vector<int32_t> meta_;  // the same on the host
+  struct StepMeta {
+    const int32_t *ids, *positions, *slots, *query_start, *tables, *rows;
+  };
+  StepMeta dev_meta_{};  // this step's arrays in meta_dev_
+  // Packs the host arrays into meta_, copies it in and points dev_meta_ at the copy.
+  void CopyMetaIn();
   BackendBuffer x_;           // [T, dim] residual stream
   BackendBuffer xn_;          // [T, dim] normed
   BackendBuffer q_;           // [T, num_heads * head_dim]
@@ -142,6 +171,7 @@ class LlamaModel {
   BackendBuffer up_;          // [T, hidden_dim]
   BackendBuffer final_;       // [rows, dim]
   BackendBuffer logits_dev_;  // [rows, vocab] f32 (device backends)
+  std::vector<float> own_logits_;  // [rows, vocab] host backends' logits when Forward was given none
 
   // Tensor parallelism.
   std::shared_ptr<Communicator> comm_;

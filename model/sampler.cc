@@ -125,7 +125,7 @@ TokenId Sampler::Sample(absl::Span<const float> logits, absl::Span<const TokenId
     return Argmax(logits);
   }
   Probabilities(logits, history, &probs_);
-  return SampleCategorical(probs_, std::uniform_real_distribution<double>(0.0, 1.0)(rng_));
+  return SampleCategorical(probs_, Draw());
 }
 
 }  // namespace specula

@@ -41,6 +41,11 @@ class Sampler {
                      std::vector<float>* probs) const {
     SamplingProbabilities(params_, logits, history, probs);
   }
+  // The uniform [0, 1) draw that Sample() would take next, for a sampler that runs elsewhere (a
+  // backend's Sample kernel): the same seed gives the same stream of draws.
+  double Draw() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+  // Whether Backend::Sample computes this sampler's distribution (no repetition penalty, no min-p).
+  static bool BackendCanSample(const SamplingParams& p) { return p.repetition_penalty == 1.0f && p.min_p == 0.0f; }
 
  private:
   SamplingParams params_;

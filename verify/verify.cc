@@ -14,13 +14,37 @@ template <typename Next>
 VerifyResult Synthetic(absl::Span<const TokenId> drafts, double alpha, Uniform& uniform, Next next) {
   VerifyResult r;
   const int32_t k = static_cast<int32_t>(drafts.size());
-  while (r.num_accepted < k && uniform.Next() < alpha) r.tokens.push_back(drafts[r.num_accepted++]);
+  r.num_accepted = SyntheticAccepted(k, alpha, uniform);
+  r.tokens.assign(drafts.begin(), drafts.begin() + r.num_accepted);
   r.bonus = r.num_accepted == k;
   r.tokens.push_back(next(r.num_accepted));
   return r;
 }
 
 }  // namespace
+
+int32_t SyntheticAccepted(int32_t k, double alpha, Uniform& uniform) {
+  int32_t accepted = 0;
+  while (accepted < k && uniform.Next() < alpha) ++accepted;
+  return accepted;
+}
+
+VerifyResult VerifyArgmax(absl::Span<const TokenId> drafts, absl::FunctionRef<TokenId(int32_t)> argmax,
+                          Uniform& uniform, double synthetic_alpha) {
+  const int32_t k = static_cast<int32_t>(drafts.size());
+  if (synthetic_alpha >= 0) {
+    return Synthetic(drafts, synthetic_alpha, uniform, [&](int32_t accepted) {
+      uniform.Next();  // the draw a one-hot distribution ignores, so the stream stays the general path's
+      return argmax(accepted);
+    });
+  }
+  std::vector<TokenId> rows;  // [rows read]: up to the first mismatch, or all k + 1
+  for (int32_t i = 0; i <= k; ++i) {
+    rows.push_back(argmax(i));
+    if (i < k && rows[i] != drafts[i]) break;
+  }
+  return GreedyVerify(drafts.subspan(0, std::min<size_t>(rows.size(), k)), rows);
+}
 
 VerifyResult Verify(absl::Span<const float> logits, int32_t vocab, DraftChain draft, const SamplingParams& params,
                     absl::Span<const TokenId> history, Uniform& uniform, double synthetic_alpha) {
@@ -30,18 +54,8 @@ VerifyResult Verify(absl::Span<const float> logits, int32_t vocab, DraftChain dr
     // Greedy without a penalty: each row's distribution is one-hot at its argmax, so only the rows up
     // to the first rejection are read, once each (building the k + 1 distributions took five passes
     // over every row: a batch of 8 verifying 2 drafts each spent ~15% of its step there).
-    if (synthetic_alpha >= 0) {
-      return Synthetic(draft.tokens, synthetic_alpha, uniform, [&](int32_t accepted) {
-        uniform.Next();  // the draw a one-hot distribution ignores, so the stream stays the general path's
-        return Argmax(row(accepted));
-      });
-    }
-    std::vector<TokenId> argmax;  // [rows read]: up to the first mismatch, or all k + 1
-    for (int32_t i = 0; i <= k; ++i) {
-      argmax.push_back(Argmax(row(i)));
-      if (i < k && argmax[i] != draft.tokens[i]) break;
-    }
-    return GreedyVerify(draft.tokens.subspan(0, std::min<size_t>(argmax.size(), k)), argmax);
+    return VerifyArgmax(draft.tokens, [&](int32_t i) { return static_cast<TokenId>(Argmax(row(i))); }, uniform,
+                        synthetic_alpha);
   }
   // The target's sampling distribution after each prefix: rows i = 0..k, history + drafts[0, i).
   thread_local std::vector<float> target_probs, row_probs;  // [k + 1, vocab], [vocab]

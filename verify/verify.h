@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "absl/functional/function_ref.h"
 #include "absl/types/span.h"
 #include "core/batch.h"
 #include "model/sampler.h"
@@ -26,5 +27,15 @@ struct DraftChain {
 // Touches only its arguments and per-thread scratch: sequences are verified in parallel.
 VerifyResult Verify(absl::Span<const float> logits, int32_t vocab, DraftChain draft, const SamplingParams& params,
                     absl::Span<const TokenId> history, Uniform& uniform, double synthetic_alpha = -1);
+
+// Greedy verification (no repetition penalty) from the argmax of each row, `argmax(i)` for row
+// i = 0..k, asked only for the rows it needs: Verify's greedy path, for callers whose rows are
+// elsewhere (a backend's Argmax). The synthetic case and its draws are Verify's.
+VerifyResult VerifyArgmax(absl::Span<const TokenId> drafts, absl::FunctionRef<TokenId(int32_t)> argmax,
+                          Uniform& uniform, double synthetic_alpha = -1);
+
+// Synthetic acceptance: how many of k drafts pass, each with probability alpha, until the first
+// that fails (the draws Verify takes before the next token's).
+int32_t SyntheticAccepted(int32_t k, double alpha, Uniform& uniform);
 
 }  // namespace specula

@@ -227,6 +227,9 @@ class CpuBackend final : public Backend {
     cpu::CopyKvBlocks(kv, src, dst, n);
   }
 
+  void Argmax(const float* logits, int32_t m, int32_t vocab, int32_t* tokens) override {
+    cpu::ArgmaxRows(logits, m, vocab, tokens);
+  }
   void Sample(const float* logits, int32_t m, int32_t vocab, const SampleArgs& args, float* probs,
               int32_t* tokens) override {
     cpu::SampleRows(logits, m, vocab, args, probs, tokens);

@@ -63,14 +63,20 @@ void SampleRows(const float* logits, int32_t m, int32_t vocab, const SampleArgs&
   }
 }
 
+void ArgmaxRows(const float* logits, int32_t m, int32_t vocab, int32_t* tokens) {
+  for (int32_t r = 0; r < m; ++r) tokens[r] = Argmax(absl::MakeConstSpan(logits + static_cast<int64_t>(r) * vocab, vocab));
+}
+
 void VerifyRows(const VerifyArgs& a) {
   const int64_t V = a.vocab;
   std::vector<float> residual(V);  // [vocab] max(0, p - q)
   for (int32_t s = 0; s < a.num_seqs; ++s) {
     const int32_t n = a.num_drafts[s];
     const int32_t* draft = a.draft + static_cast<int64_t>(s) * a.k;
-    const float* target = a.target_probs + static_cast<int64_t>(s) * (a.k + 1) * V;
-    const float* q_rows = a.draft_probs ? a.draft_probs + static_cast<int64_t>(s) * a.k * V : nullptr;
+    const int64_t t_row = a.target_row != nullptr ? a.target_row[s] : static_cast<int64_t>(s) * (a.k + 1);
+    const int64_t d_row = a.draft_row != nullptr ? a.draft_row[s] : static_cast<int64_t>(s) * a.k;
+    const float* target = a.target_probs + t_row * V;
+    const float* q_rows = a.draft_probs ? a.draft_probs + d_row * V : nullptr;
     int32_t* out = a.tokens + static_cast<int64_t>(s) * (a.k + 1);
     const double u_final = a.uniform_final[s];
     int32_t i = 0;

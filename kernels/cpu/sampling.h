@@ -11,6 +11,8 @@ namespace specula::cpu {
 void SampleRows(const float* logits, int32_t m, int32_t vocab, const SampleArgs& args,
                 float* probs, int32_t* tokens);
 
+void ArgmaxRows(const float* logits, int32_t m, int32_t vocab, int32_t* tokens);
+
 void VerifyRows(const VerifyArgs& args);
 
 }  // namespace specula::cpu

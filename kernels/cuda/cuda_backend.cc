@@ -270,6 +270,11 @@ class CudaBackend final : public Backend {
     cuda::InvokeCopyKvBlocks(dtype_, kv, src, dst, n, stream_);
     Check("CopyKvBlocks");
   }
+  void Argmax(const float* logits, int32_t m, int32_t vocab, int32_t* tokens) override {
+    if (!status_.ok()) return;
+    cuda::InvokeArgmax(logits, m, vocab, tokens, stream_);
+    Check("Argmax");
+  }
   void Sample(const float* logits, int32_t m, int32_t vocab, const SampleArgs& args, float* probs,
               int32_t* tokens) override {
     if (!status_.ok()) return;

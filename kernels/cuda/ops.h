@@ -49,6 +49,8 @@ bool GemvApplies(DType dtype, const void* x, const void* w, int32_t m, int32_t k
 void InvokeGemv(DType dtype, const void* x, int32_t m, int32_t k, const GemvOut* outs, int32_t num_outs, bool out_f32,
                 cudaStream_t s);
 int MultiprocessorCount();
+// tokens[m]: the argmax of each row of logits [m, vocab], lowest index on ties.
+void InvokeArgmax(const float* logits, int32_t m, int32_t vocab, int32_t* tokens, cudaStream_t s);
 // probs: [m, vocab] f32 scratch, required (the caller's buffer or the backend's).
 void InvokeSample(const float* logits, int32_t m, int32_t vocab, const SampleArgs& args, float* probs,
                   int32_t* tokens, cudaStream_t s);

@@ -59,30 +59,49 @@ __device__ int32_t BlockSample(W w, int32_t n, double u) {
   return s_pick;
 }
 
+// The row's argmax, lowest index on ties; every thread of the block gets it. Reads the row once,
+// four floats at a time where the row is 16-byte aligned.
+__device__ int32_t BlockArgmax(const float* row, int32_t V) {
+  __shared__ float s_v[32];
+  __shared__ int32_t s_i[32];
+  float best = -INFINITY;
+  int32_t idx = 0x7fffffff;
+  auto take = [&](float v, int32_t i) {
+    if (v > best || (v == best && i < idx)) { best = v; idx = i; }
+  };
+  int32_t head = 0;
+  if ((reinterpret_cast<uintptr_t>(row) & 15) == 0) {
+    const int32_t vecs = V / 4;
+    const float4* r4 = reinterpret_cast<const float4*>(row);
+    for (int32_t j = threadIdx.x; j < vecs; j += blockDim.x) {
+      const float4 v = r4[j];
+      take(v.x, 4 * j);
+      take(v.y, 4 * j + 1);
+      take(v.z, 4 * j + 2);
+      take(v.w, 4 * j + 3);
+    }
+    head = vecs * 4;
+  }
+  for (int32_t i = head + threadIdx.x; i < V; i += blockDim.x) take(row[i], i);
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    take(ob, oi);
+  }
+  if ((threadIdx.x & 31) == 0) { s_v[threadIdx.x >> 5] = best; s_i[threadIdx.x >> 5] = idx; }
+  __syncthreads();
+  best = s_v[0];
+  idx = s_i[0];
+  for (int wi = 1; wi < (blockDim.x >> 5); ++wi) take(s_v[wi], s_i[wi]);
+  __syncthreads();  // s_v and s_i are reused by the next call
+  return idx;
+}
+
 // probs[vocab] <- the processed distribution of one row; returns nothing (probs is written).
 __device__ void ProcessRow(const float* logits, int32_t V, float temperature, int32_t top_k, float top_p,
                            float* probs) {
   if (!(temperature > 0.0f)) {  // greedy: one-hot at the argmax, lowest index on ties
-    __shared__ float s_v[32];
-    __shared__ int32_t s_i[32];
-    float best = -INFINITY;
-    int32_t idx = 0x7fffffff;
-    for (int32_t i = threadIdx.x; i < V; i += blockDim.x) {
-      const float v = logits[i];
-      if (v > best || (v == best && i < idx)) { best = v; idx = i; }
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
-      if (ob > best || (ob == best && oi < idx)) { best = ob; idx = oi; }
-    }
-    if ((threadIdx.x & 31) == 0) { s_v[threadIdx.x >> 5] = best; s_i[threadIdx.x >> 5] = idx; }
-    __syncthreads();
-    best = s_v[0];
-    idx = s_i[0];
-    for (int wi = 1; wi < (blockDim.x >> 5); ++wi) {
-      if (s_v[wi] > best || (s_v[wi] == best && s_i[wi] < idx)) { best = s_v[wi]; idx = s_i[wi]; }
-    }
+    const int32_t idx = BlockArgmax(logits, V);
     for (int32_t i = threadIdx.x; i < V; i += blockDim.x) probs[i] = i == idx ? 1.0f : 0.0f;
     __syncthreads();
     return;
@@ -136,10 +155,17 @@ __global__ void SampleKernel(const float* logits, int32_t V, SampleArgs args, fl
   if (threadIdx.x == 0) tokens[r] = token;
 }
 
+__global__ void ArgmaxKernel(const float* logits, int32_t V, int32_t* tokens) {
+  const int32_t token = BlockArgmax(logits + int64_t{blockIdx.x} * V, V);
+  if (threadIdx.x == 0) tokens[blockIdx.x] = token;
+}
+
 __global__ void VerifyKernel(VerifyArgs a) {
   const int32_t s = blockIdx.x, k = a.k, V = a.vocab, n = a.num_drafts[s];
-  const float* target = a.target_probs + int64_t{s} * (k + 1) * V;
-  const float* q_rows = a.draft_probs != nullptr ? a.draft_probs + int64_t{s} * k * V : nullptr;
+  const int64_t t_row = a.target_row != nullptr ? a.target_row[s] : int64_t{s} * (k + 1);
+  const int64_t d_row = a.draft_row != nullptr ? a.draft_row[s] : int64_t{s} * k;
+  const float* target = a.target_probs + t_row * V;
+  const float* q_rows = a.draft_probs != nullptr ? a.draft_probs + d_row * V : nullptr;
   int32_t* out = a.tokens + int64_t{s} * (k + 1);
   const double u_final = a.uniform_final[s];
   for (int32_t i = 0; i < n; ++i) {  // the same branch in every thread
@@ -182,6 +208,11 @@ void InvokeSample(const float* logits, int32_t m, int32_t vocab, const SampleArg
                   int32_t* tokens, cudaStream_t s) {
   if (m == 0) return;
   SampleKernel<<<m, kThreads, 0, s>>>(logits, vocab, args, probs, tokens);
+}
+
+void InvokeArgmax(const float* logits, int32_t m, int32_t vocab, int32_t* tokens, cudaStream_t s) {
+  if (m == 0) return;
+  ArgmaxKernel<<<m, kThreads, 0, s>>>(logits, vocab, tokens);
 }
 
 void InvokeVerifyDrafts(const VerifyArgs& args, cudaStream_t s) {

@@ -125,8 +125,9 @@ class SpecGreedyTest : public ::testing::Test {
 
   // k < 0: --num-spec-tokens auto with at most -k drafts (AutoSpec).
   void ExpectEqualsPlain(Proposer& proposer, int32_t k, int32_t max_seqs, int32_t num_blocks, bool want_preemption,
-                         const char* name) {
+                         const char* name, SpecConfig::VerifyOn verify_on = SpecConfig::VerifyOn::kAuto) {
     SpecConfig spec = k < 0 ? AutoSpec(&proposer, *target_, *draft_) : SpecConfig{&proposer};
+    spec.verify_on = verify_on;
     Engine e(target_, nullptr, Config(*target_, max_seqs, num_blocks, std::abs(k)), spec);
     auto out = RunToEnd(e, requests_);
     ASSERT_EQ(out.size(), requests_.size());
@@ -325,6 +326,18 @@ TEST_F(SpecGreedyTest, NgramEqualsPlainGreedy) {
   }
 }
 
+// Greedy drafts chosen by the draft's backend (Argmax) and verification by the target's, as on a
+// GPU, here on the CPU backend: still the plain greedy tokens.
+TEST_F(SpecGreedyTest, BackendVerificationEqualsPlainGreedy) {
+  for (int32_t k : {1, 4, -4}) {
+    DraftModelProposer batched(draft_, 16, 512);
+    batched.set_argmax_on_backend(true);
+    ExpectEqualsPlain(batched, k, 32, 512, false, "draft, on the backend", SpecConfig::VerifyOn::kBackend);
+    NgramProposer ngram(1, 3);
+    ExpectEqualsPlain(ngram, k, 32, 24, true, "ngram, on the backend", SpecConfig::VerifyOn::kBackend);
+  }
+}
+
 // Chi-square p-value (upper tail) by the Wilson-Hilferty approximation, good for dof >= 10.
 double ChiSquarePValue(double x, int dof) {
   const double k = dof;
@@ -414,13 +427,16 @@ Joint ExactJoint(LlamaModel& target, const std::vector<TokenId>& prompt, int dep
 // their joint distribution with the target's exact one (ExactJoint).
 // k < 0: --num-spec-tokens auto with at most -k drafts (AutoSpec with a draft forward of 0.1 ms:
 // 256 sequences at once share one, and at temperature 1 the real pair accepts about half).
+// verify_on kBackend: tokens chosen by the backend's Sample and VerifyDrafts (the GPU's path).
 Lossless SampleAndTest(LlamaModel& target, LlamaModel& draft, const std::vector<TokenId>& prompt, const Joint& probs,
-                       int depth, int k, const SamplingParams& sp, int64_t n, double synthetic_alpha = -1) {
+                       int depth, int k, const SamplingParams& sp, int64_t n, double synthetic_alpha = -1,
+                       SpecConfig::VerifyOn verify_on = SpecConfig::VerifyOn::kAuto) {
   // Speculative samples, a different seed per request.
   DraftModelProposer proposer(&draft, 16, 4096);
   SchedulerConfig c = Config(target, 256, 4096, std::abs(k));
   SpecConfig spec = k < 0 ? AutoSpec(&proposer, target, draft, 1e-4) : SpecConfig{&proposer};
   spec.synthetic_alpha = synthetic_alpha;
+  spec.verify_on = verify_on;
   spec.allow_synthetic = true;
   Engine e(&target, nullptr, c, spec);
   std::map<std::vector<TokenId>, int64_t> counts;
@@ -473,6 +489,12 @@ TEST(SpecLosslessTest, TinyRandomModelsFollowTargetDistribution) {
   const Lossless filtered = SampleAndTest(*target, *draft, prompt, ExactJoint(*target, prompt, 3, sp), 3, 2, sp, Samples());
   std::printf("[lossless] tiny, T=1 top-p 0.8 top-k 6: p = %.4f (dof %d)\n", filtered.p_value, filtered.dof);
   EXPECT_GT(filtered.p_value, 0.001);
+  // The same choices made by the backend's Sample and VerifyDrafts (the GPU's path, here on the CPU).
+  const Lossless on_backend = SampleAndTest(*target, *draft, prompt, ExactJoint(*target, prompt, 3, sp), 3, 2, sp,
+                                            Samples(), -1, SpecConfig::VerifyOn::kBackend);
+  std::printf("[lossless] tiny, T=1 top-p 0.8 top-k 6, verified by the backend: p = %.4f (dof %d)\n",
+              on_backend.p_value, on_backend.dof);
+  EXPECT_GT(on_backend.p_value, 0.001);
   // A broken verifier that accepts every draft yields the draft's distribution: rejected.
   sp = SamplingParams{};
   sp.temperature = 1.0f;

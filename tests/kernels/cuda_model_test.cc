@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "draft/draft_model_proposer.h"
+#include "draft/ngram_proposer.h"
 #include "engine/engine.h"
 #include "tests/one_sequence.h"
 #include "model/make_model.h"
@@ -218,7 +219,8 @@ std::vector<Request> Requests(int n) {
 
 // k < 0: --num-spec-tokens auto with at most 8 drafts.
 std::map<RequestId, std::vector<TokenId>> RunEngine(LlamaModel& m, const std::vector<Request>& reqs, int32_t max_seqs,
-                                                    Proposer* proposer, int32_t k) {
+                                                    Proposer* proposer, int32_t k,
+                                                    SpecConfig::VerifyOn verify_on = SpecConfig::VerifyOn::kAuto) {
   SchedulerConfig c;
   c.max_num_seqs = max_seqs;
   c.max_num_batched_tokens = 1024;
@@ -230,6 +232,7 @@ std::map<RequestId, std::vector<TokenId>> RunEngine(LlamaModel& m, const std::ve
   spec.proposer = proposer;
   spec.adaptive = k < 0;
   spec.calibration_seconds = 0.2;
+  spec.verify_on = verify_on;
   Engine e(&m, nullptr, c, spec);
   EXPECT_TRUE(e.Validate().ok()) << e.Validate();
   for (const Request& r : reqs) EXPECT_TRUE(e.AddRequest(r).ok());
@@ -256,9 +259,10 @@ TEST(CudaModelTest, BatchedEngineWithGraphsEqualsCpu) {
   for (const auto& [id, tokens] : want) EXPECT_EQ(got.at(id), tokens) << "request " << id;
 }
 
-// Speculative greedy output on the GPU (k = 1, 4 and auto) equals plain greedy output on the GPU. f32 must match
-// exactly; bf16 (where a verification GEMM of k+1 rows may round differently from a decode GEMM)
-// must match on at least 90% of requests, and the rate is printed.
+// Speculative greedy output on the GPU (draft model and n-gram; k = 1, 4 and auto; batched, tokens
+// chosen on the device and steps replayed from graphs) equals plain greedy output on the GPU. f32
+// must match exactly; bf16 (where a verification GEMM of k+1 rows may round differently from a
+// decode GEMM) must match on at least 90% of requests, and the rate is printed.
 TEST(CudaModelTest, SpeculativeGreedyEqualsPlainOnGpu) {
   SPECULA_REQUIRE_GPU();
   const std::string dir = testing::TinyStoriesDir();
@@ -269,17 +273,40 @@ TEST(CudaModelTest, SpeculativeGreedyEqualsPlainOnGpu) {
     const auto plain = RunEngine(*target, reqs, 32, nullptr, 0);
     for (int32_t k : {1, 4, -1}) {
       DraftModelProposer proposer(draft.get(), 16, 512);
-      const auto spec = RunEngine(*target, reqs, 32, &proposer, k);
-      int same = 0;
-      for (const auto& [id, tokens] : plain) same += spec.at(id) == tokens;
-      std::printf("[gpu] speculative %s k=%d: %d of %zu requests identical to plain greedy\n", dtype, k, same, reqs.size());
-      if (std::string(dtype) == "f32") {
-        EXPECT_EQ(same, static_cast<int>(reqs.size())) << dtype << " k=" << k;
-      } else {
-        EXPECT_GE(same * 10, static_cast<int>(reqs.size()) * 9) << dtype << " k=" << k;
+      NgramProposer ngram(1, 3);
+      for (Proposer* p : {static_cast<Proposer*>(&proposer), static_cast<Proposer*>(&ngram)}) {
+        const char* name = p == &proposer ? "draft" : "ngram";
+        const auto spec = RunEngine(*target, reqs, 32, p, k);
+        int same = 0;
+        for (const auto& [id, tokens] : plain) same += spec.at(id) == tokens;
+        std::printf("[gpu] speculative %s %s k=%d: %d of %zu requests identical to plain greedy\n", name, dtype, k,
+                    same, reqs.size());
+        if (std::string(dtype) == "f32") {
+          EXPECT_EQ(same, static_cast<int>(reqs.size())) << name << " " << dtype << " k=" << k;
+        } else {
+          EXPECT_GE(same * 10, static_cast<int>(reqs.size()) * 9) << name << " " << dtype << " k=" << k;
+        }
       }
       EXPECT_EQ(proposer.blocks_in_use(), 0);
     }
+  }
+}
+
+// The same engine choosing its tokens on the host, from copied logits (the CPU reference's way),
+// and on the device: the same greedy tokens, speculative or not.
+TEST(CudaModelTest, DeviceVerificationEqualsHostVerification) {
+  SPECULA_REQUIRE_GPU();
+  const std::string dir = testing::TinyStoriesDir();
+  const auto reqs = Requests(24);
+  auto target = Load(dir + "/stories260K.bin", "cuda", "f32"), draft = Load(dir + "/llama2xs.bin", "cuda", "f32");
+  ASSERT_TRUE(target && draft);
+  for (int32_t k : {0, 4}) {
+    DraftModelProposer on_host(draft.get(), 16, 512), on_device(draft.get(), 16, 512);
+    on_host.set_argmax_on_backend(false);
+    const auto host = RunEngine(*target, reqs, 32, k > 0 ? &on_host : nullptr, k, SpecConfig::VerifyOn::kHost);
+    const auto device = RunEngine(*target, reqs, 32, k > 0 ? &on_device : nullptr, k, SpecConfig::VerifyOn::kBackend);
+    ASSERT_EQ(host.size(), reqs.size());
+    for (const auto& [id, tokens] : host) EXPECT_EQ(device.at(id), tokens) << "k=" << k << " request " << id;
   }
 }
 
