@@ -220,7 +220,7 @@ void BM_GpuSpec(benchmark::State& state) {
     spec.allow_synthetic = true;
     spec.adaptive = k < 0;
     spec.verify_on = host ? SpecConfig::VerifyOn::kHost : SpecConfig::VerifyOn::kBackend;
-    proposer.set_argmax_on_backend(!host);
+    proposer.set_choose_on_backend(!host);
     Engine e(&m, nullptr, c, spec);
     if (auto st = e.Validate(); !st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
     if (auto st = AddRequests(e, requests); !st.ok()) return state.SkipWithError(std::string(st.message()).c_str());

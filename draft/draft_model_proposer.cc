@@ -1,6 +1,8 @@
 #include "draft/draft_model_proposer.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 
 #include "core/categorical.h"
 #include "core/status_macros.h"
@@ -9,18 +11,14 @@ namespace specula {
 
 DraftModelProposer::DraftModelProposer(LlamaModel* draft, int32_t block_size, int32_t num_blocks)
     : draft_(draft), kv_(draft->config(), {block_size, num_blocks, draft->kv_dtype()}, &draft->backend()), allocator_(kv_.num_blocks()),
-      argmax_on_backend_(draft->backend().on_device()) {}
+      choose_on_backend_(draft->backend().on_device()) {}
 
 absl::Status DraftModelProposer::Propose(absl::Span<const ProposeInput> inputs, std::vector<Proposal>* out) {
   out->assign(inputs.size(), Proposal{});
   const int32_t vocab = draft_->config().vocab_size;
-  // Working copy of each active sequence: its tokens plus the drafts so far.
-  struct Active {
-    size_t index;
-    SeqState* state;
-    std::vector<TokenId> tokens;
-  };
   std::vector<Active> active;
+  int32_t k_max = 0;
+  bool on_backend = choose_on_backend_ && draft_->logits_stay_in_backend(), sampled = false;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const ProposeInput& in = inputs[i];
     const int32_t len = static_cast<int32_t>(in.tokens.size());
@@ -35,27 +33,33 @@ absl::Status DraftModelProposer::Propose(absl::Span<const ProposeInput> inputs, 
     // Slots for the catch-up and the k - 1 drafts that are run through the draft model.
     if (!st.blocks->Reserve(len + in.k - 1).ok()) continue;
     active.push_back({i, &st, std::vector<TokenId>(in.tokens.begin(), in.tokens.end())});
+    k_max = std::max(k_max, in.k);
+    on_backend = on_backend && Sampler::BackendCanSample(*in.sampling);
+    sampled = sampled || in.sampling->temperature > 0.0f;
   }
-  for (int32_t step = 0; !active.empty(); ++step) {
+  if (on_backend && sampled) {
+    RETURN_IF_ERROR(q_dev_.Grow(&draft_->backend(), inputs.size() * k_max * static_cast<size_t>(vocab) * sizeof(float)));
+  }
+  while (!active.empty()) {
     ForwardBatch batch;
-    bool greedy = true;  // every row's draft is its argmax: chosen where the logits are
     for (Active& a : active) {
       const int32_t len = static_cast<int32_t>(a.tokens.size());
       batch.seqs.push_back({absl::MakeConstSpan(a.tokens).subspan(a.state->computed, len - a.state->computed),
                             a.state->computed, a.state->blocks->table()});
-      const SamplingParams& sp = *inputs[a.index].sampling;
-      greedy = greedy && sp.temperature == 0.0f && sp.repetition_penalty == 1.0f;
     }
-    const bool on_backend = greedy && argmax_on_backend_ && draft_->logits_stay_in_backend();
     RETURN_IF_ERROR(draft_->Forward(batch, kv_, LogitsMode::kLastPerSequence, on_backend ? nullptr : &logits_));
-    if (on_backend) RETURN_IF_ERROR(ArgmaxOnBackend(static_cast<int32_t>(active.size()), vocab));
+    if (on_backend) RETURN_IF_ERROR(ChooseOnBackend(absl::MakeSpan(active), inputs, *out, sampled, k_max, vocab));
     std::vector<Active> next;
     for (size_t j = 0; j < active.size(); ++j) {
       Active& a = active[j];
       const ProposeInput& in = inputs[a.index];
       Proposal& p = (*out)[a.index];
       a.state->computed = static_cast<int32_t>(a.tokens.size());
-      const TokenId d = on_backend ? argmax_[j] : Choose(j, vocab, in, a.tokens, a.state->rng, &p);
+      const TokenId d = on_backend ? chosen_[j] : Choose(j, vocab, in, a.tokens, a.state->rng, &p);
+      if (on_backend && in.sampling->temperature > 0.0f) {
+        p.backend_probs = q_dev_.as<float>() + a.index * k_max * static_cast<size_t>(vocab);
+        p.probs_backend = &draft_->backend();
+      }
       p.tokens.push_back(d);
       a.tokens.push_back(d);
       if (static_cast<int32_t>(p.tokens.size()) < in.k) next.push_back(std::move(a));
@@ -80,12 +84,41 @@ TokenId DraftModelProposer::Choose(size_t row_index, int32_t vocab, const Propos
   return d;
 }
 
-absl::Status DraftModelProposer::ArgmaxOnBackend(int32_t rows, int32_t vocab) {
+absl::Status DraftModelProposer::ChooseOnBackend(absl::Span<Active> active, absl::Span<const ProposeInput> inputs,
+                                                 const std::vector<Proposal>& out, bool sampled, int32_t k_max,
+                                                 int32_t vocab) {
   Backend& be = draft_->backend();
-  RETURN_IF_ERROR(argmax_dev_.Grow(&be, rows * sizeof(int32_t)));
-  argmax_.resize(rows);
-  be.Argmax(draft_->backend_logits(), rows, vocab, argmax_dev_.as<int32_t>());
-  be.CopyOut(argmax_.data(), argmax_dev_.get(), rows * sizeof(int32_t));
+  const int32_t rows = static_cast<int32_t>(active.size());
+  RETURN_IF_ERROR(chosen_dev_.Grow(&be, rows * sizeof(int32_t)));
+  chosen_.resize(rows);
+  if (!sampled) {
+    be.Argmax(draft_->backend_logits(), rows, vocab, chosen_dev_.as<int32_t>());
+  } else {
+    // Greedy rows among sampled ones go through Sample at temperature 0 (their q rows unused). A
+    // sampled row takes its sequence's next draw, as the host's path does.
+    args_.assign(5 * static_cast<size_t>(rows), 0);
+    for (int32_t r = 0; r < rows; ++r) {
+      const SamplingParams& sp = *inputs[active[r].index].sampling;
+      const float draw = sp.temperature > 0.0f
+                             ? std::min(static_cast<float>(std::uniform_real_distribution<double>(0.0, 1.0)(active[r].state->rng)),
+                                        std::nextafter(1.0f, 0.0f))
+                             : 0.0f;
+      const int32_t q_row = static_cast<int32_t>(active[r].index * k_max + out[active[r].index].tokens.size());
+      std::memcpy(&args_[r], &sp.temperature, 4);
+      std::memcpy(&args_[rows + r], &sp.top_k, 4);
+      std::memcpy(&args_[2 * rows + r], &sp.top_p, 4);
+      std::memcpy(&args_[3 * rows + r], &draw, 4);
+      std::memcpy(&args_[4 * rows + r], &q_row, 4);
+    }
+    RETURN_IF_ERROR(args_dev_.Grow(&be, args_.size() * 4));
+    be.CopyIn(args_dev_.get(), args_.data(), args_.size() * 4);
+    const uint32_t* a = args_dev_.as<uint32_t>();
+    const SampleArgs args{reinterpret_cast<const float*>(a), reinterpret_cast<const int32_t*>(a + rows),
+                          reinterpret_cast<const float*>(a + 2 * rows), reinterpret_cast<const float*>(a + 3 * rows),
+                          reinterpret_cast<const int32_t*>(a + 4 * rows)};
+    be.Sample(draft_->backend_logits(), rows, vocab, args, q_dev_.as<float>(), chosen_dev_.as<int32_t>());
+  }
+  be.CopyOut(chosen_.data(), chosen_dev_.get(), rows * sizeof(int32_t));
   return be.Sync();
 }
 

@@ -31,9 +31,12 @@ class DraftModelProposer : public Proposer {
   const ModelConfig* model_config() const override { return &draft_->config(); }
   absl::StatusOr<std::vector<CostPoint>> MeasureCost(const CostGrid& grid) override;
   int32_t CatchUpTokens(RequestId id, int32_t len) const override;
-  // Greedy drafts are chosen where the draft's logits are (its backend's Argmax; only the ids come
-  // back) when its backend is a device; tests turn it on for the CPU backend too.
-  void set_argmax_on_backend(bool on) { argmax_on_backend_ = on; }
+  // Drafts are chosen where the draft's logits are when its backend is a device: greedy ones by its
+  // backend's Argmax, sampled ones by its Sample, whose distributions q stay there
+  // (Proposal::backend_probs); only the ids come back. A step with a row whose sampling the backend
+  // does not do (repetition penalty, min-p) is chosen on the host. Tests turn it on for the CPU
+  // backend too.
+  void set_choose_on_backend(bool on) { choose_on_backend_ = on; }
 
  private:
   struct SeqState {
@@ -41,23 +44,35 @@ class DraftModelProposer : public Proposer {
     int32_t computed = 0;  // tokens with draft KV
     std::mt19937_64 rng;
   };
+  // A sequence still drafting: its input's index, its state, its tokens plus the drafts so far.
+  struct Active {
+    size_t index;
+    SeqState* state;
+    std::vector<TokenId> tokens;
+  };
+
+  // One draft token for row `row_index` of logits_ on the host (sampled ones record their q in p).
+  TokenId Choose(size_t row_index, int32_t vocab, const ProposeInput& in, absl::Span<const TokenId> tokens,
+                 std::mt19937_64& rng, Proposal* p);
+  // chosen_[rows] from the draft's last logits, left in its backend: each row's argmax, or its
+  // sample (with q written to q_dev_, at row index * k_max + its drafts so far) when `sampled`.
+  absl::Status ChooseOnBackend(absl::Span<Active> active, absl::Span<const ProposeInput> inputs,
+                               const std::vector<Proposal>& out, bool sampled, int32_t k_max, int32_t vocab);
 
   std::unique_ptr<LlamaModel> owned_;  // null when the caller owns the draft model
   LlamaModel* draft_;
   KvCache kv_;
   BlockAllocator allocator_;
   std::unordered_map<RequestId, SeqState> seqs_;
-  // One draft token for row `row_index` of logits_ on the host (sampled ones record their q in p).
-  TokenId Choose(size_t row_index, int32_t vocab, const ProposeInput& in, absl::Span<const TokenId> tokens,
-                 std::mt19937_64& rng, Proposal* p);
-  // argmax_[rows] from the draft's last logits, left in its backend.
-  absl::Status ArgmaxOnBackend(int32_t rows, int32_t vocab);
-
   std::vector<float> logits_;  // [num_seqs, vocab]
   std::vector<float> probs_;   // [vocab]
-  bool argmax_on_backend_;
-  BackendBuffer argmax_dev_;       // [num_seqs] i32
-  std::vector<TokenId> argmax_;    // [num_seqs]
+  bool choose_on_backend_;
+  BackendBuffer chosen_dev_;       // [num_seqs] i32
+  std::vector<TokenId> chosen_;    // [num_seqs]
+  // Sample's per-row arguments, packed: temperature, top_k, top_p, draw, q row ([5, num_seqs] of 4
+  // bytes each), and the step's q: [inputs * k_max, vocab] f32.
+  std::vector<uint32_t> args_;
+  BackendBuffer args_dev_, q_dev_;
 };
 
 }  // namespace specula

@@ -12,6 +12,8 @@
 
 namespace specula {
 
+class Backend;
+
 struct ProposeInput {
   RequestId id = 0;
   // The sequence so far; its last token has not been run through the target yet.
@@ -23,6 +25,10 @@ struct ProposeInput {
 struct Proposal {
   std::vector<TokenId> tokens;  // at most k (an n-gram miss gives none)
   std::vector<float> probs;     // [tokens, vocab] draft distributions q, or empty (one-hot drafts)
+  // Or q left where the proposer computed it: [tokens, vocab] f32 in probs_backend's memory, valid
+  // until the proposer's next Propose (probs is then empty).
+  const float* backend_probs = nullptr;
+  Backend* probs_backend = nullptr;
 };
 
 class Proposer {

@@ -228,11 +228,7 @@ absl::StatusOr<Engine::Ran> Engine::Forward(const StepPlan& plan, const Drafts& 
 
 absl::StatusOr<StepResult> Engine::Verify(const StepPlan& plan, const Drafts& drafts, const Ran& ran) {
   verified_.assign(plan.seqs.size(), VerifyResult{});
-  if (backend_verifier_ != nullptr) {
-    RETURN_IF_ERROR(VerifyOnBackend(plan, drafts, ran));
-  } else {
-    VerifyOnHost(plan, drafts, ran);
-  }
+  RETURN_IF_ERROR(backend_verifier_ != nullptr ? VerifyOnBackend(plan, drafts, ran) : VerifyOnHost(plan, drafts, ran));
   StepResult result;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
@@ -247,9 +243,20 @@ absl::StatusOr<StepResult> Engine::Verify(const StepPlan& plan, const Drafts& dr
   return result;
 }
 
-void Engine::VerifyOnHost(const StepPlan& plan, const Drafts& drafts, const Ran& ran) {
+absl::Status Engine::VerifyOnHost(const StepPlan& plan, const Drafts& drafts, const Ran& ran) {
   const int32_t vocab = model_->config().vocab_size;
   const int64_t num = static_cast<int64_t>(plan.seqs.size());
+  // Draft distributions a proposer left in its backend come to the host first, one at a time (a
+  // backend's stream is not for several threads).
+  host_q_.resize(drafts.proposals.size());
+  for (size_t j = 0; j < drafts.proposals.size(); ++j) {
+    const Proposal& d = drafts.proposals[j];
+    host_q_[j].clear();
+    if (!d.probs.empty() || d.backend_probs == nullptr) continue;
+    host_q_[j].resize(d.tokens.size() * static_cast<size_t>(vocab));
+    d.probs_backend->CopyOut(host_q_[j].data(), d.backend_probs, host_q_[j].size() * sizeof(float));
+    RETURN_IF_ERROR(d.probs_backend->Sync());
+  }
   // Every sequence's new tokens over every core: a sampled row is a pass over the vocabulary (an
   // argmax when greedy), 2.6% of a 32-sequence step on one core while the others waited, and a
   // verification up to k + 1 of them (hence a dynamic schedule). Each sequence has its own sampler
@@ -267,9 +274,11 @@ void Engine::VerifyOnHost(const StepPlan& plan, const Drafts& drafts, const Ran&
     }
     const Proposal& d = drafts.proposals[drafts.index[i]];
     const auto logits = absl::MakeConstSpan(row, (d.tokens.size() + 1) * static_cast<size_t>(vocab));
-    verified_[i] = specula::Verify(logits, vocab, {d.tokens, d.probs}, a.request.sampling, st.tokens, *a.uniform,
+    const std::vector<float>& q = host_q_[drafts.index[i]].empty() ? d.probs : host_q_[drafts.index[i]];
+    verified_[i] = specula::Verify(logits, vocab, {d.tokens, q}, a.request.sampling, st.tokens, *a.uniform,
                                    spec_.synthetic_alpha);
   }
+  return absl::OkStatus();
 }
 
 absl::Status Engine::VerifyOnBackend(const StepPlan& plan, const Drafts& drafts, const Ran& ran) {
@@ -282,7 +291,7 @@ absl::Status Engine::VerifyOnBackend(const StepPlan& plan, const Drafts& drafts,
     DraftChain chain;
     if (drafts.index[i] != SIZE_MAX) {
       const Proposal& d = drafts.proposals[drafts.index[i]];
-      chain = {d.tokens, d.probs};
+      chain = {d.tokens, d.probs, d.backend_probs, d.probs_backend};
     }
     to_verify_.push_back({ran.row_of[i], chain, &a.request.sampling, scheduler_.Get(s.id)->tokens, a.sampler.get(),
                           a.uniform.get()});

@@ -115,7 +115,7 @@ class Engine {
   absl::StatusOr<Ran> Forward(const StepPlan& plan, const Drafts& drafts);
   absl::StatusOr<StepResult> Verify(const StepPlan& plan, const Drafts& drafts, const Ran& ran);
   // Verify's two places: each fills verified_ for every sampling sequence of the plan.
-  void VerifyOnHost(const StepPlan& plan, const Drafts& drafts, const Ran& ran);
+  absl::Status VerifyOnHost(const StepPlan& plan, const Drafts& drafts, const Ran& ran);
   absl::Status VerifyOnBackend(const StepPlan& plan, const Drafts& drafts, const Ran& ran);
   void Update(const StepPlan& plan, const StepResult& result, const Drafts& drafts);
 
@@ -133,6 +133,7 @@ class Engine {
   OutputProcessor outputs_;
   std::unordered_map<RequestId, Active> active_;
   std::vector<float> logits_;           // [rows, vocab] (host verification)
+  std::vector<std::vector<float>> host_q_;  // [proposals][k * vocab]: q a proposer left in its backend
   std::unique_ptr<BackendVerifier> backend_verifier_;  // null: tokens are chosen on the host
   std::vector<RowsToVerify> to_verify_;                // [sampling sequences] (backend verification)
   std::vector<VerifyResult> verified_;  // [num_seqs]: the step's tokens of each sampling sequence

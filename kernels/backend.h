@@ -68,6 +68,8 @@ struct SampleArgs {
   const float* top_p = nullptr;        // [m]; 1 = off. Keeps the fewest most likely tokens whose
                                        // top-k-renormalized mass reaches top_p (ties kept).
   const float* uniform = nullptr;      // [m] in [0, 1): the draw, by inverse CDF in token order
+  const int32_t* probs_row = nullptr;  // [m]: the row of `probs` each logits row's distribution goes
+                                       // to; null = the same row
 };
 
 // Rejection-sampling verification (verify/rejection_sampler.h) for a batch, on the backend.

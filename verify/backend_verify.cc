@@ -101,22 +101,18 @@ void BackendVerifier::LaunchVerify(int32_t vocab, absl::Span<const RowsToVerify>
   spec_index_.assign(seqs.size(), -1);
   spec_k_ = 0;
   int32_t n = 0;
-  bool any_q = false;
   for (size_t i = 0; i < seqs.size(); ++i) {
     if (route_[i] != Route::kSampled || seqs[i].draft.tokens.empty()) continue;
     spec_index_[i] = n++;
     spec_k_ = std::max<int32_t>(spec_k_, seqs[i].draft.tokens.size());
-    any_q = any_q || !seqs[i].draft.probs.empty();
   }
   if (n == 0) return;
   const int32_t k = spec_k_;
   num_drafts_.assign(n, 0);
   drafts_.assign(static_cast<size_t>(n) * k, 0);
   target_row_.assign(n, 0);
-  draft_row_.assign(n, 0);
   accept_draws_.assign(static_cast<size_t>(n) * k, 0.0f);
   final_draws_.assign(n, 0.0f);
-  draft_probs_.clear();
   for (size_t i = 0; i < seqs.size(); ++i) {
     const int32_t j = spec_index_[i];
     if (j < 0) continue;
@@ -124,28 +120,19 @@ void BackendVerifier::LaunchVerify(int32_t vocab, absl::Span<const RowsToVerify>
     const int32_t kj = static_cast<int32_t>(d.tokens.size());
     num_drafts_[j] = kj;
     target_row_[j] = seqs[i].first_row;
-    draft_row_[j] = static_cast<int32_t>(draft_probs_.size() / vocab);
     for (int32_t t = 0; t < kj; ++t) {
       drafts_[static_cast<size_t>(j) * k + t] = d.tokens[t];
       accept_draws_[static_cast<size_t>(j) * k + t] = Draw32(seqs[i].uniform->Next());
     }
     final_draws_[j] = Draw32(seqs[i].uniform->Next());
-    if (!any_q) continue;
-    if (!d.probs.empty()) {
-      draft_probs_.insert(draft_probs_.end(), d.probs.begin(), d.probs.end());
-      continue;
-    }
-    const size_t at = draft_probs_.size();
-    draft_probs_.resize(at + static_cast<size_t>(kj) * vocab, 0.0f);
-    for (int32_t t = 0; t < kj; ++t) draft_probs_[at + static_cast<size_t>(t) * vocab + d.tokens[t]] = 1.0f;
   }
+  const float* q = DraftProbs(vocab, seqs);
   status_.Update(Upload(num_drafts_, &num_drafts_dev_));
   status_.Update(Upload(drafts_, &drafts_dev_));
   status_.Update(Upload(target_row_, &target_row_dev_));
   status_.Update(Upload(draft_row_, &draft_row_dev_));
   status_.Update(Upload(accept_draws_, &accept_dev_));
   status_.Update(Upload(final_draws_, &final_dev_));
-  if (any_q) status_.Update(Upload(draft_probs_, &draft_probs_dev_));
   status_.Update(verified_dev_.Grow(be_, static_cast<size_t>(n) * (k + 1) * sizeof(int32_t)));
   status_.Update(num_accepted_dev_.Grow(be_, n * sizeof(int32_t)));
   if (!status_.ok()) return;
@@ -156,7 +143,7 @@ void BackendVerifier::LaunchVerify(int32_t vocab, absl::Span<const RowsToVerify>
   a.num_drafts = num_drafts_dev_.as<int32_t>();
   a.draft = drafts_dev_.as<int32_t>();
   a.target_probs = probs_dev_.as<float>();
-  a.draft_probs = any_q ? draft_probs_dev_.as<float>() : nullptr;
+  a.draft_probs = q;
   a.uniform_accept = accept_dev_.as<float>();
   a.uniform_final = final_dev_.as<float>();
   a.target_row = target_row_dev_.as<int32_t>();
@@ -168,6 +155,56 @@ void BackendVerifier::LaunchVerify(int32_t vocab, absl::Span<const RowsToVerify>
   num_accepted_.resize(n);
   be_->CopyOut(verified_.data(), verified_dev_.get(), verified_.size() * sizeof(int32_t));
   be_->CopyOut(num_accepted_.data(), num_accepted_dev_.get(), n * sizeof(int32_t));
+}
+
+// The draft distributions q of the sequences in VerifyDrafts' batch, and draft_row_. Where every
+// one with drafts left q in one proposer's buffer (Proposal::backend_probs) of memory this backend
+// reads, that buffer is used in place. Otherwise q is gathered on the host and copied in: host
+// rows as given, a backend's rows copied out first, one-hot rows for drafts without q. Null: no
+// sequence has q (one-hot drafts throughout).
+const float* BackendVerifier::DraftProbs(int32_t vocab, absl::Span<const RowsToVerify> seqs) {
+  draft_row_.assign(num_drafts_.size(), 0);
+  const float* base = nullptr;
+  const Backend* owner = nullptr;
+  bool in_place = true, any_q = false;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (spec_index_[i] < 0) continue;
+    const DraftChain& d = seqs[i].draft;
+    any_q = any_q || !d.probs.empty() || d.backend_probs != nullptr;
+    const bool here = d.backend_probs != nullptr && d.probs_backend->on_device() == be_->on_device() &&
+                      (owner == nullptr || owner == d.probs_backend);
+    in_place = in_place && here;
+    if (here) {
+      owner = d.probs_backend;
+      base = base == nullptr ? d.backend_probs : std::min(base, d.backend_probs);
+    }
+  }
+  if (!any_q) return nullptr;
+  if (in_place) {
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (spec_index_[i] >= 0) draft_row_[spec_index_[i]] = static_cast<int32_t>((seqs[i].draft.backend_probs - base) / vocab);
+    }
+    return base;
+  }
+  draft_probs_.clear();
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const int32_t j = spec_index_[i];
+    if (j < 0) continue;
+    const DraftChain& d = seqs[i].draft;
+    const size_t at = draft_probs_.size(), rows = static_cast<size_t>(d.tokens.size()) * vocab;
+    draft_row_[j] = static_cast<int32_t>(at / vocab);
+    draft_probs_.resize(at + rows, 0.0f);
+    if (!d.probs.empty()) {
+      std::copy(d.probs.begin(), d.probs.end(), draft_probs_.begin() + at);
+    } else if (d.backend_probs != nullptr) {
+      d.probs_backend->CopyOut(draft_probs_.data() + at, d.backend_probs, rows * sizeof(float));
+      status_.Update(d.probs_backend->Sync());
+    } else {
+      for (size_t t = 0; t < d.tokens.size(); ++t) draft_probs_[at + t * vocab + d.tokens[t]] = 1.0f;
+    }
+  }
+  status_.Update(Upload(draft_probs_, &draft_probs_dev_));
+  return draft_probs_dev_.as<float>();
 }
 
 void BackendVerifier::CopyHostRows(const float* logits, int32_t vocab, absl::Span<const RowsToVerify> seqs) {

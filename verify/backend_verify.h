@@ -45,6 +45,7 @@ class BackendVerifier {
   void LaunchSample(const float* logits, int32_t rows, int32_t vocab, absl::Span<const RowsToVerify> seqs,
                     double synthetic_alpha);
   void LaunchVerify(int32_t vocab, absl::Span<const RowsToVerify> seqs);
+  const float* DraftProbs(int32_t vocab, absl::Span<const RowsToVerify> seqs);
   void CopyHostRows(const float* logits, int32_t vocab, absl::Span<const RowsToVerify> seqs);
   VerifyResult Collect(size_t i, const RowsToVerify& s, int32_t vocab, double synthetic_alpha);
   // Copies a host vector into a backend buffer grown to hold it.
@@ -71,7 +72,7 @@ class BackendVerifier {
   int32_t spec_k_ = 0;
   std::vector<int32_t> num_drafts_, drafts_, target_row_, draft_row_;  // [n], [n, k], [n], [n]
   std::vector<float> accept_draws_, final_draws_;                      // [n, k], [n]
-  std::vector<float> draft_probs_;                                     // [sum of drafts, vocab]
+  std::vector<float> draft_probs_;  // [sum of drafts, vocab] q gathered on the host
   BackendBuffer num_drafts_dev_, drafts_dev_, target_row_dev_, draft_row_dev_, accept_dev_, final_dev_,
       draft_probs_dev_, verified_dev_, num_accepted_dev_;
   std::vector<int32_t> verified_, num_accepted_;  // [n, k + 1], [n]

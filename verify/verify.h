@@ -15,9 +15,14 @@
 
 namespace specula {
 
+class Backend;
+
 struct DraftChain {
   absl::Span<const TokenId> tokens;  // [k]
   absl::Span<const float> probs;     // [k, vocab]: the draft's distributions q, or empty (one-hot drafts)
+  // Or q in a backend's memory ([k, vocab] f32; BackendVerifier only: Verify reads `probs`).
+  const float* backend_probs = nullptr;
+  Backend* probs_backend = nullptr;
 };
 
 // logits: [k + 1, vocab], row i scoring the token after history + drafts[0, i). history: the

@@ -56,7 +56,8 @@ void SampleRows(const float* logits, int32_t m, int32_t vocab, const SampleArgs&
                 float* probs, int32_t* tokens) {
   std::vector<float> row(vocab);  // [vocab]
   for (int32_t r = 0; r < m; ++r) {
-    float* p = probs != nullptr ? probs + static_cast<int64_t>(r) * vocab : row.data();
+    const int64_t at = args.probs_row != nullptr ? args.probs_row[r] : r;
+    float* p = probs != nullptr ? probs + at * vocab : row.data();
     ProcessRow(logits + static_cast<int64_t>(r) * vocab, vocab, args.temperature[r], args.top_k[r],
                args.top_p[r], p);
     tokens[r] = SampleCategorical(absl::MakeConstSpan(p, vocab), args.uniform[r]);

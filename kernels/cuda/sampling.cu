@@ -149,7 +149,7 @@ __device__ void ProcessRow(const float* logits, int32_t V, float temperature, in
 
 __global__ void SampleKernel(const float* logits, int32_t V, SampleArgs args, float* probs, int32_t* tokens) {
   const int32_t r = blockIdx.x;
-  float* p = probs + int64_t{r} * V;
+  float* p = probs + (args.probs_row != nullptr ? int64_t{args.probs_row[r]} : int64_t{r}) * V;
   ProcessRow(logits + int64_t{r} * V, V, args.temperature[r], args.top_k[r], args.top_p[r], p);
   const int32_t token = BlockSample([&](int32_t i) { return p[i]; }, V, args.uniform[r]);
   if (threadIdx.x == 0) tokens[r] = token;

@@ -331,7 +331,7 @@ TEST_F(SpecGreedyTest, NgramEqualsPlainGreedy) {
 TEST_F(SpecGreedyTest, BackendVerificationEqualsPlainGreedy) {
   for (int32_t k : {1, 4, -4}) {
     DraftModelProposer batched(draft_, 16, 512);
-    batched.set_argmax_on_backend(true);
+    batched.set_choose_on_backend(true);
     ExpectEqualsPlain(batched, k, 32, 512, false, "draft, on the backend", SpecConfig::VerifyOn::kBackend);
     NgramProposer ngram(1, 3);
     ExpectEqualsPlain(ngram, k, 32, 24, true, "ngram, on the backend", SpecConfig::VerifyOn::kBackend);
@@ -427,12 +427,14 @@ Joint ExactJoint(LlamaModel& target, const std::vector<TokenId>& prompt, int dep
 // their joint distribution with the target's exact one (ExactJoint).
 // k < 0: --num-spec-tokens auto with at most -k drafts (AutoSpec with a draft forward of 0.1 ms:
 // 256 sequences at once share one, and at temperature 1 the real pair accepts about half).
-// verify_on kBackend: tokens chosen by the backend's Sample and VerifyDrafts (the GPU's path).
+// verify_on kBackend: tokens chosen by the backend's Sample and VerifyDrafts (the GPU's path);
+// draft_on_backend: the draft's tokens by its backend's Sample, q left there.
 Lossless SampleAndTest(LlamaModel& target, LlamaModel& draft, const std::vector<TokenId>& prompt, const Joint& probs,
                        int depth, int k, const SamplingParams& sp, int64_t n, double synthetic_alpha = -1,
-                       SpecConfig::VerifyOn verify_on = SpecConfig::VerifyOn::kAuto) {
+                       SpecConfig::VerifyOn verify_on = SpecConfig::VerifyOn::kAuto, bool draft_on_backend = false) {
   // Speculative samples, a different seed per request.
   DraftModelProposer proposer(&draft, 16, 4096);
+  proposer.set_choose_on_backend(draft_on_backend);
   SchedulerConfig c = Config(target, 256, 4096, std::abs(k));
   SpecConfig spec = k < 0 ? AutoSpec(&proposer, target, draft, 1e-4) : SpecConfig{&proposer};
   spec.synthetic_alpha = synthetic_alpha;
@@ -490,11 +492,16 @@ TEST(SpecLosslessTest, TinyRandomModelsFollowTargetDistribution) {
   std::printf("[lossless] tiny, T=1 top-p 0.8 top-k 6: p = %.4f (dof %d)\n", filtered.p_value, filtered.dof);
   EXPECT_GT(filtered.p_value, 0.001);
   // The same choices made by the backend's Sample and VerifyDrafts (the GPU's path, here on the CPU).
-  const Lossless on_backend = SampleAndTest(*target, *draft, prompt, ExactJoint(*target, prompt, 3, sp), 3, 2, sp,
-                                            Samples(), -1, SpecConfig::VerifyOn::kBackend);
-  std::printf("[lossless] tiny, T=1 top-p 0.8 top-k 6, verified by the backend: p = %.4f (dof %d)\n",
-              on_backend.p_value, on_backend.dof);
-  EXPECT_GT(on_backend.p_value, 0.001);
+  const Joint filtered_exact = ExactJoint(*target, prompt, 3, sp);
+  for (const auto& [verify_on, draft_on_backend, name] :
+       {std::tuple{SpecConfig::VerifyOn::kBackend, false, "verified by the backend"},
+        std::tuple{SpecConfig::VerifyOn::kBackend, true, "drafted and verified by the backend"},
+        std::tuple{SpecConfig::VerifyOn::kHost, true, "drafted by the backend, verified on the host"}}) {
+    const Lossless r = SampleAndTest(*target, *draft, prompt, filtered_exact, 3, 2, sp, Samples(), -1, verify_on,
+                                     draft_on_backend);
+    std::printf("[lossless] tiny, T=1 top-p 0.8 top-k 6, %s: p = %.4f (dof %d)\n", name, r.p_value, r.dof);
+    EXPECT_GT(r.p_value, 0.001) << name;
+  }
   // A broken verifier that accepts every draft yields the draft's distribution: rejected.
   sp = SamplingParams{};
   sp.temperature = 1.0f;

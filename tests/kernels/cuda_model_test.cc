@@ -302,12 +302,121 @@ TEST(CudaModelTest, DeviceVerificationEqualsHostVerification) {
   ASSERT_TRUE(target && draft);
   for (int32_t k : {0, 4}) {
     DraftModelProposer on_host(draft.get(), 16, 512), on_device(draft.get(), 16, 512);
-    on_host.set_argmax_on_backend(false);
+    on_host.set_choose_on_backend(false);
     const auto host = RunEngine(*target, reqs, 32, k > 0 ? &on_host : nullptr, k, SpecConfig::VerifyOn::kHost);
     const auto device = RunEngine(*target, reqs, 32, k > 0 ? &on_device : nullptr, k, SpecConfig::VerifyOn::kBackend);
     ASSERT_EQ(host.size(), reqs.size());
     for (const auto& [id, tokens] : host) EXPECT_EQ(device.at(id), tokens) << "k=" << k << " request " << id;
   }
+}
+
+// The first two generated tokens of `n` requests of `prompt` at temperature 1 on `target`, with
+// speculation (a draft model proposing k = 2) and every choice on the device: the draft's samples
+// and distributions, rejection sampling. Counts by (t1, t2), [vocab * vocab].
+std::vector<double> SampledPairs(LlamaModel& target, LlamaModel& draft, const std::vector<TokenId>& prompt, int64_t n,
+                                 double synthetic_alpha) {
+  const int32_t V = target.config().vocab_size;
+  DraftModelProposer proposer(&draft, 16, 4096);
+  SchedulerConfig c;
+  c.max_num_seqs = 256;
+  c.max_num_batched_tokens = 4096;
+  c.block_size = 16;
+  c.num_blocks = 4096;
+  c.max_model_len = target.config().max_seq_len;
+  c.num_spec_tokens = 2;
+  SpecConfig spec{&proposer};
+  spec.synthetic_alpha = synthetic_alpha;
+  spec.allow_synthetic = true;
+  spec.verify_on = SpecConfig::VerifyOn::kBackend;
+  Engine e(&target, nullptr, c, spec);
+  EXPECT_TRUE(e.Validate().ok()) << e.Validate();
+  std::vector<double> counts(static_cast<size_t>(V) * V, 0.0);
+  for (int64_t i = 0; i < n;) {
+    for (int j = 0; j < 256 && i < n; ++j, ++i) {
+      Request r;
+      r.id = i;
+      r.prompt = prompt;
+      r.max_tokens = 4;
+      r.sampling.temperature = 1.0f;
+      r.sampling.seed = 1000003 * i + 17;
+      r.ignore_eos = true;
+      EXPECT_TRUE(e.AddRequest(r).ok());
+    }
+    while (e.HasUnfinished()) {
+      for (auto& d : e.Step()) {
+        if (d.finished && d.final.tokens.size() >= 2) counts[d.final.tokens[0] * V + d.final.tokens[1]] += 1;
+      }
+    }
+  }
+  EXPECT_GT(e.stats().spec.accepted_tokens, 0);
+  return counts;
+}
+
+// Sampled speculation with every choice on the GPU follows the target's distribution: the joint of
+// the first two tokens against the exact one from the CPU backend (chi-square, p > 0.001), and a
+// verifier that accepts every draft is caught (p < 0.001).
+TEST(CudaModelTest, SampledSpeculationOnTheDeviceFollowsTheTarget) {
+  SPECULA_REQUIRE_GPU();
+  ModelConfig tc = *NamedShape("tiny");
+  tc.vocab_size = 12;
+  ModelConfig dc = tc;
+  dc.num_layers = 1;
+  const std::string td = testing::MakeTempDir(), dd = testing::MakeTempDir();
+  ASSERT_TRUE(WriteRandomModel(tc, td, DType::kF32, 1).ok());
+  ASSERT_TRUE(WriteRandomModel(dc, dd, DType::kF32, 2).ok());  // another model: q != p
+  auto cpu = Load(td, "cpu", ""), target = Load(td, "cuda", "f32"), draft = Load(dd, "cuda", "f32");
+  ASSERT_TRUE(cpu && target && draft);
+  const int32_t V = tc.vocab_size;
+  const std::vector<TokenId> prompt = {3, 7, 1};
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  auto next = [&](const std::vector<TokenId>& tokens) {  // the CPU target's distribution after `tokens`
+    KvCache kv(cpu->config(), {16, 1}, &cpu->backend());
+    ForwardBatch batch;
+    const std::vector<BlockId> table = {0};
+    batch.seqs.push_back({tokens, 0, table});
+    std::vector<float> logits, p;
+    EXPECT_TRUE(cpu->Forward(batch, kv, LogitsMode::kLastPerSequence, &logits).ok());
+    SamplingProbabilities(sp, logits, {}, &p);
+    return p;
+  };
+  std::vector<double> exact(static_cast<size_t>(V) * V);
+  const std::vector<float> p1 = next(prompt);
+  for (int32_t a = 0; a < V; ++a) {
+    std::vector<TokenId> t = prompt;
+    t.push_back(a);
+    const std::vector<float> p2 = next(t);
+    for (int32_t b = 0; b < V; ++b) exact[a * V + b] = double(p1[a]) * p2[b];
+  }
+  // Chi-square over the cells expected 5 or more times (the rest pooled), its p-value by the
+  // Wilson-Hilferty approximation.
+  const int64_t n = 20000;
+  auto p_value = [&](const std::vector<double>& counts) {
+    double stat = 0, pooled_obs = 0, pooled_exp = 0;
+    int dof = -1;
+    for (size_t c = 0; c < counts.size(); ++c) {
+      const double e = n * exact[c];
+      if (e < 5) {
+        pooled_obs += counts[c];
+        pooled_exp += e;
+        continue;
+      }
+      stat += (counts[c] - e) * (counts[c] - e) / e;
+      ++dof;
+    }
+    if (pooled_exp > 0) {
+      stat += (pooled_obs - pooled_exp) * (pooled_obs - pooled_exp) / pooled_exp;
+      ++dof;
+    }
+    const double z = (std::cbrt(stat / dof) - (1 - 2.0 / (9 * dof))) / std::sqrt(2.0 / (9 * dof));
+    return std::make_pair(0.5 * std::erfc(z / std::sqrt(2.0)), dof);
+  };
+  const auto [ok, dof] = p_value(SampledPairs(*target, *draft, prompt, n, -1));
+  const auto [broken, bdof] = p_value(SampledPairs(*target, *draft, prompt, n, 1.0));
+  std::printf("[gpu] sampled speculation on the device, 2 tokens, k=2: p = %.4f (dof %d); always-accept "
+              "verifier: p = %.3g\n", ok, dof, broken);
+  EXPECT_GT(ok, 0.001);
+  EXPECT_LT(broken, 0.001);
 }
 
 }  // namespace
