@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -52,6 +53,30 @@ absl::Status Bad(const std::string& field, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
 }
 
+// Fields that would change the output and are not implemented yet: refused by name, never ignored.
+// A value that changes nothing (0, an empty list or object, plain text, no tool) passes.
+absl::Status RefuseUnimplemented(const json& j) {
+  auto present = [&](const char* f) { return j.contains(f) && !j[f].is_null(); };
+  for (const char* f : {"frequency_penalty", "presence_penalty"}) {
+    if (present(f) && !(j[f].is_number() && j[f].get<double>() == 0.0)) {
+      return Bad(f, "not supported yet (repetition_penalty is)");
+    }
+  }
+  for (const char* f : {"logit_bias", "tools", "functions"}) {
+    if (present(f) && !j[f].empty()) return Bad(f, "not supported yet");
+  }
+  for (const char* f : {"tool_choice", "function_call"}) {
+    if (present(f) && j[f] != "none" && j[f] != "auto") return Bad(f, "not supported yet: no tools can be called");
+  }
+  if (present("response_format") && !(j["response_format"].is_object() && j["response_format"].value("type", json()) == "text")) {
+    return Bad("response_format", "only {\"type\": \"text\"} is supported yet");
+  }
+  for (const char* f : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
+    if (present(f)) return Bad(f, "not supported yet");
+  }
+  return absl::OkStatus();
+}
+
 // The request fields both endpoints share (vLLM's extensions top_k, min_p, repetition_penalty,
 // ignore_eos and priority included). OpenAI's defaults: temperature 1, max_tokens 16 for
 // completions (the server's --max-tokens for chat).
@@ -83,6 +108,7 @@ absl::Status ParseCommon(const json& j, bool chat, ServeRequest* r, bool* stream
     r->seed = static_cast<uint64_t>(j["seed"].get<int64_t>());
   }
   if (j.contains("n") && !j["n"].is_null() && j["n"] != 1) return Bad("n", "only 1 is supported");
+  RETURN_IF_ERROR(RefuseUnimplemented(j));
   for (const char* f : {"logprobs", "top_logprobs", "echo", "suffix", "best_of"}) {
     if (j.contains(f) && !j[f].is_null() && j[f] != false && !(std::string(f) == "best_of" && j[f] == 1)) {
       return Bad(f, "not supported");
@@ -192,6 +218,10 @@ absl::StatusOr<std::vector<ChatMessage>> ParseMessages(const json& j) {
     const std::string field = absl::StrCat("messages[", i, "]");
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) return Bad(field + ".role", "must be a string");
     ChatMessage msg{m["role"].get<std::string>(), ""};
+    static const std::set<std::string> kRoles = {"system", "developer", "user", "assistant", "tool"};
+    if (!kRoles.count(msg.role)) {
+      return Bad(field + ".role", absl::StrCat("'", msg.role, "' is not one of system, developer, user, assistant, tool"));
+    }
     const json c = m.value("content", json(nullptr));
     if (c.is_string()) {
       msg.content = c.get<std::string>();

@@ -3,6 +3,7 @@
 // field, never an exception; then the server's validation.
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "chat/chat.h"
 #include "chat/chat_template.h"
 #include "gtest/gtest.h"
@@ -52,6 +53,29 @@ TEST_F(HttpBodyTest, FieldsOfAnotherTypeAreNotExceptions) {
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(m.status().message().find("messages[0].content"), std::string::npos) << m.status();
+}
+
+// A field that would change the output and is not implemented is refused by name (a 400), never
+// ignored; its neutral values pass. Roles are OpenAI's.
+TEST_F(HttpBodyTest, UnimplementedFieldsAndUnknownRolesAreRefusedByName) {
+  for (const char* field : {R"("frequency_penalty": 2)", R"("presence_penalty": -1)", R"("logit_bias": {"5": 100})",
+                            R"("response_format": {"type": "json_object"})", R"("tools": [{"type": "function"}])",
+                            R"("tool_choice": "required")", R"("guided_json": {})"}) {
+    auto c = Parse(absl::StrCat(R"({"prompt": "hi", )", field, "}"), false);
+    ASSERT_FALSE(c.ok()) << field;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << field;
+    const std::string name = std::string(field).substr(1, std::string(field).find('"', 1) - 1);
+    EXPECT_EQ(c.status().message().rfind(name + ":", 0), 0u) << c.status();
+  }
+  auto neutral = Parse(R"({"prompt": "hi", "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {},
+                           "tools": [], "tool_choice": "none", "response_format": {"type": "text"}})", false);
+  EXPECT_TRUE(neutral.ok()) << neutral.status();
+  auto robot = Parse(R"({"messages": [{"role": "robot", "content": "hi"}]})", true);
+  ASSERT_FALSE(robot.ok());
+  EXPECT_NE(robot.status().message().find("messages[0].role: 'robot'"), std::string::npos) << robot.status();
+  for (const char* role : {"system", "developer", "user", "assistant", "tool"}) {
+    EXPECT_TRUE(Parse(absl::StrCat(R"({"messages": [{"role": ")", role, R"(", "content": "hi"}]})"), true).ok()) << role;
+  }
 }
 
 }  // namespace

@@ -116,6 +116,17 @@ class OpenAITest(unittest.TestCase):
         code, body = http_json(self.serve.http_base + "/v1/completions", {"model": self.model, "prompt": 5})
         self.assertEqual(code, 400)
         self.assertEqual(json.loads(body)["error"]["type"], "invalid_request_error")
+        # Fields that would change the output and are not implemented: a 400 naming each, never silence.
+        for extra, field in [({"frequency_penalty": 2}, "frequency_penalty"), ({"logit_bias": {"5": 100}}, "logit_bias"),
+                             ({"response_format": {"type": "json_object"}}, "response_format"),
+                             ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools")]:
+            with self.assertRaises(openai.BadRequestError) as e:
+                self.client.completions.create(model=self.model, prompt="hi", max_tokens=4, extra_body=extra)
+            self.assertEqual(e.exception.body["param"], field)
+        # Their neutral values change nothing and pass.
+        ok = self.client.completions.create(model=self.model, prompt="hi", max_tokens=2, frequency_penalty=0,
+                                            presence_penalty=0)
+        self.assertEqual(ok.usage.completion_tokens, 2)
 
 
 class DisconnectTest(unittest.TestCase):
@@ -202,6 +213,7 @@ class ChatTest(unittest.TestCase):
 
     def test_bad_messages_name_the_field(self):
         for messages, field in [([], "messages"), ([{"content": "hi"}], "messages[0].role"),
+                                ([{"role": "robot", "content": "hi"}], "messages[0].role"),
                                 ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content")]:
             with self.assertRaises(openai.BadRequestError) as e:
                 self.client.chat.completions.create(model=self.model, messages=messages)
