@@ -75,6 +75,11 @@ absl::Status ValidateServeRequest(const ServeRequest& r, const Tokenizer& tokeni
   if (r.max_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat(pre, "max_tokens: must be >= 0, got ", r.max_tokens));
   }
+  if (r.max_tokens > max_model_len - len) {  // as vLLM: a 400, not a silent cut
+    return absl::InvalidArgumentError(absl::StrCat(pre, "max_tokens: ", r.max_tokens, " and the prompt's ", len,
+                                                   " tokens exceed the context of ", max_model_len,
+                                                   " tokens; at most ", max_model_len - len, " here"));
+  }
   for (size_t i = 0; i < r.stop.size(); ++i) {
     if (r.stop[i].empty()) return absl::InvalidArgumentError(absl::StrCat(pre, "stop[", i, "]: empty string"));
   }

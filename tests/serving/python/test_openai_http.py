@@ -123,6 +123,11 @@ class OpenAITest(unittest.TestCase):
             with self.assertRaises(openai.BadRequestError) as e:
                 self.client.completions.create(model=self.model, prompt="hi", max_tokens=4, extra_body=extra)
             self.assertEqual(e.exception.body["param"], field)
+        # More tokens than the context leaves: a 400 that gives the limit, not a silent cut.
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.client.completions.create(model=self.model, prompt="hi", max_tokens=1000000000)
+        self.assertEqual(e.exception.body["param"], "max_tokens")
+        self.assertIn("exceed the context", str(e.exception))
         # Their neutral values change nothing and pass.
         ok = self.client.completions.create(model=self.model, prompt="hi", max_tokens=2, frequency_penalty=0,
                                             presence_penalty=0)
