@@ -384,7 +384,8 @@ HttpFrontend::HttpFrontend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 HttpFrontend::~HttpFrontend() { Stop(); }
 
 absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(Server* server, const std::string& host, int port,
-                                                                  int threads, absl::StatusOr<ChatSource> chat) {
+                                                                  int threads, size_t max_request_bytes,
+                                                                  absl::StatusOr<ChatSource> chat) {
   auto impl = std::make_unique<Impl>();
   impl->server = server;
   if (chat.ok()) {
@@ -402,6 +403,8 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(Server* server
   httplib::Server& h = impl->http;
   h.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   h.set_keep_alive_timeout(2);  // an idle keep-alive connection holds a thread
+  // A larger Content-Length is refused (413) without keeping the body: httplib reads past it.
+  h.set_payload_max_length(max_request_bytes);
   h.Post("/v1/completions", [p](const httplib::Request& q, httplib::Response& s) { p->Handle(q, s, false); });
   h.Post("/v1/chat/completions", [p](const httplib::Request& q, httplib::Response& s) { p->Handle(q, s, true); });
   h.Get("/v1/models", [p](const httplib::Request&, httplib::Response& s) {
@@ -416,8 +419,13 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(Server* server
   h.Get("/metrics", [p](const httplib::Request&, httplib::Response& s) {
     s.set_content(p->server->MetricsText(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  h.set_error_handler([](const httplib::Request& q, httplib::Response& s) {
+  h.set_error_handler([max_request_bytes](const httplib::Request& q, httplib::Response& s) {
     if (s.status == 404 && s.body.empty()) SendError(s, absl::NotFoundError(absl::StrCat("no route ", q.method, " ", q.path)));
+    if (s.status == 413 && s.body.empty()) {
+      const std::string msg = absl::StrCat("body: larger than --max-request-bytes ", max_request_bytes);
+      s.set_content(json{{"error", {{"message", msg}, {"type", "invalid_request_error"}, {"param", "body"}, {"code", 413}}}}.dump(),
+                    "application/json");
+    }
   });
   // httplib listens with a backlog of 5: a burst of new connections overflows it and clients stall
   // for a retransmit (~1 s). Keep the socket to listen again with a deep backlog. SO_REUSEADDR

@@ -30,9 +30,11 @@ absl::StatusOr<HttpRequestBody> ParseHttpRequestBody(const std::string& body, bo
 class HttpFrontend {
  public:
   // Listens on host:port (0: a free port) with `threads` connection threads. `chat` is the model's
-  // chat template, or why it has none (chat requests then get a 400 that says so).
+  // chat template, or why it has none (chat requests then get a 400 that says so). A body larger
+  // than `max_request_bytes` is a 413, never parsed.
   static absl::StatusOr<std::unique_ptr<HttpFrontend>> Start(Server* server, const std::string& host, int port,
-                                                             int threads, absl::StatusOr<ChatSource> chat);
+                                                             int threads, size_t max_request_bytes,
+                                                             absl::StatusOr<ChatSource> chat);
   ~HttpFrontend();  // stops listening; open streams end first
   int port() const;
   void Stop();

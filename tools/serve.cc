@@ -33,6 +33,7 @@ within --drain-timeout-s; then the process exits 0. One line on stderr says when
                         (GGUF tokenizer.chat_template, or tokenizer_config.json's chat_template)
   --max-tokens N        tokens per request when it does not say (default 256)
   --http-threads N      HTTP connection threads: the most concurrent HTTP requests (default 128)
+  --max-request-bytes N largest HTTP request body; a larger one is a 413, never parsed (default 8 MiB)
 
 Admission control (refused at once: gRPC RESOURCE_EXHAUSTED, HTTP 429):
   --max-queue-len N     most requests waiting for a slot (default 0 = no limit)
@@ -49,6 +50,7 @@ Engine flags, as for generate:
 struct ServeFlags {
   std::string host = "127.0.0.1";
   int32_t grpc_port = 50051, http_port = 8000, http_threads = 128;
+  int64_t max_request_bytes = int64_t{8} << 20;
   double drain_timeout_s = 30;
   ServeOptions opt;
 };
@@ -58,6 +60,7 @@ absl::StatusOr<ServeFlags> ReadServeFlags(const Flags& flags) {
   ServeOptions& opt = f.opt;
   for (auto st : {GetNumber(flags, "grpc-port", &f.grpc_port), GetNumber(flags, "http-port", &f.http_port),
                   GetNumber(flags, "http-threads", &f.http_threads),
+                  GetNumber(flags, "max-request-bytes", &f.max_request_bytes),
                   GetNumber(flags, "max-queue-len", &opt.admission.max_queue_len),
                   GetNumber(flags, "max-queue-delay-ms", &opt.admission.max_queue_delay_ms),
                   GetNumber(flags, "ttft-slo-ms", &opt.admission.ttft_slo_ms),
@@ -68,6 +71,9 @@ absl::StatusOr<ServeFlags> ReadServeFlags(const Flags& flags) {
     if (port < 0 || port > 65535) return absl::InvalidArgumentError(absl::StrCat(name, ": ", port, " is not a port"));
   }
   if (f.http_threads < 1) return absl::InvalidArgumentError(absl::StrCat("--http-threads must be >= 1, got ", f.http_threads));
+  if (f.max_request_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-request-bytes must be >= 1, got ", f.max_request_bytes));
+  }
   if (opt.admission.max_queue_len < 0 || opt.admission.max_queue_delay_ms < 0 || opt.admission.ttft_slo_ms < 0 ||
       f.drain_timeout_s < 0) {
     return absl::InvalidArgumentError("--max-queue-len, --max-queue-delay-ms, --ttft-slo-ms and --drain-timeout-s must be >= 0");
@@ -102,7 +108,7 @@ void ServeUntilSignal(const sigset_t& signals, double drain_timeout_s, Server& s
 
 absl::Status RunServe(int argc, char** argv) {
   std::set<std::string> known = kEngineFlags;
-  known.insert({"host", "grpc-port", "http-port", "served-model-name", "chat-template", "http-threads", "max-queue-len",
+  known.insert({"host", "grpc-port", "http-port", "served-model-name", "chat-template", "http-threads", "max-request-bytes", "max-queue-len",
                 "max-queue-delay-ms", "ttft-slo-ms", "drain-timeout-s"});
   std::set<std::string> switches = kEngineSwitches;
   switches.insert("help");
@@ -138,6 +144,7 @@ absl::Status RunServe(int argc, char** argv) {
   ASSIGN_OR_RETURN(auto grpc, GrpcFrontend::Start(&server, f.host, f.grpc_port));
   const std::string chat_template = flags.values.count("chat-template") ? flags.values["chat-template"] : "";
   ASSIGN_OR_RETURN(auto http, HttpFrontend::Start(&server, f.host, f.http_port, f.http_threads,
+                                                  static_cast<size_t>(f.max_request_bytes),
                                                   FindChatTemplate(options.target.model, chat_template)));
   std::fprintf(stderr, "[specula] serving %s on grpc %s:%d and http %s:%d (max %d sequences, %d KV blocks): ready\n",
                opt.model_name.c_str(), f.host.c_str(), grpc->port(), f.host.c_str(), http->port(), sc.max_num_seqs,

@@ -134,6 +134,41 @@ class OpenAITest(unittest.TestCase):
         self.assertEqual(ok.usage.completion_tokens, 2)
 
 
+    def test_oversized_body_is_refused_unread(self):
+        """A 64 MB body (over the default --max-request-bytes of 8 MiB): a 413 naming the limit, fast,
+        and the server's memory does not grow by the body."""
+        def rss_kb():
+            with open(f"/proc/{self.serve.proc.pid}/status") as f:
+                return next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
+        host, port = self.serve.http_base.rsplit("/", 1)[1].split(":")
+        size = 64 << 20
+        body = b" " * size
+        before = rss_kb()
+        t0 = time.perf_counter()
+        with socket.create_connection((host, int(port)), timeout=30 * time_scale()) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % size)
+            try:
+                s.sendall(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the server may answer and close before taking it all
+            reply = b""
+            while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                reply += chunk
+        elapsed = time.perf_counter() - t0
+        grown_mb = (rss_kb() - before) / 1024
+        print(f"64 MB body: {reply.split(b' ', 2)[1].decode()} in {elapsed * 1000:.0f} ms, RSS grew {grown_mb:.1f} MB")
+        self.assertTrue(reply.startswith(b"HTTP/1.1 413"), reply[:200])
+        error = json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]
+        self.assertEqual(error["param"], "body")
+        self.assertIn("--max-request-bytes 8388608", error["message"])
+        self.assertLess(elapsed, 2 * time_scale())  # the note's figure comes from a quiet run
+        self.assertLess(grown_mb, 16)
+
+
 class DisconnectTest(unittest.TestCase):
     """A client that closes its connection aborts its request, streamed or not: the KV blocks are free
     at once, and the request counts as aborted rather than running to max_tokens."""
