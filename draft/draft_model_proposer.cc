@@ -1,8 +1,6 @@
 #include "draft/draft_model_proposer.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 
 #include "core/categorical.h"
 #include "core/status_macros.h"
@@ -96,26 +94,14 @@ absl::Status DraftModelProposer::ChooseOnBackend(absl::Span<Active> active, absl
   } else {
     // Greedy rows among sampled ones go through Sample at temperature 0 (their q rows unused). A
     // sampled row takes its sequence's next draw, as the host's path does.
-    args_.assign(5 * static_cast<size_t>(rows), 0);
+    sample_rows_.Reset(rows);
     for (int32_t r = 0; r < rows; ++r) {
       const SamplingParams& sp = *inputs[active[r].index].sampling;
-      const float draw = sp.temperature > 0.0f
-                             ? std::min(static_cast<float>(std::uniform_real_distribution<double>(0.0, 1.0)(active[r].state->rng)),
-                                        std::nextafter(1.0f, 0.0f))
-                             : 0.0f;
-      const int32_t q_row = static_cast<int32_t>(active[r].index * k_max + out[active[r].index].tokens.size());
-      std::memcpy(&args_[r], &sp.temperature, 4);
-      std::memcpy(&args_[rows + r], &sp.top_k, 4);
-      std::memcpy(&args_[2 * rows + r], &sp.top_p, 4);
-      std::memcpy(&args_[3 * rows + r], &draw, 4);
-      std::memcpy(&args_[4 * rows + r], &q_row, 4);
+      sample_rows_.Set(r, sp.temperature, sp.top_k, sp.top_p);
+      if (sp.temperature > 0.0f) sample_rows_.SetDraw(r, std::uniform_real_distribution<double>(0.0, 1.0)(active[r].state->rng));
+      sample_rows_.SetProbsRow(r, static_cast<int32_t>(active[r].index * k_max + out[active[r].index].tokens.size()));
     }
-    RETURN_IF_ERROR(args_dev_.Grow(&be, args_.size() * 4));
-    be.CopyIn(args_dev_.get(), args_.data(), args_.size() * 4);
-    const uint32_t* a = args_dev_.as<uint32_t>();
-    const SampleArgs args{reinterpret_cast<const float*>(a), reinterpret_cast<const int32_t*>(a + rows),
-                          reinterpret_cast<const float*>(a + 2 * rows), reinterpret_cast<const float*>(a + 3 * rows),
-                          reinterpret_cast<const int32_t*>(a + 4 * rows)};
+    ASSIGN_OR_RETURN(const SampleArgs args, sample_rows_.Upload(&be));
     be.Sample(draft_->backend_logits(), rows, vocab, args, q_dev_.as<float>(), chosen_dev_.as<int32_t>());
   }
   be.CopyOut(chosen_.data(), chosen_dev_.get(), rows * sizeof(int32_t));

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "draft/proposer.h"
+#include "kernels/sample_args.h"
 #include "model/kv_cache.h"
 #include "model/llama_model.h"
 
@@ -69,10 +70,8 @@ class DraftModelProposer : public Proposer {
   bool choose_on_backend_;
   BackendBuffer chosen_dev_;       // [num_seqs] i32
   std::vector<TokenId> chosen_;    // [num_seqs]
-  // Sample's per-row arguments, packed: temperature, top_k, top_p, draw, q row ([5, num_seqs] of 4
-  // bytes each), and the step's q: [inputs * k_max, vocab] f32.
-  std::vector<uint32_t> args_;
-  BackendBuffer args_dev_, q_dev_;
+  SampleRows sample_rows_;  // Sample's per-row arguments
+  BackendBuffer q_dev_;     // [inputs * k_max, vocab] f32 the step's q
 };
 
 }  // namespace specula

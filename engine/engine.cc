@@ -233,8 +233,9 @@ absl::StatusOr<StepResult> Engine::Verify(const StepPlan& plan, const Drafts& dr
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
     if (!s.samples) continue;
-    const int32_t k = drafts.index[i] == SIZE_MAX ? 0 : static_cast<int32_t>(drafts.proposals[drafts.index[i]].tokens.size());
+    int32_t k = 0;
     if (drafts.index[i] != SIZE_MAX) {
+      k = static_cast<int32_t>(drafts.proposals[drafts.index[i]].tokens.size());
       stats_.spec.Record(k, verified_[i].num_accepted);
       outputs_.RecordSpec(s.id, k, verified_[i].num_accepted);
     }

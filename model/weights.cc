@@ -156,12 +156,11 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlama2c(const std::string& pat
   return w;
 }
 
-absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHfModel(const std::string& dir) {
-  const std::string config_path = dir + "/config.json";
-  ASSIGN_OR_RETURN(std::string config_text, ReadTextFile(config_path));
-  auto w = std::make_unique<ModelWeights>();
-  ASSIGN_OR_RETURN(w->config, ParseHfConfig(config_text, config_path));
+namespace {
 
+// The safetensors files of an HF checkpoint directory: model.safetensors, or the shards that
+// model.safetensors.index.json names (each once, in the index's order, all inside `dir`).
+absl::StatusOr<std::vector<std::string>> SafetensorsShards(const std::string& dir) {
   std::vector<std::string> shard_paths;
   const std::string single = dir + "/model.safetensors";
   const std::string index_path = dir + "/model.safetensors.index.json";
@@ -192,6 +191,18 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHfModel(const std::string& dir
   } else {
     return absl::NotFoundError(absl::StrCat(dir, ": no model.safetensors or model.safetensors.index.json"));
   }
+  return shard_paths;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHfModel(const std::string& dir) {
+  const std::string config_path = dir + "/config.json";
+  ASSIGN_OR_RETURN(std::string config_text, ReadTextFile(config_path));
+  auto w = std::make_unique<ModelWeights>();
+  ASSIGN_OR_RETURN(w->config, ParseHfConfig(config_text, config_path));
+
+  ASSIGN_OR_RETURN(const std::vector<std::string> shard_paths, SafetensorsShards(dir));
 
   std::map<std::string, std::pair<TensorEntry, std::string>> entries;  // name -> (entry, file)
   for (const auto& sp : shard_paths) {

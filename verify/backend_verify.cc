@@ -1,18 +1,10 @@
 #include "verify/backend_verify.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "core/status_macros.h"
 
 namespace specula {
-namespace {
-
-// A [0, 1) draw as the kernels take it: float, and never rounded up to 1.
-float Draw32(double u) { return std::min(static_cast<float>(u), std::nextafter(1.0f, 0.0f)); }
-
-}  // namespace
-
 template <typename T>
 absl::Status BackendVerifier::Upload(const std::vector<T>& host, BackendBuffer* dev) {
   RETURN_IF_ERROR(dev->Grow(be_, std::max<size_t>(host.size(), 1) * sizeof(T)));
@@ -57,40 +49,29 @@ void BackendVerifier::LaunchArgmax(const float* logits, int32_t rows, int32_t vo
 // the row after its accepted drafts takes the next draw of its stream, as Verify's do.
 void BackendVerifier::LaunchSample(const float* logits, int32_t rows, int32_t vocab,
                                    absl::Span<const RowsToVerify> seqs, double synthetic_alpha) {
-  temperature_.assign(rows, 0.0f);
-  top_k_.assign(rows, 0);
-  top_p_.assign(rows, 1.0f);
-  draw_.assign(rows, 0.0f);
+  sample_rows_.Reset(rows);
   accepted_.assign(seqs.size(), 0);
   for (size_t i = 0; i < seqs.size(); ++i) {
     if (route_[i] != Route::kSampled) continue;
     const RowsToVerify& s = seqs[i];
     const int32_t k = static_cast<int32_t>(s.draft.tokens.size());
     for (int32_t r = s.first_row; r <= s.first_row + k; ++r) {
-      temperature_[r] = s.params->temperature;
-      top_k_[r] = s.params->top_k;
-      top_p_[r] = s.params->top_p;
+      sample_rows_.Set(r, s.params->temperature, s.params->top_k, s.params->top_p);
     }
     if (k == 0) {
-      draw_[s.first_row] = Draw32(s.sampler->Draw());
+      sample_rows_.SetDraw(s.first_row, s.sampler->Draw());
     } else if (synthetic_alpha >= 0) {
       accepted_[i] = SyntheticAccepted(k, synthetic_alpha, *s.uniform);
-      draw_[s.first_row + accepted_[i]] = Draw32(s.uniform->Next());
+      sample_rows_.SetDraw(s.first_row + accepted_[i], s.uniform->Next());
     }
   }
-  for (auto* b : {&probs_dev_, &sampled_dev_}) {
-    const size_t bytes = b == &probs_dev_ ? static_cast<size_t>(rows) * vocab * sizeof(float) : rows * sizeof(int32_t);
-    status_.Update(b->Grow(be_, std::max<size_t>(bytes, 1)));
-  }
-  status_.Update(Upload(temperature_, &temperature_dev_));
-  status_.Update(Upload(top_k_, &top_k_dev_));
-  status_.Update(Upload(top_p_, &top_p_dev_));
-  status_.Update(Upload(draw_, &draw_dev_));
+  status_.Update(probs_dev_.Grow(be_, std::max<size_t>(static_cast<size_t>(rows) * vocab, 1) * sizeof(float)));
+  status_.Update(sampled_dev_.Grow(be_, std::max(rows, 1) * sizeof(int32_t)));
+  absl::StatusOr<SampleArgs> args = sample_rows_.Upload(be_);
+  status_.Update(args.status());
   if (!status_.ok()) return;
-  const SampleArgs args{temperature_dev_.as<float>(), top_k_dev_.as<int32_t>(), top_p_dev_.as<float>(),
-                        draw_dev_.as<float>()};
   sampled_.resize(rows);
-  be_->Sample(logits, rows, vocab, args, probs_dev_.as<float>(), sampled_dev_.as<int32_t>());
+  be_->Sample(logits, rows, vocab, *args, probs_dev_.as<float>(), sampled_dev_.as<int32_t>());
   be_->CopyOut(sampled_.data(), sampled_dev_.get(), rows * sizeof(int32_t));
 }
 
@@ -122,9 +103,9 @@ void BackendVerifier::LaunchVerify(int32_t vocab, absl::Span<const RowsToVerify>
     target_row_[j] = seqs[i].first_row;
     for (int32_t t = 0; t < kj; ++t) {
       drafts_[static_cast<size_t>(j) * k + t] = d.tokens[t];
-      accept_draws_[static_cast<size_t>(j) * k + t] = Draw32(seqs[i].uniform->Next());
+      accept_draws_[static_cast<size_t>(j) * k + t] = KernelDraw(seqs[i].uniform->Next());
     }
-    final_draws_[j] = Draw32(seqs[i].uniform->Next());
+    final_draws_[j] = KernelDraw(seqs[i].uniform->Next());
   }
   const float* q = DraftProbs(vocab, seqs);
   status_.Update(Upload(num_drafts_, &num_drafts_dev_));

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
+#include "kernels/sample_args.h"
 #include "model/sampler.h"
 #include "verify/verify.h"
 
@@ -62,9 +63,7 @@ class BackendVerifier {
   BackendBuffer argmax_dev_;          // [rows] i32
   std::vector<int32_t> argmax_;       // [rows]
   // Sample over every row (greedy settings for rows not sampled).
-  std::vector<float> temperature_, top_p_, draw_;  // [rows]
-  std::vector<int32_t> top_k_;                     // [rows]
-  BackendBuffer temperature_dev_, top_k_dev_, top_p_dev_, draw_dev_;
+  SampleRows sample_rows_;
   BackendBuffer probs_dev_;           // [rows, vocab] f32 processed distributions
   BackendBuffer sampled_dev_;         // [rows] i32
   std::vector<int32_t> sampled_;      // [rows]

@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/test_util.h"
+#include "tests/tiny_pair.h"
 
 namespace specula {
 namespace {
@@ -467,13 +468,7 @@ Lossless SampleAndTest(LlamaModel& target, LlamaModel& draft, const std::vector<
 }
 
 TEST(SpecLosslessTest, TinyRandomModelsFollowTargetDistribution) {
-  ModelConfig tc = *NamedShape("tiny");
-  tc.vocab_size = 12;
-  ModelConfig dc = tc;
-  dc.num_layers = 1;
-  const std::string td = testing::MakeTempDir(), dd = testing::MakeTempDir();
-  ASSERT_TRUE(WriteRandomModel(tc, td, DType::kF32, 1).ok());
-  ASSERT_TRUE(WriteRandomModel(dc, dd, DType::kF32, 2).ok());  // a different model: q != p
+  const auto [td, dd] = testing::WriteTinyPair();
   auto target = Load(td), draft = Load(dd);
   SamplingParams sp;
   sp.temperature = 1.0f;

@@ -16,6 +16,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/kernels/gpu_util.h"
 #include "tests/test_util.h"
+#include "tests/tiny_pair.h"
 
 namespace specula {
 namespace {
@@ -357,16 +358,10 @@ std::vector<double> SampledPairs(LlamaModel& target, LlamaModel& draft, const st
 // verifier that accepts every draft is caught (p < 0.001).
 TEST(CudaModelTest, SampledSpeculationOnTheDeviceFollowsTheTarget) {
   SPECULA_REQUIRE_GPU();
-  ModelConfig tc = *NamedShape("tiny");
-  tc.vocab_size = 12;
-  ModelConfig dc = tc;
-  dc.num_layers = 1;
-  const std::string td = testing::MakeTempDir(), dd = testing::MakeTempDir();
-  ASSERT_TRUE(WriteRandomModel(tc, td, DType::kF32, 1).ok());
-  ASSERT_TRUE(WriteRandomModel(dc, dd, DType::kF32, 2).ok());  // another model: q != p
+  const auto [td, dd] = testing::WriteTinyPair();
   auto cpu = Load(td, "cpu", ""), target = Load(td, "cuda", "f32"), draft = Load(dd, "cuda", "f32");
   ASSERT_TRUE(cpu && target && draft);
-  const int32_t V = tc.vocab_size;
+  const int32_t V = cpu->config().vocab_size;
   const std::vector<TokenId> prompt = {3, 7, 1};
   SamplingParams sp;
   sp.temperature = 1.0f;
