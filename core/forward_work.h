@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace specula {
 
@@ -40,6 +42,15 @@ struct CostGrid {
   int32_t block_size = 16;
   double budget_seconds = 1.0;  // stop measuring past this
   int32_t max_tokens = 512;     // the largest forward to measure (at most 512)
+};
+
+// Where measured tables outlive the process (spec/cost_cache.h: a JSON file per model, machine and
+// build). `table` names the conditions of the measurement (KV dtype, batch, block size).
+class CostStore {
+ public:
+  virtual ~CostStore() = default;
+  virtual std::vector<CostPoint> Get(const std::string& table) const = 0;  // empty: none stored
+  virtual void Put(const std::string& table, const std::vector<CostPoint>& points) = 0;
 };
 
 }  // namespace specula

@@ -22,6 +22,7 @@ absl::StatusOr<std::unique_ptr<Proposer>> FromWeights(const std::string& path,
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeBackend(rt.backend));
   ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::Create(std::move(weights).value(), std::move(backend)));
   RETURN_IF_ERROR(model->set_kv_dtype(rt.kv_dtype));
+  model->measured_cost().store = rt.cost_store;
   const int32_t blocks = 64 * ((model->config().max_seq_len + rt.block_size - 1) / rt.block_size);
   return std::make_unique<DraftModelProposer>(std::move(model), rt.block_size, blocks);
 }

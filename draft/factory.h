@@ -20,6 +20,8 @@ struct DraftRuntime {
   DType kv_dtype = DType::kF32;
   int32_t block_size = 16;
   int32_t vocab_size = 0;
+  // Where the draft's measured forward costs outlive the process (spec/cost_cache.h), or null.
+  std::shared_ptr<CostStore> cost_store;
 };
 
 absl::StatusOr<std::unique_ptr<Proposer>> MakeNgramProposer(int32_t min_n, int32_t max_n);

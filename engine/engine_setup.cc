@@ -12,6 +12,7 @@
 #include "kernels/make_backend.h"
 #include "model/kv_cache.h"
 #include "model/tensor_parallel.h"
+#include "spec/cost_cache.h"
 
 namespace specula {
 
@@ -108,6 +109,22 @@ absl::Status LoadTarget(const TargetOptions& t, std::shared_ptr<Communicator> gr
   return absl::OkStatus();
 }
 
+// The store of auto's measured costs for one model of the engine (--cost-cache), or null when off.
+// `role`: the target, or the draft and what makes it.
+absl::StatusOr<std::shared_ptr<CostStore>> CostCacheFor(const EngineOptions& o, const std::string& model,
+                                                       const CostIdentity& role) {
+  const SpeculationOptions& s = o.speculation;
+  if (!s.adaptive || s.cost_cache.empty() || s.cost_cache == "none") return nullptr;
+  ASSIGN_OR_RETURN(CostIdentity id, ModelFileIdentity(model));
+  id.merge(MachineIdentity());
+  id.merge(CostIdentity(role));
+  const TargetOptions& t = o.target;
+  id.merge(CostIdentity{{"device", t.device}, {"dtype", t.dtype}, {"quantization", t.quantization},
+                        {"int8_activations", t.int8_activations ? "1" : "0"},
+                        {"tensor_parallel_size", std::to_string(t.tensor_parallel_size)}});
+  return OpenCostCache(s.cost_cache, id);
+}
+
 // The proposer of --spec-method from its factory; a draft model runs on the target's device, with
 // its KV dtype, and one activation term (its rounding costs acceptance at most, never output).
 absl::StatusOr<std::unique_ptr<Proposer>> MakeProposer(const EngineOptions& o, const LoadedEngine& e) {
@@ -115,10 +132,14 @@ absl::StatusOr<std::unique_ptr<Proposer>> MakeProposer(const EngineOptions& o, c
   if (s.method == "ngram") return MakeNgramProposer(s.ngram_min, s.ngram_max);
   const int32_t vocab = e.model->config().vocab_size;
   DraftRuntime rt{{o.target.device, o.target.dtype, 0, s.draft_quantization, true}, e.model->kv_dtype(),
-                  o.defaults.block_size, vocab};
-  if (s.method == "layer-skip") {
-    return MakeLayerSkipProposer(o.target.model, s.draft_layers > 0 ? s.draft_layers : std::max(1, e.model->config().num_layers / 4), rt);
-  }
+                  o.defaults.block_size, vocab, nullptr};
+  const int32_t skip_layers = s.draft_layers > 0 ? s.draft_layers : std::max(1, e.model->config().num_layers / 4);
+  const bool self = s.method == "layer-skip" || s.method == "self-quant";
+  CostIdentity role{{"role", "draft"}, {"method", s.method}, {"draft_quantization", s.draft_quantization}};
+  if (s.method == "layer-skip") role["draft_layers"] = std::to_string(skip_layers);
+  if (s.method == "self-quant") role["draft_quant_type"] = s.draft_quant_type;
+  ASSIGN_OR_RETURN(rt.cost_store, CostCacheFor(o, self ? o.target.model : s.draft_model, role));
+  if (s.method == "layer-skip") return MakeLayerSkipProposer(o.target.model, skip_layers, rt);
   if (s.method == "self-quant") return MakeSelfQuantProposer(o.target.model, s.draft_quant_type, rt);
   if (!s.draft_tokenizer.empty()) {  // checked against the target's before the draft loads
     ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> dtok, LoadTokenizer(s.draft_tokenizer, vocab));
@@ -141,6 +162,7 @@ absl::StatusOr<std::unique_ptr<LoadedEngine>> LoadEngine(const EngineOptions& op
   e->options = options;
   RETURN_IF_ERROR(LoadTarget(options.target, std::move(group), e.get()));
   if (e->follower) return e;
+  ASSIGN_OR_RETURN(e->model->measured_cost().store, CostCacheFor(options, options.target.model, {{"role", "target"}}));
   if (options.speculation.method != "none") {
     ASSIGN_OR_RETURN(e->proposer, MakeProposer(options, *e));
   }

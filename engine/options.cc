@@ -13,7 +13,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TargetOptions, model, tokenizer,
                                                 collective_timeout_s, gpu_memory_utilization)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SpeculationOptions, method, num_spec_tokens, adaptive, draft_model,
                                                 draft_tokenizer, draft_quantization, ngram_min, ngram_max,
-                                                draft_layers, draft_quant_type)
+                                                draft_layers, draft_quant_type, cost_cache)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(BatchingOptions, max_num_seqs, max_num_batched_tokens, num_blocks,
                                                 max_wait_ms, enable_prefix_caching)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SamplingParams, temperature, top_k, top_p, min_p, repetition_penalty,

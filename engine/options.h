@@ -36,6 +36,10 @@ struct SpeculationOptions {
   int32_t ngram_min = 1, ngram_max = 3;     // --ngram-min, --ngram-max
   int32_t draft_layers = 0;                 // --draft-layers; 0: a quarter of the target's
   std::string draft_quant_type = "q4_0";    // --draft-quant-type
+  // --cost-cache: the directory where auto's measured step costs are kept across runs
+  // (spec/cost_cache.h); empty or "none": measured anew by every engine. The CLI's default is
+  // DefaultCostCacheDir().
+  std::string cost_cache;
 };
 
 // The continuous-batching scheduler and its KV pool.

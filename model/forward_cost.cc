@@ -6,6 +6,7 @@
 #include <mutex>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 
 namespace specula {
@@ -28,17 +29,26 @@ absl::StatusOr<std::vector<CostPoint>> MeasureForwardCost(LlamaModel& model, con
   // later drift.
   LlamaModel::MeasuredCost& measured = model.measured_cost();
   const auto key = std::make_tuple(static_cast<int>(model.kv_dtype()), grid.batch, grid.block_size);
+  const std::string table = absl::StrCat("kv=", DTypeName(model.kv_dtype()), " batch=", grid.batch,
+                                         " block=", grid.block_size);
   std::vector<CostPoint> points;
   {
     std::lock_guard<std::mutex> lock(measured.mu);
-    if (auto it = measured.points.find(key); it != measured.points.end()) points = it->second;
+    if (auto it = measured.points.find(key); it != measured.points.end()) {
+      points = it->second;
+    } else if (measured.store != nullptr) {  // another process measured this model here
+      points = measured.points[key] = measured.store->Get(table);
+    }
   }
   const size_t had = points.size();
   RETURN_IF_ERROR(Measure(model, grid, &points));
   if (points.size() > had) {
     std::lock_guard<std::mutex> lock(measured.mu);
     std::vector<CostPoint>& kept = measured.points[key];
-    if (kept.size() < points.size()) kept = points;
+    if (kept.size() < points.size()) {
+      kept = points;
+      if (measured.store != nullptr) measured.store->Put(table, kept);
+    }
   }
   return points;
 }

@@ -95,6 +95,7 @@ class LlamaModel {
   struct MeasuredCost {
     std::mutex mu;
     std::map<std::tuple<int, int32_t, int32_t>, std::vector<CostPoint>> points;  // (KV dtype, batch, block size)
+    std::shared_ptr<CostStore> store;  // or null: the points die with the model
   };
   MeasuredCost& measured_cost() { return measured_cost_; }
 

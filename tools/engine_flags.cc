@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "spec/cost_cache.h"
 
 namespace specula {
 
@@ -10,7 +11,7 @@ const std::set<std::string> kEngineFlags = {
     "spec-method", "num-spec-tokens", "max-spec-tokens", "draft-model", "draft-tokenizer", "ngram-min",
     "ngram-max", "temperature", "top-k", "top-p", "min-p", "repetition-penalty", "seed", "block-size",
     "device", "dtype", "gpu-memory-utilization", "quantization", "draft-quantization", "kv-cache-dtype",
-    "draft-layers", "draft-quant-type", "tensor-parallel-size", "collective-timeout-s"};
+    "draft-layers", "draft-quant-type", "tensor-parallel-size", "collective-timeout-s", "cost-cache"};
 const std::set<std::string> kEngineSwitches = {"ignore-eos", "no-bos", "no-prefix-caching", "int8-activations"};
 
 const char kEngineFlagsHelp[] = R"(  --model PATH          GGUF file (llama, mistral, qwen2; F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q6_K,
@@ -66,6 +67,9 @@ greedy, and follows the target's distribution when sampling):
                         (measured at startup in at most 1 s each, then refined from the engine's own
                         step times): speculation where it pays, none where it would slow the batch
   --max-spec-tokens K   the largest k auto may choose (default 8)
+  --cost-cache DIR      where auto keeps the step costs it measured, per model, machine and build, so
+                        that the next run starts with them (default ~/.cache/specula/step-cost, or
+                        $SPECULA_COST_CACHE); none: measure in every run
   --draft-model PATH    the draft model for --spec-method draft (llama2.c .bin or HF directory)
   --draft-tokenizer PATH  the draft's tokenizer, checked against the target's (default: shared)
   --draft-quantization Q  none (default) or int8 for the draft's weights (cpu only): a draft a
@@ -125,6 +129,11 @@ absl::Status ReadSpeculation(const Flags& f, SpeculationOptions* s) {
   s->draft_tokenizer = Value(f, "draft-tokenizer", "");
   s->draft_quantization = Value(f, "draft-quantization", s->draft_quantization);
   s->draft_quant_type = Value(f, "draft-quant-type", s->draft_quant_type);
+  if (f.values.count("cost-cache") && !s->adaptive) {
+    return absl::InvalidArgumentError("--cost-cache applies to --num-spec-tokens auto only");
+  }
+  s->cost_cache = Value(f, "cost-cache", DefaultCostCacheDir());
+  if (s->cost_cache.empty()) return absl::InvalidArgumentError("--cost-cache: give a directory, or none");
   return absl::OkStatus();
 }
 

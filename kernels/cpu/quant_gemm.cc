@@ -132,6 +132,19 @@ inline IVec Or(IVec a, IVec b) { return _mm512_or_si512(a, b); }
 inline IVec Xor(IVec a, IVec b) { return _mm512_xor_si512(a, b); }
 inline IVec Shr4(IVec v) { return _mm512_maskz_srli_epi16(0xFFFFFFFF, v, 4); }  // then masked: nibbles of each byte
 inline IVec Sub32(IVec a, IVec b) { return _mm512_sub_epi32(a, b); }
+inline IVec Add32(IVec a, IVec b) { return _mm512_add_epi32(a, b); }
+inline IVec Lo32(IVec a, IVec b) { return _mm512_maskz_unpacklo_epi32(0xFFFF, a, b); }
+inline IVec Hi32(IVec a, IVec b) { return _mm512_maskz_unpackhi_epi32(0xFFFF, a, b); }
+inline IVec SwapHalves(IVec v) { return _mm512_maskz_shuffle_epi32(0xFFFF, v, _MM_PERM_BADC); }  // dwords 2 3 0 1
+inline IVec SwapPairs(IVec v) { return _mm512_maskz_shuffle_epi32(0xFFFF, v, _MM_PERM_CDAB); }   // dwords 1 0 3 2
+// In each 128-bit lane, dword s of a[j] <-> dword j of a[s] (a 4 x 4 transpose per lane).
+inline void Transpose4(IVec a[4]) {
+  const IVec t0 = Lo32(a[0], a[1]), t1 = Hi32(a[0], a[1]), t2 = Lo32(a[2], a[3]), t3 = Hi32(a[2], a[3]);
+  a[0] = _mm512_maskz_unpacklo_epi64(0xFF, t0, t2);
+  a[1] = _mm512_maskz_unpackhi_epi64(0xFF, t0, t2);
+  a[2] = _mm512_maskz_unpacklo_epi64(0xFF, t1, t3);
+  a[3] = _mm512_maskz_unpackhi_epi64(0xFF, t1, t3);
+}
 inline IVec Abs8(IVec v) { return _mm512_abs_epi8(v); }
 // x negated where w < 0 (vpsignb has no 512-bit form; where w == 0, |w| = 0 cancels x anyway).
 inline IVec Sign8(IVec x, IVec w) { return _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), ZeroI(), x); }
@@ -144,7 +157,7 @@ inline FVec ZeroF() { return _mm512_setzero_ps(); }
 inline FVec SetF(float a) { return _mm512_set1_ps(a); }
 inline FVec MulF(FVec a, FVec b) { return _mm512_mul_ps(a, b); }
 inline FVec FmaF(FVec a, FVec b, FVec c) { return _mm512_fmadd_ps(a, b, c); }
-inline float SumF(FVec v) { return Simd16::Sum(v); }
+using SimdQ = Simd16;  // SumLanes, StoreFirst
 // Lane 4t + s of a unit's group vectors holds group kV s + t (lane t of weight vector s). The K
 // types' scale bytes come in group order: this byte shuffle puts them in lane order.
 inline __m128i LaneOrder() { return _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15); }
@@ -189,6 +202,18 @@ inline IVec Or(IVec a, IVec b) { return _mm256_or_si256(a, b); }
 inline IVec Xor(IVec a, IVec b) { return _mm256_xor_si256(a, b); }
 inline IVec Shr4(IVec v) { return _mm256_srli_epi16(v, 4); }
 inline IVec Sub32(IVec a, IVec b) { return _mm256_sub_epi32(a, b); }
+inline IVec Add32(IVec a, IVec b) { return _mm256_add_epi32(a, b); }
+inline IVec Lo32(IVec a, IVec b) { return _mm256_unpacklo_epi32(a, b); }
+inline IVec Hi32(IVec a, IVec b) { return _mm256_unpackhi_epi32(a, b); }
+inline IVec SwapHalves(IVec v) { return _mm256_shuffle_epi32(v, 0x4E); }
+inline IVec SwapPairs(IVec v) { return _mm256_shuffle_epi32(v, 0xB1); }
+inline void Transpose4(IVec a[4]) {
+  const IVec t0 = Lo32(a[0], a[1]), t1 = Hi32(a[0], a[1]), t2 = Lo32(a[2], a[3]), t3 = Hi32(a[2], a[3]);
+  a[0] = _mm256_unpacklo_epi64(t0, t2);
+  a[1] = _mm256_unpackhi_epi64(t0, t2);
+  a[2] = _mm256_unpacklo_epi64(t1, t3);
+  a[3] = _mm256_unpackhi_epi64(t1, t3);
+}
 inline IVec Abs8(IVec v) { return _mm256_abs_epi8(v); }
 inline IVec Sign8(IVec x, IVec w) { return _mm256_sign_epi8(x, w); }
 inline IVec Maddubs(IVec u, IVec x) { return _mm256_maddubs_epi16(u, x); }
@@ -200,7 +225,7 @@ inline FVec ZeroF() { return _mm256_setzero_ps(); }
 inline FVec SetF(float a) { return _mm256_set1_ps(a); }
 inline FVec MulF(FVec a, FVec b) { return _mm256_mul_ps(a, b); }
 inline FVec FmaF(FVec a, FVec b, FVec c) { return _mm256_fmadd_ps(a, b, c); }
-inline float SumF(FVec v) { return HorizontalSum(v); }
+using SimdQ = Simd8;
 inline __m128i LaneOrder() { return _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, -1, -1, -1, -1, -1, -1, -1, -1); }
 inline FVec BytesToF(__m128i b) { return ToF(_mm256_cvtepu8_epi32(b)); }
 inline FVec SBytesToF(__m128i b) { return ToF(_mm256_cvtepi8_epi32(b)); }
@@ -234,12 +259,29 @@ inline float HalfToF(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
-// One unit of a weight row, unpacked.
+// One unit of a weight row, unpacked. Prepare leaves it by group: w[s][h], lane t holds the 16
+// values of half h of group kV s + t. A full unit is then transposed (TransposeUnit): w[j][h],
+// dword 4t + s holds values 4j..4j+3 of half h of group kV s + t, so that the dot products of all
+// the groups accumulate in lane order with no reduction per token (UnitDotT).
 struct Unit {
-  IVec w[4][2];     // unsigned weight bytes, vector s, half h: lane t holds group kV s + t
+  IVec w[4][2];     // unsigned weight bytes
   IVec sign[4][2];  // Q8_0 without VNNI: the signed weights, whose signs go onto the activations
   FVec a, b;        // per group, in lane order: the scale and the min coefficient (table above)
 };
+
+template <class T>
+inline void TransposeUnit(Unit* u) {
+  for (int h = 0; h < T::kH; ++h) {
+    IVec v[4] = {u->w[0][h], u->w[1][h], u->w[2][h], u->w[3][h]};
+    Transpose4(v);
+    for (int j = 0; j < 4; ++j) u->w[j][h] = v[j];
+    if constexpr (T::kSigned && !kVnni) {
+      IVec g[4] = {u->sign[0][h], u->sign[1][h], u->sign[2][h], u->sign[3][h]};
+      Transpose4(g);
+      for (int j = 0; j < 4; ++j) u->sign[j][h] = g[j];
+    }
+  }
+}
 
 #if SPECULA_QUANT_WIDTH == 512
 // kLaneMasks[ng]: the lanes of a unit's group vectors that hold groups below ng.
@@ -447,8 +489,9 @@ struct Q6KKernel {
 };
 
 // The activations of one call: each row of x quantized per group of G values (round to nearest,
-// scale amax / 127), the bytes arranged like the unpacked weights, the per-group terms in lane
-// order. Groups past k (the rest of the last unit) are zero.
+// scale amax / 127), the bytes arranged like the unpacked weights (transposed in full units, by
+// group in a partial last one), the per-group terms in lane order. Groups past k (the rest of the
+// last unit) are zero.
 struct Acts {
   const int8_t* qs;    // [m, units * kUnitGroups * G]
   const float* d;      // [m, units * kUnitGroups]: each group's scale
@@ -468,6 +511,7 @@ template <class T>
 Acts QuantizeActs(const float* x, int32_t m, int32_t k) {
   constexpr int kG = T::kGroup, kUnitBytes = kUnitGroups * kG;
   const int64_t units = (k + kUnitBytes - 1) / kUnitBytes, groups = units * kUnitGroups;
+  const int64_t full_units = k / kUnitBytes;
   const auto round64 = [](int64_t b) { return (b + 63) / 64 * 64; };
   const int64_t qs_bytes = round64(m * units * kUnitBytes), f_bytes = round64(m * groups * 4);
   std::vector<uint8_t>& buf = ActsScratch();
@@ -501,13 +545,36 @@ Acts QuantizeActs(const float* x, int32_t m, int32_t k) {
           sum += r;
         }
       }
-      for (int h = 0; h < T::kH; ++h) std::memcpy(q + h * kVecBytes, v + 16 * h, 16);
+      if (u < full_units) {  // values 16h + 4j..+3 to dword 4t + s of vector j kH + h
+        int8_t* base_u = qs + (i * units + u) * kUnitBytes;
+        for (int h = 0; h < T::kH; ++h) {
+          for (int j = 0; j < 4; ++j) std::memcpy(base_u + ((j * T::kH + h) * kV + t) * 16 + 4 * s, v + 16 * h + 4 * j, 4);
+        }
+      } else {
+        for (int h = 0; h < T::kH; ++h) std::memcpy(q + h * kVecBytes, v + 16 * h, 16);
+      }
       d[lane] = scale;
       ds[lane] = scale * static_cast<float>(sum);
       off[lane] = T::kOffset * sum;
     }
   }
   return Acts{qs, d, ds, off, units};
+}
+
+// Reduce for the partial last unit of a row, whose groups all lie in its first kAccs vectors: one
+// or two vectors reduce with 4 instructions instead of 9. Lanes 4t + s for s >= kAccs get copies
+// of the real sums instead of zeros; those groups' scales are zero.
+template <int kAccs>
+inline IVec ReducePartial(const IVec a[4]) {
+  if constexpr (kAccs == 1) {
+    const IVec r = Add32(a[0], SwapHalves(a[0]));
+    return Add32(r, SwapPairs(r));
+  } else if constexpr (kAccs == 2) {
+    const IVec r = Add32(Lo32(a[0], a[1]), Hi32(a[0], a[1]));
+    return Add32(r, SwapHalves(r));
+  } else {
+    return Reduce(a);
+  }
 }
 
 // The unit's group dot products with one token's activations, lane 4t + s.
@@ -532,7 +599,45 @@ inline __attribute__((always_inline)) IVec UnitDot(const Unit& w, const int8_t* 
     }
 #endif
   }
-  return Reduce(acc);
+  return ReducePartial<kAccs>(acc);
+}
+
+// The same for a transposed unit: each group's dot product accumulates in its own lane.
+template <class T>
+inline __attribute__((always_inline)) IVec UnitDotT(const Unit& w, const int8_t* xq) {
+  IVec acc[T::kH];
+  for (int h = 0; h < T::kH; ++h) acc[h] = ZeroI();
+  for (int j = 0; j < 4; ++j) {
+    IVec x[T::kH];
+    for (int h = 0; h < T::kH; ++h) {
+      x[h] = LoadI(xq + (j * T::kH + h) * kVecBytes);
+      if constexpr (T::kSigned && !kVnni) x[h] = Sign8(x[h], w.sign[j][h]);
+    }
+#if SPECULA_QUANT_WIDTH == 512 && defined(__AVX512VNNI__)
+    for (int h = 0; h < T::kH; ++h) acc[h] = _mm512_dpbusd_epi32(acc[h], w.w[j][h], x[h]);
+#else
+    if constexpr (T::kH == 2 && T::kSmall) {
+      acc[0] = Madd1(Add16(Maddubs(w.w[j][0], x[0]), Maddubs(w.w[j][1], x[1])), acc[0]);
+    } else {
+      for (int h = 0; h < T::kH; ++h) acc[h] = Madd1(Maddubs(w.w[j][h], x[h]), acc[h]);
+    }
+#endif
+  }
+  if constexpr (T::kH == 2) return Add32(acc[0], acc[1]);
+  return acc[0];
+}
+
+// The horizontal sums of a row's accumulators are taken kSumRows rows at a time, one row per lane
+// of the result (SumLanes): the same tree of adds for every row, 2 instructions a row instead of 8.
+constexpr int kSumRows = 4 * kV;
+inline FVec LoadFirst(const float* p, int32_t count) {
+#if SPECULA_QUANT_WIDTH == 512
+  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << count) - 1), p);
+#else
+  alignas(32) float t[8] = {};
+  std::memcpy(t, p, sizeof(float) * count);
+  return _mm256_load_ps(t);
+#endif
 }
 
 // Weights are prefetched this far ahead of the row being read: the hardware prefetcher alone left
@@ -547,6 +652,7 @@ constexpr int64_t kPrefetchBytes = 8192;
 template <class T, int M>
 void RowsDot(const uint8_t* blocks, int64_t row_bytes, int32_t r0, int32_t r1, const Acts& a, int32_t i0,
              int64_t groups, const float* bias, int32_t n, float* y) {
+  FVec sums[M][kSumRows];  // each token's accumulators of the last kSumRows rows
   for (int32_t r = r0; r < r1; ++r) {
     const uint8_t* row = blocks + r * row_bytes;
     if ((r + 1) * row_bytes + kPrefetchBytes <= n * row_bytes) {
@@ -557,10 +663,17 @@ void RowsDot(const uint8_t* blocks, int64_t row_bytes, int32_t r0, int32_t r1, c
     FVec acc[M];
     for (int i = 0; i < M; ++i) acc[i] = ZeroF();
     const int64_t gstride = a.units * kUnitGroups, qstride = gstride * T::kGroup;
+    // kAccs 0: a full, transposed unit.
     const auto step = [&]<int kAccs>(int64_t u, const Unit& w) __attribute__((always_inline)) {
       for (int i = 0; i < M; ++i) {
         const int64_t ti = i0 + i, gi = ti * gstride + u * kUnitGroups;
-        IVec dot = UnitDot<T, kAccs>(w, a.qs + ti * qstride + u * kUnitGroups * T::kGroup);
+        const int8_t* xq = a.qs + ti * qstride + u * kUnitGroups * T::kGroup;
+        IVec dot;
+        if constexpr (kAccs == 0) {
+          dot = UnitDotT<T>(w, xq);
+        } else {
+          dot = UnitDot<T, kAccs>(w, xq);
+        }
         if constexpr (T::kOffset != 0) dot = Sub32(dot, LoadI(a.off + gi));
         acc[i] = FmaF(MulF(ToF(dot), LoadF(a.d + gi)), w.a, acc[i]);
         if constexpr (T::kMin) acc[i] = FmaF(LoadF(a.ds + gi), w.b, acc[i]);
@@ -575,7 +688,8 @@ void RowsDot(const uint8_t* blocks, int64_t row_bytes, int32_t r0, int32_t r1, c
     for (int64_t u = 0; u < full; ++u) {
       Unit w;
       T::template Prepare<true, 4>(row, u, kUnitGroups, &w);
-      step.template operator()<4>(u, w);
+      TransposeUnit<T>(&w);
+      step.template operator()<0>(u, w);
     }
     switch (const int rest = static_cast<int>(groups % kUnitGroups); (rest + kV - 1) / kV) {
       case 1: tail.template operator()<1>(full, rest); break;
@@ -584,8 +698,16 @@ void RowsDot(const uint8_t* blocks, int64_t row_bytes, int32_t r0, int32_t r1, c
       case 4: tail.template operator()<4>(full, rest); break;
       default: break;
     }
-    const float b = bias != nullptr ? bias[r] : 0.0f;
-    for (int i = 0; i < M; ++i) y[static_cast<int64_t>(i0 + i) * n + r] = SumF(acc[i]) + b;
+    for (int i = 0; i < M; ++i) sums[i][(r - r0) % kSumRows] = acc[i];
+    if ((r - r0) % kSumRows == kSumRows - 1 || r == r1 - 1) {  // a block of rows: one sum tree per token
+      const int32_t first = r - (r - r0) % kSumRows, count = r + 1 - first;
+      for (int i = 0; i < M; ++i) {
+        for (int j = count; j < kSumRows; ++j) sums[i][j] = ZeroF();
+        FVec v = SimdQ::SumLanes(sums[i]);
+        if (bias != nullptr) v = v + LoadFirst(bias + first, count);
+        SimdQ::StoreFirst(y + static_cast<int64_t>(i0 + i) * n + first, v, count);
+      }
+    }
   }
 }
 

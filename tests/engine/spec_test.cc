@@ -17,6 +17,7 @@
 #include "tests/one_sequence.h"
 #include "model/forward_cost.h"
 #include "model/make_model.h"
+#include "spec/cost_cache.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/test_util.h"
@@ -611,6 +612,40 @@ TEST(SpecLeakTest, TenThousandRandomRequestsWithAbortsLeakNothing) {
 // The draft is stories260K's shape with one layer of its five (random weights: only costs matter
 // here): the real pair's draft is larger than its target, and the engine finds that no acceptance
 // makes it pay and measures nothing more.
+// With a cost cache (--cost-cache), a second engine of the same model in another process starts from
+// the tables the first measured: it runs no forward to measure them (freshly timed points would
+// never repeat the first engine's seconds exactly).
+TEST(SpecCostTest, ASecondEngineStartsFromTheCostCache) {
+  const std::string model = testing::TinyStoriesDir() + "/stories260K.bin", dir = testing::MakeTempDir();
+  auto identity = ModelFileIdentity(model);
+  ASSERT_TRUE(identity.ok()) << identity.status();
+  std::vector<CostPoint> first;
+  for (int run = 0; run < 2; ++run) {
+    auto target = Load(model);  // a new model each time: nothing measured in memory
+    auto store = OpenCostCache(dir, *identity);
+    ASSERT_TRUE(store.ok()) << store.status();
+    target->measured_cost().store = *store;
+    NgramProposer ngram(1, 3);
+    SpecConfig spec;
+    spec.proposer = &ngram;
+    spec.adaptive = true;
+    Engine e(target.get(), nullptr, Config(*target, 8, 512, 8), spec);
+    ASSERT_TRUE(e.Validate().ok()) << e.Validate();
+    ASSERT_EQ(target->measured_cost().points.size(), 1u);
+    const std::vector<CostPoint>& points = target->measured_cost().points.begin()->second;
+    ASSERT_FALSE(points.empty());
+    if (run == 0) {
+      first = points;
+      continue;
+    }
+    ASSERT_EQ(points.size(), first.size());
+    for (size_t i = 0; i < points.size(); ++i) {
+      EXPECT_EQ(points[i].seconds, first[i].seconds) << "point " << i << " was measured again";
+      EXPECT_EQ(points[i].tokens, first[i].tokens);
+    }
+  }
+}
+
 TEST(SpecCostTest, MeasuresLargerShapesWithinItsShareOfTheSteps) {
   const std::string dir = testing::TinyStoriesDir();
   auto target = Load(dir + "/stories260K.bin");  // not measured yet
