@@ -39,6 +39,22 @@ def fmt(v, spec=".1f", suffix=""):
         return str(v)
 
 
+def fmt_spread(v, r, spec=".1f", suffix=""):
+    """A median with its spread over repeats, "210.0 (205.0–215.0)"; the median alone without one."""
+    if v is None or not r or r[0] == r[1]:
+        return fmt(v, spec, suffix)
+    return f"{fmt(v, spec, suffix)} ({format(r[0], spec)}–{format(r[1], spec)}{suffix})"
+
+
+def best_name(r, show_config):
+    """The best configuration's name, or "no significant difference" where it does not beat none
+    beyond the spread of the repeats."""
+    name = r["config"] if show_config else r["label"]
+    if r["significant"] is False:
+        return f"no significant difference (by median: {name})"
+    return name
+
+
 def fmt_money(v):
     if v is None:
         return "n/a"
@@ -134,10 +150,15 @@ def best_section(points):
     show_config = any(r["config"] != r["label"] for r in rows)
     headers = ["max_num_seqs", "temperature", "best configuration", "output tok/s", "speedup over none",
                "P99 TPOT (ms)", "mean acceptance length"]
-    table = [[fmt_value(r["max_num_seqs"]), fmt_value(r["temperature"]), r["config"] if show_config else r["label"],
-              fmt(r["output_tok_s"]), fmt(r["speedup"], ".2f", "x"), fmt(r["tpot_p99_ms"]),
+    table = [[fmt_value(r["max_num_seqs"]), fmt_value(r["temperature"]), best_name(r, show_config),
+              fmt_spread(r["output_tok_s"], r["output_tok_s_range"]),
+              fmt_spread(r["speedup"], r["speedup_range"], ".2f", "x"), fmt(r["tpot_p99_ms"]),
               fmt(r["mean_acceptance_length"], ".2f")] for r in rows]
-    return ["## Best configuration per batch size", "", md_table(headers, table), ""]
+    return ["## Best configuration per batch size", "", md_table(headers, table), "",
+            "In parentheses: the spread over repeats (min–max; a speedup's from the slowest and fastest "
+            "repeats of both). A configuration is named best only where its slowest repeat beats the "
+            "fastest repeat without speculation (at least 2 repeats each); elsewhere the row says \"no "
+            "significant difference\".", ""]
 
 
 def results_section(points):
@@ -152,7 +173,7 @@ def results_section(points):
     for r in rows:
         params = [fmt_value(r["params"][d]) for d in dims]
         cells = params[:len(head)] + [r["label"]] + params[len(head):]
-        cells += [fmt(r["output_tok_s"]), fmt(r["total_tok_s"])]
+        cells += [fmt_spread(r["output_tok_s"], r["output_tok_s_range"]), fmt(r["total_tok_s"])]
         cells += [fmt(r[f"{n}_{w}_ms"]) for n in ("ttft", "tpot", "e2e") for w in ("p50", "p99")]
         cells += [fmt(r["mean_acceptance_length"], ".2f"),
                   fmt(None if r["peak_kv_usage"] is None else 100 * r["peak_kv_usage"], ".0f", "%"),

@@ -161,6 +161,19 @@ def _median(values):
     return present[0]
 
 
+# The fields whose spread over repeats the report shows: [min, max].
+RANGE_FIELDS = ("output_tok_s", "total_tok_s")
+
+
+def _ranges(runs):
+    ranges = {}
+    for f in RANGE_FIELDS:
+        values = [r.get(f) for r in runs if is_number(r.get(f))]
+        if values:
+            ranges[f] = [min(values), max(values)]
+    return ranges
+
+
 def _complete(record):
     """Whether every request of a run completed (none rejected or failed)."""
     return (record.get("completed") == record.get("num_requests")
@@ -227,6 +240,34 @@ def speedups(points):
     return result
 
 
+def none_point(points, p):
+    """The "none" point with p's other parameters, or None."""
+    for q in points:
+        if q["label"] == "none" and config_key(q, SPEC_DIMS) == config_key(p, SPEC_DIMS):
+            return q
+    return None
+
+
+def speedup_range(points, p):
+    """[lowest, highest] speedup over none that the repeats allow: p's slowest repeat over none's
+    fastest, and p's fastest over none's slowest (None without a none point or a range)."""
+    base = none_point(points, p)
+    r, b = p.get("range", {}).get("output_tok_s"), base and base.get("range", {}).get("output_tok_s")
+    if not r or not b or not b[0] or not b[1]:
+        return None
+    return [r[0] / b[1], r[1] / b[0]]
+
+
+def beats_none(points, p):
+    """Whether p's output tok/s beats none's beyond the spread: with at least 2 repeats each, p's
+    slowest repeat is faster than none's fastest. None where there is no none point to compare."""
+    base = none_point(points, p)
+    if base is None or p is base:
+        return None
+    r, b = p.get("range", {}).get("output_tok_s"), base.get("range", {}).get("output_tok_s")
+    return bool(r and b and p["repeats"] >= 2 and base["repeats"] >= 2 and r[0] > b[1])
+
+
 def aggregate(records):
     """One point per key: the median of each field over its repeats, plus "label", "speedup",
     "repeats" and "incomplete_repeats" (repeats in which some request did not complete)."""
@@ -238,7 +279,7 @@ def aggregate(records):
         fields = dict.fromkeys(f for r in runs for f in r if f not in ("key", "repeat", "point"))
         p = {f: _median([r.get(f) for r in runs]) for f in fields}
         p.update(key=key, point=runs[0]["point"], label=label(runs[0]["point"]), repeats=len(runs),
-                 incomplete_repeats=sum(not _complete(r) for r in runs))
+                 incomplete_repeats=sum(not _complete(r) for r in runs), range=_ranges(runs))
         points.append(p)
     by_key = speedups(points)
     for p in points:
@@ -296,6 +337,8 @@ def best_per_batch_rows(points):
     for (temperature, mns), p in sorted(best.items(), key=lambda kv: (sort_value(kv[0][0]), sort_value(kv[0][1]))):
         rows.append({"temperature": temperature, "max_num_seqs": mns, "label": p["label"],
                      "config": describe(p, other), "output_tok_s": p.get("output_tok_s"), "speedup": p["speedup"],
+                     "output_tok_s_range": p.get("range", {}).get("output_tok_s"),
+                     "speedup_range": speedup_range(points, p), "significant": beats_none(points, p),
                      "tpot_p99_ms": stat(p, "tpot_ms", "p99"), "mean_acceptance_length": mean_acceptance_length(p)})
     return rows
 
@@ -307,6 +350,7 @@ def full_results_rows(points):
     for p in points:
         row = {"params": {d: param(p, d) for d in dims}, "label": p["label"],
                "output_tok_s": p.get("output_tok_s"), "total_tok_s": p.get("total_tok_s"),
+               "output_tok_s_range": p.get("range", {}).get("output_tok_s"),
                "mean_acceptance_length": mean_acceptance_length(p), "peak_kv_usage": p.get("peak_kv_usage"),
                "preemptions": p.get("preemptions"), "completed": p.get("completed"),
                "num_requests": p.get("num_requests"), "repeats": p["repeats"]}

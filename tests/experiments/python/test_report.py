@@ -24,7 +24,7 @@ ROOT = os.environ.get("SPECULA_SOURCE_DIR") or os.path.abspath(
     os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
 sys.path.insert(0, ROOT)
 
-from experiments import plots, results  # noqa: E402  (needs ROOT on the path)
+from experiments import plots, report, results  # noqa: E402  (needs ROOT on the path)
 
 FIXTURES = os.path.join(ROOT, "tests", "experiments", "fixtures")
 
@@ -123,6 +123,25 @@ class OfflineReportTest(TempDirTest):
                                (8, "draft auto", 960, 1.5, 10, 3.0),
                                (32, "none", 1650, 1.0, 42, None)])
 
+    def test_best_is_named_only_beyond_the_spread(self):
+        rows = {r["max_num_seqs"]: r for r in results.best_per_batch_rows(self.points)}
+        self.assertTrue(rows[1]["significant"])   # 200-220 against 95-105
+        self.assertIsNone(rows[32]["significant"])  # none itself is best
+        # none at 8 seqs with one repeat as fast as draft auto's slowest: the ranges touch.
+        records = read_records("offline")
+        for r in records:
+            if r["point"]["max_num_seqs"] == 8 and r["point"]["spec_method"] == "none" and r["repeat"] == 1:
+                r["output_tok_s"] = 950
+        points = results.aggregate(records)
+        row8 = [r for r in results.best_per_batch_rows(points) if r["max_num_seqs"] == 8][0]
+        self.assertEqual((row8["label"], row8["significant"]), ("draft auto", False))
+        markdown = "\n".join(report.best_section(points))
+        self.assertIn("| 8 | 0 | no significant difference (by median: draft auto) |", markdown)
+        self.assertIn("| 1 | 0 | draft auto |", markdown)
+        # One repeat is no spread: never significant.
+        single = results.aggregate([r for r in read_records("offline") if r["repeat"] == 0])
+        self.assertFalse(any(r["significant"] for r in results.best_per_batch_rows(single)))
+
     def test_full_results_rows(self):
         rows = results.full_results_rows(self.points)
         self.assertEqual(len(rows), 9)
@@ -168,10 +187,11 @@ class OfflineReportTest(TempDirTest):
                      "P99 TPOT ≤ 40 ms", "median over 2 repeats", "$2.50 per replica-hour"):
             self.assertIn(fact, markdown)
         # The best-per-batch rows, then rows of the full table, then the capacity plan.
-        self.assertIn("| 1 | 0 | draft auto | 210.0 | 2.10x | 6.0 | 3.00 |", markdown)
-        self.assertIn("| 8 | 0 | draft auto | 960.0 | 1.50x | 10.0 | 3.00 |", markdown)
-        self.assertIn("| 32 | 0 | none | 1650.0 | 1.00x | 42.0 | — |", markdown)
-        self.assertIn("| 32 | draft k=2 | 1320.0 |", markdown)
+        # Medians with their spread over the 2 repeats: 200-220 against none's 95-105 gives 1.90-2.32x.
+        self.assertIn("| 1 | 0 | draft auto | 210.0 (200.0–220.0) | 2.10x (1.90–2.32x) | 6.0 | 3.00 |", markdown)
+        self.assertIn("| 8 | 0 | draft auto | 960.0 (950.0–970.0) | 1.50x (1.44–1.56x) | 10.0 | 3.00 |", markdown)
+        self.assertIn("| 32 | 0 | none | 1650.0 (1600.0–1700.0) | 1.00x (0.94–1.06x) | 42.0 | — |", markdown)
+        self.assertIn("| 32 | draft k=2 | 1320.0 (1300.0–1340.0) |", markdown)
         self.assertIn("| 925.0 | 1550.0 | 31.0 | 42.0 |", markdown)
         self.assertIn("upper bound", markdown)
         self.assertIn("| 10 | 7.5 | draft auto, max_num_seqs=8 | 2 | $1.09 |", markdown)
@@ -258,7 +278,9 @@ class OnlineReportTest(TempDirTest):
             self.assertIn(fact, markdown)
         self.assertNotIn("upper bound", markdown)
         # Best at 8 seqs: draft k=2 at 8 req/s, 512 tok/s against none's 470 at the same rate.
-        self.assertIn("| 8 | 0 | draft k=2, request_rate=8 | 512.0 | 1.09x | 25.0 | 2.20 |", markdown)
+        # One repeat: no spread, so nothing is named best.
+        self.assertIn("| 8 | 0 | no significant difference (by median: draft k=2, request_rate=8) | 512.0 | 1.09x | 25.0 "
+                      "| 2.20 |", markdown)
         # 64 output tokens per request: 2 * 2.5 / (10 * 64 * 3600) * 1e6 = 2.17;
         # 13 * 2.5 / (100 * 64 * 3600) * 1e6 = 1.41.
         self.assertIn("| 10 | 8 | draft k=2 | 2 | $2.17 |", markdown)
