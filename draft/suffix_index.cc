@@ -24,23 +24,30 @@ void SuffixIndex::Extend(int32_t seq, absl::Span<const TokenId> tokens) {
   IndexTokens(seq, from);
 }
 
+uint64_t SuffixIndex::Key(absl::Span<const TokenId> tokens, size_t pos) const {
+  const auto last = static_cast<uint32_t>(tokens[pos]);
+  return key_len_ == 1 ? last : (static_cast<uint64_t>(static_cast<uint32_t>(tokens[pos - 1])) << 32) | last;
+}
+
 void SuffixIndex::IndexTokens(int32_t seq, int32_t from) {
   const Seq& s = seqs_[seq];
-  for (int32_t pos = from; pos < static_cast<int32_t>(s.tokens.size()); ++pos) {
-    index_[s.tokens[pos]].push_back({seq, s.gen, pos});
+  for (int32_t pos = std::max(from, key_len_ - 1); pos < static_cast<int32_t>(s.tokens.size()); ++pos) {
+    index_[Key(s.tokens, pos)].push_back({seq, s.gen, pos});
   }
   live_tokens_ += static_cast<int64_t>(s.tokens.size()) - from;
+  live_entries_ += Entries(s.tokens.size()) - Entries(from);
 }
 
 void SuffixIndex::Remove(int32_t seq) {
   Seq& s = seqs_[seq];
   // Its entries stay until a compaction: skipped meanwhile by their generation.
-  stale_entries_ += static_cast<int64_t>(s.tokens.size());
+  stale_entries_ += Entries(s.tokens.size());
+  live_entries_ -= Entries(s.tokens.size());
   live_tokens_ -= static_cast<int64_t>(s.tokens.size());
   s.tokens = {};
   ++s.gen;
   free_.push_back(seq);
-  if (stale_entries_ > std::max<int64_t>(live_tokens_, 4096)) Compact();
+  if (stale_entries_ > std::max<int64_t>(live_entries_, 4096)) Compact();
 }
 
 void SuffixIndex::Compact() {
@@ -58,17 +65,17 @@ void SuffixIndex::Compact() {
 
 int32_t SuffixIndex::Match(absl::Span<const TokenId> context, int32_t max_depth, std::vector<Cursor>* at) const {
   at->clear();
-  if (context.empty()) return 0;
-  auto it = index_.find(context.back());
-  if (it == index_.end()) return 0;
   const int32_t n = static_cast<int32_t>(context.size());
-  const int32_t limit = std::min(max_depth, n);
+  if (n < key_len_) return 0;
+  auto it = index_.find(Key(context, n - 1));
+  if (it == index_.end()) return 0;
+  const int32_t limit = std::min(std::max(max_depth, key_len_), n);
   int32_t best = 0;
   for (const Entry& e : it->second) {
     const Seq& s = seqs_[e.seq];
     // Removed, or nothing follows it yet (a request's own last token).
     if (s.gen != e.gen || e.pos + 1 >= static_cast<int32_t>(s.tokens.size())) continue;
-    int32_t m = 1;
+    int32_t m = key_len_;  // the key's tokens match
     while (m < limit && m <= e.pos && s.tokens[e.pos - m] == context[n - 1 - m]) ++m;
     if (m < best) continue;
     if (m > best) {

@@ -3,10 +3,13 @@
 //
 // A suffix trie of depth D holds, for each context c of at most D tokens, how often each token
 // followed c. SuffixIndex computes the same counts at query time from the occurrences of the
-// context's last token (an inverted index from token to positions), so a cached token costs 16
-// bytes instead of up to D trie nodes: a 1M-token cache is 16 MB at any depth.
+// context's last key_len tokens (an inverted index from those tokens to positions), so a cached
+// token costs 16 bytes instead of up to D trie nodes: a 1M-token cache is 16 MB at any depth.
+// Matches shorter than key_len are not found: the shared cache keys on 2 tokens, since the
+// occurrences of one common token in a large cache are too many to scan at every step.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <list>
 #include <vector>
@@ -34,6 +37,7 @@ struct SuffixDraft {
 
 class SuffixIndex {
  public:
+  explicit SuffixIndex(int32_t key_len = 1) : key_len_(key_len) {}
   // Adds a sequence; its handle is reused once it is removed.
   int32_t Add(absl::Span<const TokenId> tokens);
   // Appends to sequence `seq` (a request's own sequence grows this way).
@@ -42,9 +46,10 @@ class SuffixIndex {
   absl::Span<const TokenId> sequence(int32_t seq) const { return seqs_[seq].tokens; }
   int64_t num_tokens() const { return live_tokens_; }
   // Index entries, removed sequences' included until they are compacted away (tests).
-  int64_t num_entries() const { return live_tokens_ + stale_entries_; }
+  int64_t num_entries() const { return live_entries_ + stale_entries_; }
 
-  // The longest suffix of `context` (at most p.max_depth tokens) that occurs with a next token;
+  // The longest suffix of `context` (at least key_len and at most max(key_len, p.max_depth)
+  // tokens) that occurs with a next token;
   // from there, while the path's probability stays >= p.min_prob, the next token most often seen
   // after the path, probability count / (occurrences that have a next token). At most k tokens and
   // p.max_spec_factor x match length + p.max_spec_offset. No match: no tokens.
@@ -70,18 +75,23 @@ class SuffixIndex {
   void Follow(std::vector<Cursor> at, int32_t max_tokens, float min_prob, SuffixDraft* d) const;
   void IndexTokens(int32_t seq, int32_t from);
   void Compact();
+  // The index key of the key_len tokens ending at tokens[pos].
+  uint64_t Key(absl::Span<const TokenId> tokens, size_t pos) const;
+  int64_t Entries(size_t len) const { return std::max<int64_t>(0, static_cast<int64_t>(len) - (key_len_ - 1)); }
 
+  int32_t key_len_;  // 1 or 2
   std::vector<Seq> seqs_;
   std::vector<int32_t> free_;
-  absl::flat_hash_map<TokenId, std::vector<Entry>> index_;
-  int64_t live_tokens_ = 0, stale_entries_ = 0;
+  absl::flat_hash_map<uint64_t, std::vector<Entry>> index_;
+  int64_t live_tokens_ = 0, live_entries_ = 0, stale_entries_ = 0;
 };
 
 // Finished requests' sequences, at most `max_tokens` tokens in all: inserting evicts the least
 // recently used sequences whole (a draft taken from a sequence uses it).
 class SuffixCache {
  public:
-  explicit SuffixCache(int64_t max_tokens) : max_tokens_(max_tokens) {}
+  // key_len: 2, or 1 where matches may be that short (max_depth 1).
+  explicit SuffixCache(int64_t max_tokens, int32_t key_len = 2) : max_tokens_(max_tokens), index_(key_len) {}
   // A sequence longer than the budget keeps its last max_tokens tokens; a zero budget keeps nothing.
   void Insert(absl::Span<const TokenId> tokens);
   SuffixDraft Speculate(absl::Span<const TokenId> context, int32_t k, const SuffixParams& p) const {

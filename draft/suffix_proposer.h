@@ -11,6 +11,7 @@
 // tokens could only ever draft more prompt).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 
@@ -22,7 +23,8 @@ namespace specula {
 
 class SuffixProposer final : public Proposer {
  public:
-  SuffixProposer(const SuffixParams& params, int64_t cache_tokens) : params_(params), cache_(cache_tokens) {}
+  SuffixProposer(const SuffixParams& params, int64_t cache_tokens)
+      : params_(params), cache_(cache_tokens, std::min(2, params.max_depth)) {}
   absl::Status Propose(absl::Span<const ProposeInput> inputs, std::vector<Proposal>* out) override;
   void Finish(RequestId id, absl::Span<const TokenId> tokens, int32_t num_prompt) override;
   void Release(RequestId id) override { requests_.erase(id); }
