@@ -5,6 +5,7 @@
 #include "draft/draft_model_proposer.h"
 #include "draft/ngram_proposer.h"
 #include "draft/self_draft.h"
+#include "draft/suffix_proposer.h"
 #include "model/llama_model.h"
 
 namespace specula {
@@ -29,9 +30,30 @@ absl::StatusOr<std::unique_ptr<Proposer>> FromWeights(const std::string& path,
 
 }  // namespace
 
+absl::Status CheckSuffixOptions(int32_t max_depth, int64_t cache_tokens, float min_prob) {
+  if (max_depth < 1 || max_depth > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("--suffix-max-depth must be in [1, 1024], got ", max_depth));
+  }
+  if (cache_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--suffix-cache-tokens must be >= 0, got ", cache_tokens));
+  }
+  if (!(min_prob >= 0.0f && min_prob <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("--suffix-min-prob must be in [0, 1], got ", min_prob));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Proposer>> MakeNgramProposer(int32_t min_n, int32_t max_n) {
   if (min_n < 1 || max_n < min_n) return absl::InvalidArgumentError("--ngram-min/--ngram-max: need 1 <= min <= max");
   return std::make_unique<NgramProposer>(min_n, max_n);
+}
+
+absl::StatusOr<std::unique_ptr<Proposer>> MakeSuffixProposer(int32_t max_depth, int64_t cache_tokens, float min_prob) {
+  RETURN_IF_ERROR(CheckSuffixOptions(max_depth, cache_tokens, min_prob));
+  SuffixParams p;
+  p.max_depth = max_depth;
+  p.min_prob = min_prob;
+  return std::make_unique<SuffixProposer>(p, cache_tokens);
 }
 
 absl::StatusOr<std::unique_ptr<Proposer>> MakeDraftModelProposer(const std::string& path, const DraftRuntime& rt) {

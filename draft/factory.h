@@ -1,4 +1,4 @@
-// One factory per proposer (--spec-method): n-gram lookup, a draft model, and the target's own
+// One factory per proposer (--spec-method): n-gram lookup, suffix decoding, a draft model, and the target's own
 // layer-skip and self-quant drafts. The proposers with a model own it.
 #pragma once
 
@@ -25,6 +25,10 @@ struct DraftRuntime {
 };
 
 absl::StatusOr<std::unique_ptr<Proposer>> MakeNgramProposer(int32_t min_n, int32_t max_n);
+// --suffix-max-depth in [1, 1024], --suffix-cache-tokens >= 0, --suffix-min-prob in [0, 1].
+absl::Status CheckSuffixOptions(int32_t max_depth, int64_t cache_tokens, float min_prob);
+// Suffix decoding (draft/suffix_proposer.h) with a shared cache of `cache_tokens` tokens.
+absl::StatusOr<std::unique_ptr<Proposer>> MakeSuffixProposer(int32_t max_depth, int64_t cache_tokens, float min_prob);
 // A smaller model's file (a GGUF file, llama2.c .bin or HF directory).
 absl::StatusOr<std::unique_ptr<Proposer>> MakeDraftModelProposer(const std::string& path, const DraftRuntime& rt);
 // The target's first `num_layers` layers (draft/self_draft.h).

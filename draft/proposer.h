@@ -41,6 +41,9 @@ class Proposer {
   virtual void Rollback(RequestId id, int32_t num_valid) {}
   // The sequence finished or was preempted: free what the proposer holds for it.
   virtual void Release(RequestId id) {}
+  // The request finished for good (Release follows; a preemption gets Release alone) with these
+  // tokens, the first num_prompt its prompt: what a proposer that learns across requests learns.
+  virtual void Finish(RequestId id, absl::Span<const TokenId> tokens, int32_t num_prompt) {}
   // Blocks the proposer holds (leak tests).
   virtual int32_t blocks_in_use() const { return 0; }
 

@@ -92,9 +92,12 @@ void Engine::Abort(RequestId id) {
 }
 
 void Engine::Complete(RequestId id, FinishReason reason, std::string error) {
-  if (spec_.proposer != nullptr) spec_.proposer->Release(id);
-  if (speculation_ != nullptr) speculation_->Forget(id);
   const SequenceState* s = scheduler_.Get(id);
+  if (spec_.proposer != nullptr) {
+    if (s != nullptr) spec_.proposer->Finish(id, s->tokens, s->num_prompt);
+    spec_.proposer->Release(id);
+  }
+  if (speculation_ != nullptr) speculation_->Forget(id);
   outputs_.Finish(id, reason, NowMs(), s != nullptr ? s->num_preemptions : 0, std::move(error));
   active_.erase(id);
   scheduler_.Forget(id);

@@ -130,6 +130,7 @@ absl::StatusOr<std::shared_ptr<CostStore>> CostCacheFor(const EngineOptions& o, 
 absl::StatusOr<std::unique_ptr<Proposer>> MakeProposer(const EngineOptions& o, const LoadedEngine& e) {
   const SpeculationOptions& s = o.speculation;
   if (s.method == "ngram") return MakeNgramProposer(s.ngram_min, s.ngram_max);
+  if (s.method == "suffix") return MakeSuffixProposer(s.suffix_max_depth, s.suffix_cache_tokens, s.suffix_min_prob);
   const int32_t vocab = e.model->config().vocab_size;
   DraftRuntime rt{{o.target.device, o.target.dtype, 0, s.draft_quantization, true}, e.model->kv_dtype(),
                   o.defaults.block_size, vocab, nullptr};

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/quant.h"
 #include "core/status_macros.h"
+#include "draft/factory.h"
 #include "kernels/make_backend.h"
 #include "nlohmann/json.hpp"
 
@@ -13,6 +14,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TargetOptions, model, tokenizer,
                                                 collective_timeout_s, gpu_memory_utilization)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SpeculationOptions, method, num_spec_tokens, adaptive, draft_model,
                                                 draft_tokenizer, draft_quantization, ngram_min, ngram_max,
+                                                suffix_max_depth, suffix_cache_tokens, suffix_min_prob,
                                                 draft_layers, draft_quant_type, cost_cache)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(BatchingOptions, max_num_seqs, max_num_batched_tokens, num_blocks,
                                                 max_wait_ms, enable_prefix_caching)
@@ -50,9 +52,10 @@ absl::Status ValidateSpeculation(const SpeculationOptions& s, const std::string&
     return absl::InvalidArgumentError(
         "--spec-method synthetic is not lossless: it is only available in benchmarks and experiments");
   }
-  if (s.method != "draft" && s.method != "ngram" && s.method != "layer-skip" && s.method != "self-quant") {
+  if (s.method != "draft" && s.method != "ngram" && s.method != "suffix" && s.method != "layer-skip" &&
+      s.method != "self-quant") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--spec-method: '", s.method, "' is not draft, ngram, layer-skip or self-quant"));
+        absl::StrCat("--spec-method: '", s.method, "' is not none, draft, ngram, suffix, layer-skip or self-quant"));
   }
   if (s.num_spec_tokens <= 0 || s.num_spec_tokens > 64) {
     return absl::InvalidArgumentError(absl::StrCat(s.adaptive ? "--max-spec-tokens" : "--num-spec-tokens",
@@ -61,6 +64,7 @@ absl::Status ValidateSpeculation(const SpeculationOptions& s, const std::string&
   if (s.method == "ngram" && (s.ngram_min < 1 || s.ngram_max < s.ngram_min)) {
     return absl::InvalidArgumentError("--ngram-min/--ngram-max: need 1 <= min <= max");
   }
+  if (s.method == "suffix") RETURN_IF_ERROR(CheckSuffixOptions(s.suffix_max_depth, s.suffix_cache_tokens, s.suffix_min_prob));
   if (s.method == "draft" && s.draft_model.empty()) {
     return absl::InvalidArgumentError("--spec-method draft needs --draft-model PATH");
   }

@@ -27,13 +27,16 @@ struct TargetOptions {
 
 // How drafts are made (draft/factory.h) and how many.
 struct SpeculationOptions {
-  std::string method = "none";     // --spec-method: none, draft, ngram, layer-skip or self-quant
+  std::string method = "none";     // --spec-method: none, draft, ngram, suffix, layer-skip or self-quant
   int32_t num_spec_tokens = 4;     // --num-spec-tokens k, or --max-spec-tokens under auto (default 8)
   bool adaptive = false;           // --num-spec-tokens auto
   std::string draft_model;         // --draft-model
   std::string draft_tokenizer;     // --draft-tokenizer; empty: the target's
   std::string draft_quantization = "none";  // --draft-quantization
   int32_t ngram_min = 1, ngram_max = 3;     // --ngram-min, --ngram-max
+  int32_t suffix_max_depth = 64;            // --suffix-max-depth
+  int64_t suffix_cache_tokens = 1 << 20;    // --suffix-cache-tokens
+  float suffix_min_prob = 0.1f;             // --suffix-min-prob
   int32_t draft_layers = 0;                 // --draft-layers; 0: a quarter of the target's
   std::string draft_quant_type = "q4_0";    // --draft-quant-type
   // --cost-cache: the directory where auto's measured step costs are kept across runs

@@ -242,7 +242,7 @@ absl::Status Validate(const Locator& at, Experiment& s, const std::string& spec_
 
   // The sweep's values.
   for (auto st : {CheckRange(at, "max_num_seqs", sw.max_num_seqs(), 1, 1024),
-                  CheckStrings(at, "spec_method", sw.spec_method(), {"none", "draft", "ngram"}),
+                  CheckStrings(at, "spec_method", sw.spec_method(), {"none", "draft", "ngram", "suffix"}),
                   CheckRange(at, "num_spec_tokens", sw.num_spec_tokens(), 0, 64),
                   CheckRange(at, "temperature", sw.temperature(), 0, 100),
                   CheckRange(at, "max_num_batched_tokens", sw.max_num_batched_tokens(), 1, 1 << 20),

@@ -73,7 +73,13 @@ std::string ParsePromptLine(const std::string& text, int32_t line_number, const 
     }
   }
   if (auto st = ValidateSamplingParams(r.sampling); !st.ok()) return std::string(st.message());
-  r.prompt = tok.Encode(j["prompt"].get<std::string>(), opt.add_bos);
+  if (opt.chat) {
+    absl::StatusOr<std::string> text = opt.chat(j["prompt"].get<std::string>());
+    if (!text.ok()) return std::string(text.status().message());
+    r.prompt = tok.Encode(*text, /*add_bos=*/false);
+  } else {
+    r.prompt = tok.Encode(j["prompt"].get<std::string>(), opt.add_bos);
+  }
   if (r.prompt.empty()) return "field 'prompt' is empty";
   return "";
 }

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cstdio>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "engine/engine.h"
 #include "draft/proposer.h"
 #include "model/llama_model.h"
@@ -26,6 +28,9 @@ struct BatchOptions {
   bool progress = true;
   Proposer* proposer = nullptr;  // speculation when set (scheduler.num_spec_tokens > 0)
   bool adaptive_spec = false;    // --num-spec-tokens auto (scheduler.num_spec_tokens is the largest k)
+  // --chat: a line's prompt as a user message, to the text the chat template makes of it (which
+  // writes BOS where the model wants it). Unset: the prompt as it is.
+  std::function<absl::StatusOr<std::string>(const std::string& prompt)> chat;
 };
 
 // Acceptance statistics as JSON (per request or in total).

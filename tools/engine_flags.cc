@@ -11,7 +11,8 @@ const std::set<std::string> kEngineFlags = {
     "spec-method", "num-spec-tokens", "max-spec-tokens", "draft-model", "draft-tokenizer", "ngram-min",
     "ngram-max", "temperature", "top-k", "top-p", "min-p", "repetition-penalty", "seed", "block-size",
     "device", "dtype", "gpu-memory-utilization", "quantization", "draft-quantization", "kv-cache-dtype",
-    "draft-layers", "draft-quant-type", "tensor-parallel-size", "collective-timeout-s", "cost-cache"};
+    "draft-layers", "draft-quant-type", "tensor-parallel-size", "collective-timeout-s", "suffix-max-depth",
+    "suffix-cache-tokens", "suffix-min-prob", "cost-cache"};
 const std::set<std::string> kEngineSwitches = {"ignore-eos", "no-bos", "no-prefix-caching", "int8-activations"};
 
 const char kEngineFlagsHelp[] = R"(  --model PATH          GGUF file (llama, mistral, qwen2; F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q6_K,
@@ -58,9 +59,10 @@ Continuous batching over a paged KV cache (generate --prompts-file, serve):
 
 Speculative decoding (single prompt and batch; output is exactly what the target alone gives when
 greedy, and follows the target's distribution when sampling):
-  --spec-method M       draft (a smaller model), ngram (prompt lookup), or a draft made of the
-                        target itself: layer-skip (its first --draft-layers layers, final norm and
-                        classifier) or self-quant (its weights requantized to --draft-quant-type)
+  --spec-method M       draft (a smaller model), ngram (prompt lookup), suffix (suffix decoding:
+                        the longest match in the request and recent outputs), or a draft made of
+                        the target itself: layer-skip (its first --draft-layers layers, final norm
+                        and classifier) or self-quant (its weights requantized to --draft-quant-type)
   --num-spec-tokens K   draft tokens per sequence and step, or auto (default 4). auto chooses k for
                         every sequence and step, 0 included, for the most expected tokens per second
                         from each request's acceptance and a cost model of the target and the draft
@@ -75,6 +77,10 @@ greedy, and follows the target's distribution when sampling):
   --draft-quantization Q  none (default) or int8 for the draft's weights (cpu only): a draft a
                         quarter the bytes, at a small cost in acceptance and none in correctness
   --ngram-min N, --ngram-max N  n-gram sizes for --spec-method ngram (default 1 and 3)
+  --suffix-max-depth N  --spec-method suffix: longest context matched, in tokens (default 64)
+  --suffix-cache-tokens N  tokens of finished requests kept for suffix drafts, least recently used
+                        evicted first (default 1048576, 16 bytes each; 0: the request's own only)
+  --suffix-min-prob P   stop a suffix draft once its path probability is below P (default 0.1)
   --draft-layers N      layers of the layer-skip draft (default: a quarter of the target's)
   --draft-quant-type T  q4_0 (default), q4_1 or q8_0: the self-quant draft's weight type
 )";
@@ -108,7 +114,8 @@ absl::Status ReadSpeculation(const Flags& f, SpeculationOptions* s) {
   s->adaptive = Value(f, "num-spec-tokens", "") == "auto";
   // Flags of one method or mode only.
   for (const auto& [flag, method] : {std::pair<std::string, std::string>{"draft-layers", "layer-skip"},
-                                     {"draft-quant-type", "self-quant"}}) {
+                                     {"draft-quant-type", "self-quant"}, {"suffix-max-depth", "suffix"},
+                                     {"suffix-cache-tokens", "suffix"}, {"suffix-min-prob", "suffix"}}) {
     if (f.values.count(flag) && s->method != method) {
       return absl::InvalidArgumentError(absl::StrCat("--", flag, " applies to --spec-method ", method));
     }
@@ -119,7 +126,9 @@ absl::Status ReadSpeculation(const Flags& f, SpeculationOptions* s) {
   s->num_spec_tokens = s->adaptive ? 8 : 4;
   for (auto st : {GetNumber(f, s->adaptive ? "max-spec-tokens" : "num-spec-tokens", &s->num_spec_tokens),
                   GetNumber(f, "ngram-min", &s->ngram_min), GetNumber(f, "ngram-max", &s->ngram_max),
-                  GetNumber(f, "draft-layers", &s->draft_layers)}) {
+                  GetNumber(f, "draft-layers", &s->draft_layers), GetNumber(f, "suffix-max-depth", &s->suffix_max_depth),
+                  GetNumber(f, "suffix-cache-tokens", &s->suffix_cache_tokens),
+                  GetNumber(f, "suffix-min-prob", &s->suffix_min_prob)}) {
     RETURN_IF_ERROR(st);
   }
   if (f.values.count("draft-layers") && s->draft_layers <= 0) {

@@ -25,10 +25,11 @@ Writes only the new text to stdout, as it is produced. Statistics go to stderr.
 
   --prompt TEXT         the prompt
   --prompt-file PATH    read the prompt from a file instead
-  --chat                apply the model's chat template to --prompt (a user message), as
-                        `/v1/chat/completions` does; the template comes from the GGUF file
-                        (tokenizer.chat_template) or the HF directory (tokenizer_config.json)
-  --system TEXT         with --chat: a system message before the prompt
+  --chat                apply the model's chat template to --prompt (a user message), or to each
+                        --prompts-file line's prompt, as `/v1/chat/completions` does; the template
+                        comes from the GGUF file (tokenizer.chat_template) or the HF directory
+                        (tokenizer_config.json)
+  --system TEXT         with --chat: a system message before the prompt (each prompt)
   --messages PATH       a conversation instead of --prompt: a JSON array of {"role", "content"},
                         rendered with the chat template (implies --chat)
   --chat-template PATH  a Jinja file to use instead of the model's template
@@ -50,9 +51,6 @@ absl::Status CheckGenerateFlags(Flags& flags) {
         "give exactly one of --prompt TEXT, --prompt-file PATH, --messages PATH or --prompts-file PATH");
   }
   const bool chat = flags.switches.count("chat") || flags.values.count("messages");
-  if (chat && flags.values.count("prompts-file")) {
-    return absl::InvalidArgumentError("--chat applies to --prompt or --messages, not to --prompts-file");
-  }
   if (!chat && (flags.values.count("system") || flags.values.count("chat-template"))) {
     return absl::InvalidArgumentError("--system and --chat-template need --chat or --messages");
   }
@@ -168,6 +166,18 @@ absl::Status RunGenerate(int argc, char** argv) {
     ASSIGN_OR_RETURN(b.scheduler, BatchSchedulerConfig(*e));
     b.proposer = e->proposer.get();
     b.adaptive_spec = e->adaptive();
+    if (flags->switches.count("chat")) {
+      ASSIGN_OR_RETURN(ChatSource source, FindChatTemplate(flags->values["model"], flags->values.count("chat-template")
+                                                                                      ? flags->values["chat-template"]
+                                                                                      : ""));
+      const std::string system = flags->values.count("system") ? flags->values["system"] : "";
+      b.chat = [source, system](const std::string& prompt) -> absl::StatusOr<std::string> {
+        std::vector<ChatMessage> messages;
+        if (!system.empty()) messages.push_back({"system", system});
+        messages.push_back({"user", prompt});
+        return RenderChat(source, messages);
+      };
+    }
     return RunBatchGenerate(*e->model, *e->tokenizer, b, stdout);
   }
   std::vector<TokenId> prompt;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CLI end to end: 32 prompts through `specula generate --prompts-file` without speculation and
-# with --num-spec-tokens auto (draft model and n-gram) give the same greedy tokens per request, and
+# with --num-spec-tokens auto (draft model, n-gram and suffix) give the same greedy tokens per request, and
 # the speculation summary is printed.
 set -euo pipefail
 specula="$1" models="$2"
@@ -16,7 +16,7 @@ common=(--model "$models/stories260K.bin" --tokenizer "$models/tok512.bin" --pro
 tokens() { python3 -c 'import json, sys; print("\n".join(sorted(json.dumps([json.loads(l)["id"], json.loads(l)["token_ids"]]) for l in open(sys.argv[1]))))' "$1"; }
 "$specula" generate "${common[@]}" > "$dir/plain.jsonl" 2> "$dir/plain.err"
 [ "$(wc -l < "$dir/plain.jsonl")" -eq 32 ] || { echo "plain run wrote $(wc -l < "$dir/plain.jsonl") lines"; exit 1; }
-for method in "--spec-method draft --draft-model $models/llama2xs.bin" "--spec-method ngram"; do
+for method in "--spec-method draft --draft-model $models/llama2xs.bin" "--spec-method ngram" "--spec-method suffix"; do
   # shellcheck disable=SC2086
   "$specula" generate "${common[@]}" $method --num-spec-tokens auto --max-spec-tokens 6 > "$dir/auto.jsonl" 2> "$dir/auto.err"
   if ! diff <(tokens "$dir/plain.jsonl") <(tokens "$dir/auto.jsonl") > /dev/null; then
@@ -24,4 +24,4 @@ for method in "--spec-method draft --draft-model $models/llama2xs.bin" "--spec-m
   fi
   grep -q "speculation length: .*steps without speculation" "$dir/auto.err" || { echo "$method: no speculation summary"; cat "$dir/auto.err"; exit 1; }
 done
-echo "auto batch: same tokens as plain decoding for 32 prompts, draft and n-gram"
+echo "auto batch: same tokens as plain decoding for 32 prompts, draft, n-gram and suffix"

@@ -1,8 +1,8 @@
 // Speculative decoding end to end: greedy output equals plain greedy output token for token on
-// the real pair (stories260K target, llama2xs draft) and with n-gram drafts, one sequence at a
-// time, batched, and with preemption; sampled output follows the target's distribution
-// (chi-square over 100k samples), and a broken verifier is caught; no KV block leaks. The same
-// with --num-spec-tokens auto, where k changes per sequence and step.
+// the real pair (stories260K target, llama2xs draft) and with n-gram and suffix drafts, one
+// sequence at a time, batched, and with preemption; sampled output follows the target's
+// distribution (chi-square over 100k samples), and a broken verifier is caught; no KV block leaks.
+// The same with --num-spec-tokens auto, where k changes per sequence and step.
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -13,6 +13,7 @@
 #include "draft/draft_model_proposer.h"
 #include "draft/ngram_proposer.h"
 #include "draft/self_draft.h"
+#include "draft/suffix_proposer.h"
 #include "engine/engine.h"
 #include "tests/one_sequence.h"
 #include "model/forward_cost.h"
@@ -328,6 +329,44 @@ TEST_F(SpecGreedyTest, NgramEqualsPlainGreedy) {
   }
 }
 
+// Suffix decoding, its shared cache kept across the runs (each run's requests enter it once, when
+// they finish, preempted or not), and a cold one under preemption; auto as for n-gram.
+TEST_F(SpecGreedyTest, SuffixEqualsPlainGreedy) {
+  const auto n = static_cast<int32_t>(requests_.size());
+  for (int32_t k : Ks()) {
+    SuffixProposer p(SuffixParams{}, 1 << 20), cold(SuffixParams{}, 0);
+    ExpectEqualsPlain(p, k, 1, 64, false, "suffix, one at a time");
+    ExpectEqualsPlain(p, k, 32, 512, false, "suffix, batch 32");
+    ExpectEqualsPlain(p, k, 32, 24, true, "suffix, preemption");
+    ExpectEqualsPlain(cold, k, 32, 24, true, "suffix, no cache, preemption");
+    EXPECT_EQ(p.cache().num_sequences(), 3 * n);
+    EXPECT_EQ(p.num_requests(), 0);  // every request's own index released
+    EXPECT_EQ(cold.num_requests(), 0);
+  }
+  SuffixProposer adaptive(SuffixParams{}, 1 << 20);
+  ExpectEqualsPlain(adaptive, -8, 32, 512, false, "auto suffix, batch 32");
+  ExpectEqualsPlain(adaptive, -8, 32, 24, true, "auto suffix, preemption");
+}
+
+// Finished requests feed the shared cache: the same requests a second time are drafted from their
+// first outputs, and many more drafts are accepted (the output is still the plain one).
+TEST_F(SpecGreedyTest, SuffixLearnsFromFinishedRequests) {
+  SuffixProposer p(SuffixParams{}, 1 << 20);
+  double rate[2];
+  for (int pass = 0; pass < 2; ++pass) {
+    Engine e(target_, nullptr, Config(*target_, 32, 512, 4), SpecConfig{&p});
+    auto out = RunToEnd(e, requests_);
+    ASSERT_EQ(out.size(), requests_.size());
+    for (size_t i = 0; i < requests_.size(); ++i) EXPECT_EQ(out[i].tokens, plain_[i]) << "pass " << pass << " request " << i;
+    rate[pass] = e.stats().spec.acceptance_rate();
+    std::printf("[spec] suffix pass %d: acceptance %.3f, mean acceptance length %.2f\n", pass, rate[pass],
+                e.stats().spec.mean_acceptance_length());
+  }
+  EXPECT_EQ(p.cache().num_sequences(), 2 * static_cast<int32_t>(requests_.size()));
+  EXPECT_GT(rate[1], 0.9);
+  EXPECT_GT(rate[1], rate[0] + 0.2);
+}
+
 // Greedy drafts chosen by the draft's backend (Argmax) and verification by the target's, as on a
 // GPU, here on the CPU backend: still the plain greedy tokens.
 TEST_F(SpecGreedyTest, BackendVerificationEqualsPlainGreedy) {
@@ -433,10 +472,12 @@ Joint ExactJoint(LlamaModel& target, const std::vector<TokenId>& prompt, int dep
 // draft_on_backend: the draft's tokens by its backend's Sample, q left there.
 Lossless SampleAndTest(LlamaModel& target, LlamaModel& draft, const std::vector<TokenId>& prompt, const Joint& probs,
                        int depth, int k, const SamplingParams& sp, int64_t n, double synthetic_alpha = -1,
-                       SpecConfig::VerifyOn verify_on = SpecConfig::VerifyOn::kAuto, bool draft_on_backend = false) {
-  // Speculative samples, a different seed per request.
-  DraftModelProposer proposer(&draft, 16, 4096);
-  proposer.set_choose_on_backend(draft_on_backend);
+                       SpecConfig::VerifyOn verify_on = SpecConfig::VerifyOn::kAuto, bool draft_on_backend = false,
+                       Proposer* other = nullptr) {
+  // Speculative samples, a different seed per request; drafts from `draft`, or from `other`.
+  DraftModelProposer draft_proposer(&draft, 16, 4096);
+  draft_proposer.set_choose_on_backend(draft_on_backend);
+  Proposer& proposer = other != nullptr ? *other : draft_proposer;
   SchedulerConfig c = Config(target, 256, 4096, std::abs(k));
   SpecConfig spec = k < 0 ? AutoSpec(&proposer, target, draft, 1e-4) : SpecConfig{&proposer};
   spec.synthetic_alpha = synthetic_alpha;
@@ -504,6 +545,29 @@ TEST(SpecLosslessTest, TinyRandomModelsFollowTargetDistribution) {
   const Lossless broken = SampleAndTest(*target, *draft, prompt, exact, 3, 2, sp, Samples(), /*synthetic_alpha=*/1.0);
   std::printf("[lossless] tiny, always-accept verifier: p = %.3g (dof %d)\n", broken.p_value, broken.dof);
   EXPECT_LT(broken.p_value, 0.001);
+}
+
+// Suffix drafts (one-hot, from the request's own tokens and earlier samples' outputs) leave the
+// target's distribution as it is; accepting them all does not.
+TEST(SpecLosslessTest, SuffixDraftsFollowTargetDistribution) {
+  const auto [td, dd] = testing::WriteTinyPair();
+  auto target = Load(td), draft = Load(dd);
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  const std::vector<TokenId> prompt = {3, 7, 1};
+  const Joint exact = ExactJoint(*target, prompt, 3, sp);
+  // A small cache: with 12 tokens in the vocabulary, each match scans a twelfth of it.
+  SuffixProposer fixed(SuffixParams{}, 4096), adaptive(SuffixParams{}, 4096), broken(SuffixParams{}, 4096);
+  const auto kAuto = SpecConfig::VerifyOn::kAuto;
+  const Lossless ok = SampleAndTest(*target, *draft, prompt, exact, 3, 3, sp, Samples(), -1, kAuto, false, &fixed);
+  std::printf("[lossless] tiny, suffix, T=1, 3 tokens, k=3: p = %.4f (dof %d)\n", ok.p_value, ok.dof);
+  EXPECT_GT(ok.p_value, 0.001);
+  const Lossless a = SampleAndTest(*target, *draft, prompt, exact, 3, -4, sp, Samples(), -1, kAuto, false, &adaptive);
+  std::printf("[lossless] tiny, suffix, T=1, 3 tokens, auto (k <= 4): p = %.4f (dof %d)\n", a.p_value, a.dof);
+  EXPECT_GT(a.p_value, 0.001);
+  const Lossless bad = SampleAndTest(*target, *draft, prompt, exact, 3, 3, sp, Samples(), 1.0, kAuto, false, &broken);
+  std::printf("[lossless] tiny, suffix, always-accept verifier: p = %.3g (dof %d)\n", bad.p_value, bad.dof);
+  EXPECT_LT(bad.p_value, 0.001);
 }
 
 // Self drafts sample the target's distribution too (they propose, the verifier decides).

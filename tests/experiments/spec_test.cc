@@ -3,6 +3,7 @@
 #include "experiments/spec.h"
 
 #include <fstream>
+#include <set>
 #include <string>
 
 #include "experiments/harness.h"
@@ -60,6 +61,17 @@ TEST_F(SpecTest, TheIssuesSpecParsesWithItsDefaults) {
   std::set<std::string> keys;
   for (const Point& p : points) keys.insert(p.Key());
   EXPECT_EQ(keys.size(), points.size());
+}
+
+// The suffix decoding example (experiments/specs/suffix-faq.textproto): none once, n-gram and suffix
+// at k = 4 and auto, each from its own engine.
+TEST_F(SpecTest, TheSuffixFaqSpecParses) {
+  auto s = LoadSpec(std::string(SPECULA_SOURCE_DIR) + "/experiments/specs/suffix-faq.textproto");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->spec.workload().num_requests(), 44);
+  std::multiset<std::string> methods;
+  for (const Point& p : ExpandSweep(s->spec)) methods.insert(p.spec_method);
+  EXPECT_EQ(methods, (std::multiset<std::string>{"none", "ngram", "ngram", "suffix", "suffix"}));
 }
 
 TEST_F(SpecTest, CommentsAndLayoutDoNotChangeTheHashButValuesDo) {
