@@ -18,7 +18,7 @@ struct TargetOptions {
   std::string device = "cpu";      // --device
   std::string dtype;               // --dtype; empty: the device's default
   std::string quantization = "none";  // --quantization
-  bool int8_activations = false;   // --int8-activations
+  bool int8_activations = true;    // false: --two-term-activations
   std::string kv_cache_dtype;      // --kv-cache-dtype; empty: bf16 on cpu, the compute dtype on cuda
   int32_t tensor_parallel_size = 1;    // --tensor-parallel-size
   double collective_timeout_s = 60;    // --collective-timeout-s

@@ -15,7 +15,7 @@ struct BackendSpec {
   std::string dtype;           // empty: f32 on cpu, bf16 on cuda
   int device_index = 0;
   std::string quantization = "none";  // or "int8": weight-only int8 matrices (cpu only)
-  bool int8_activations = false;      // GGUF blocks times one 8-bit activation term (cpu only)
+  bool int8_activations = true;       // GGUF blocks times one 8-bit activation term, else two (cpu only)
 };
 
 // InvalidArgument for an unknown device, a dtype the device does not compute in, or a

@@ -13,7 +13,8 @@ const std::set<std::string> kEngineFlags = {
     "device", "dtype", "gpu-memory-utilization", "quantization", "draft-quantization", "kv-cache-dtype",
     "draft-layers", "draft-quant-type", "tensor-parallel-size", "collective-timeout-s", "suffix-max-depth",
     "suffix-cache-tokens", "suffix-min-prob", "cost-cache"};
-const std::set<std::string> kEngineSwitches = {"ignore-eos", "no-bos", "no-prefix-caching", "int8-activations"};
+const std::set<std::string> kEngineSwitches = {"ignore-eos", "no-bos", "no-prefix-caching", "int8-activations",
+                                               "two-term-activations"};
 
 const char kEngineFlagsHelp[] = R"(  --model PATH          GGUF file (llama, mistral, qwen2; F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q6_K,
                         its tokenizer and chat template inside), llama2.c .bin file, or HF
@@ -35,9 +36,10 @@ const char kEngineFlagsHelp[] = R"(  --model PATH          GGUF file (llama, mis
                         weights and activations leave (default 0.9; cuda only)
   --quantization Q      none (default) or int8: weight matrices stored as int8 with a scale per row
                         (a quarter of f32's bytes; cpu only). Changes the target's output slightly
-  --int8-activations    GGUF quantized weights multiply activations rounded to 8 bits per group of
-                        32, as llama.cpp does (faster prefill; logits off by ~1%, enough to change
-                        greedy text). Default: two 8-bit terms, within ~1e-4 of float32 (cpu)
+  --two-term-activations  GGUF quantized weights multiply activations rounded to two 8-bit terms
+                        per group of 32: within ~1e-4 of float32, at twice the integer work (a
+                        5-token step 1.7x slower, prefill 2x). Default (--int8-activations): one
+                        term, as llama.cpp does, whose logits differ from float32's by ~1% (cpu)
   --kv-cache-dtype D    element type of the KV cache: f32 or bf16 (default on cpu: bf16, which halves
                         the bytes attention reads; on cuda: the compute dtype, the only one offered)
   --tensor-parallel-size N  shard the target over N ranks (Megatron style: heads, hidden units and
@@ -99,7 +101,10 @@ absl::Status ReadTarget(const Flags& f, TargetOptions* t) {
   t->device = Value(f, "device", t->device);
   t->dtype = Value(f, "dtype", "");
   t->quantization = Value(f, "quantization", t->quantization);
-  t->int8_activations = f.switches.count("int8-activations") > 0;
+  if (f.switches.count("int8-activations") && f.switches.count("two-term-activations")) {
+    return absl::InvalidArgumentError("--int8-activations and --two-term-activations exclude each other");
+  }
+  t->int8_activations = f.switches.count("two-term-activations") == 0;
   t->kv_cache_dtype = Value(f, "kv-cache-dtype", "");
   for (auto st : {GetNumber(f, "tensor-parallel-size", &t->tensor_parallel_size),
                   GetNumber(f, "collective-timeout-s", &t->collective_timeout_s),

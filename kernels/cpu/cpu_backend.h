@@ -13,8 +13,11 @@ struct CpuOptions {
   // meant for draft models, whose weights' precision costs acceptance, never correctness.
   bool int8_weights = false;
   // GGUF quantized matrices multiply activations rounded to one 8-bit term per group of 32, as
-  // llama.cpp does, instead of two (kernels/cpu/quant_gemm.h): faster prefill, less accurate.
-  bool int8_activations = false;
+  // llama.cpp does; false: two terms (kernels/cpu/quant_gemm.h), within ~1e-4 of float32 but twice
+  // the integer work. One is the default: a 5-token verification step of SmolLM2 Q4_1 cost 2.6x a
+  // 1-token step with two terms and 1.6x with one, and a 600-token prefill ran 2.1x as fast
+  // (docs/benchmarks.md, "Multi-token steps").
+  bool int8_activations = true;
 };
 
 std::unique_ptr<Backend> MakeCpuBackend(const CpuOptions& options = {});

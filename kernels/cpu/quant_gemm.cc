@@ -9,13 +9,15 @@
 // Units. A weight row goes 4 * kV groups at a time (kV: 128-bit lanes per vector, 4 with AVX-512,
 // 2 with AVX2). A unit's weights are unpacked to unsigned bytes in 4 vectors (x 2 halves for groups
 // of 32) whose 128-bit lanes each hold 16 values of one group: vector s, lane t holds group
-// kV s + t. The activations are stored in the same arrangement, so that u8 x s8 dot products
-// (vpdpbusd with VNNI, else vpmaddubsw + vpmaddwd) leave 4 int32 partial sums of each group in one
-// lane. Two rounds of in-lane shuffles (Reduce) turn the 4 accumulators into one vector holding
-// each group's exact integer dot product in its own 32-bit lane (lane 4t + s), which is converted
-// to float and scaled once: one FMA per 16 groups with the weight scales in the same lane order,
-// instead of a broadcast and a horizontal sum per block. The weight scales of a unit come in with
-// one gather (Q4_0, Q4_1, Q8_0) or one byte shuffle of the scale bytes (K types).
+// kV s + t. A whole unit is then transposed once (TransposeUnit, a 4 x 4 dword transpose in each
+// lane), so that vector j holds values 4j..4j+3 of every group, group kV s + t in 32-bit lane
+// 4t + s; the activations are stored in that arrangement, and u8 x s8 dot products (vpdpbusd with
+// VNNI, else vpmaddubsw + vpmaddwd) accumulate each group's exact integer dot product in its own
+// lane with no reduction per token. It is converted to float and scaled once: one FMA per 16
+// groups with the weight scales in the same lane order, instead of a broadcast and a horizontal sum
+// per block. The weight scales of a unit come in with one gather (Q4_0, Q4_1, Q8_0) or one byte
+// shuffle of the scale bytes (K types). A row's float accumulators are summed 16 rows at a time,
+// one row per lane (SumLanes).
 //
 // Per group (w: the weight values as stored, x: the activation's int8 values, dx: its scale,
 // idot = sum w x, sum = sum x):
@@ -24,13 +26,15 @@
 //   Q6_K: y += (d sc) * (dx * (idot - 32 sum))
 // (Q8_0 with VNNI: vpdpbusd wants unsigned weights, so they go in as w + 128 and idot - 128 sum.)
 //
-// A row that is not a whole number of units ends in a partial one, unpacked and multiplied only as
-// far as its groups go (RowsDot's tail). Rows are prefetched 8 KB ahead (kPrefetchBytes).
+// A row that is not a whole number of units ends in a partial one. Where its groups divide a unit
+// (SmolLM2's rows of 576: 2 groups), the partial units of 16 / rest rows go together as one unit
+// (CrossTails); otherwise each is unpacked and multiplied only as far as its groups go, its 4 int32
+// partial sums per group reduced in lanes (ReducePartial). Rows are prefetched 8 KB ahead.
 //
-// Tokens. A unit is unpacked once for up to 8 tokens; more tokens go through tiles of kTileRows
-// weight rows, which stay in L1 while the blocks of 8 tokens go through them. A token's output is
-// the same sequence of operations whatever the block of tokens around it: results do not depend on
-// m (nor on the number of threads), bit for bit.
+// Tokens. A unit is unpacked once for up to 8 tokens (32 in long products); more tokens go through
+// tiles of kTileRows weight rows, which stay in L1 while the blocks of tokens go through them. A
+// token's output is the same sequence of operations whatever the block of tokens around it:
+// results do not depend on m (nor on the number of threads), bit for bit.
 //
 // F16 and BF16 go through the float path (StreamGemm's tiles, weights converted in registers).
 // Without AVX2 every type is dequantized a row at a time and multiplied in float (GemmDequant).
@@ -44,6 +48,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "kernels/cpu/quant_vec.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/stream_gemm.h"
 
@@ -106,147 +111,8 @@ void GemvFloat(const float* x, const W* w, const float* bias, int32_t n, int32_t
   }
 }
 
-// --- The vector layer of the quantized kernels ----------------------------------------------------
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-#define SPECULA_QUANT_WIDTH 512
-#elif defined(SPECULA_AVX2) && defined(__F16C__)
-#define SPECULA_QUANT_WIDTH 256
-#endif
-
+// The vector layer (IVec, FVec, Reduce, Transpose4, ...) is in kernels/cpu/quant_vec.h.
 #if defined(SPECULA_QUANT_WIDTH)
-#if defined(__AVX512VNNI__) && SPECULA_QUANT_WIDTH == 512
-constexpr bool kVnni = true;
-#else
-constexpr bool kVnni = false;
-#endif
-
-#if SPECULA_QUANT_WIDTH == 512
-using IVec = __m512i;
-using FVec = __m512;
-constexpr int kV = 4;  // 128-bit lanes per vector
-inline IVec LoadI(const void* p) { return _mm512_loadu_si512(p); }
-inline IVec ZeroI() { return _mm512_setzero_si512(); }
-inline IVec Bytes(char b) { return _mm512_set1_epi8(b); }
-inline IVec And(IVec a, IVec b) { return _mm512_and_si512(a, b); }
-inline IVec Or(IVec a, IVec b) { return _mm512_or_si512(a, b); }
-inline IVec Xor(IVec a, IVec b) { return _mm512_xor_si512(a, b); }
-inline IVec Shr4(IVec v) { return _mm512_maskz_srli_epi16(0xFFFFFFFF, v, 4); }  // then masked: nibbles of each byte
-inline IVec Sub32(IVec a, IVec b) { return _mm512_sub_epi32(a, b); }
-inline IVec Add32(IVec a, IVec b) { return _mm512_add_epi32(a, b); }
-inline IVec Lo32(IVec a, IVec b) { return _mm512_maskz_unpacklo_epi32(0xFFFF, a, b); }
-inline IVec Hi32(IVec a, IVec b) { return _mm512_maskz_unpackhi_epi32(0xFFFF, a, b); }
-inline IVec SwapHalves(IVec v) { return _mm512_maskz_shuffle_epi32(0xFFFF, v, _MM_PERM_BADC); }  // dwords 2 3 0 1
-inline IVec SwapPairs(IVec v) { return _mm512_maskz_shuffle_epi32(0xFFFF, v, _MM_PERM_CDAB); }   // dwords 1 0 3 2
-// In each 128-bit lane, dword s of a[j] <-> dword j of a[s] (a 4 x 4 transpose per lane).
-inline void Transpose4(IVec a[4]) {
-  const IVec t0 = Lo32(a[0], a[1]), t1 = Hi32(a[0], a[1]), t2 = Lo32(a[2], a[3]), t3 = Hi32(a[2], a[3]);
-  a[0] = _mm512_maskz_unpacklo_epi64(0xFF, t0, t2);
-  a[1] = _mm512_maskz_unpackhi_epi64(0xFF, t0, t2);
-  a[2] = _mm512_maskz_unpacklo_epi64(0xFF, t1, t3);
-  a[3] = _mm512_maskz_unpackhi_epi64(0xFF, t1, t3);
-}
-inline IVec Abs8(IVec v) { return _mm512_abs_epi8(v); }
-// x negated where w < 0 (vpsignb has no 512-bit form; where w == 0, |w| = 0 cancels x anyway).
-inline IVec Sign8(IVec x, IVec w) { return _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), ZeroI(), x); }
-inline IVec Maddubs(IVec u, IVec x) { return _mm512_maddubs_epi16(u, x); }
-inline IVec Add16(IVec a, IVec b) { return _mm512_add_epi16(a, b); }
-inline IVec Madd1(IVec v, IVec acc) { return _mm512_add_epi32(acc, _mm512_madd_epi16(v, _mm512_set1_epi16(1))); }
-inline FVec ToF(IVec v) { return _mm512_maskz_cvtepi32_ps(0xFFFF, v); }
-inline FVec LoadF(const float* p) { return _mm512_loadu_ps(p); }
-inline FVec ZeroF() { return _mm512_setzero_ps(); }
-inline FVec SetF(float a) { return _mm512_set1_ps(a); }
-inline FVec MulF(FVec a, FVec b) { return _mm512_mul_ps(a, b); }
-inline FVec FmaF(FVec a, FVec b, FVec c) { return _mm512_fmadd_ps(a, b, c); }
-using SimdQ = Simd16;  // SumLanes, StoreFirst
-// Lane 4t + s of a unit's group vectors holds group kV s + t (lane t of weight vector s). The K
-// types' scale bytes come in group order: this byte shuffle puts them in lane order.
-inline __m128i LaneOrder() { return _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15); }
-inline FVec BytesToF(__m128i b) { return ToF(_mm512_maskz_cvtepu8_epi32(0xFFFF, b)); }
-inline FVec SBytesToF(__m128i b) { return ToF(_mm512_maskz_cvtepi8_epi32(0xFFFF, b)); }
-// Q4_K: lanes of the unit's first superblock (vectors 0 and 1) take a0, of the second a1.
-inline FVec PerSuper(float a0, float a1) { return _mm512_mask_blend_ps(0xCCCC, SetF(a0), SetF(a1)); }
-// 4 int32 accumulators with 4 partial sums of group (s, t) in lane t of a[s] -> lane 4t + s. (The
-// AVX-512 intrinsics in their maskz forms here and below: GCC 12's plain ones trip
-// -Wmaybe-uninitialized, bug 105593.)
-inline IVec Reduce(const IVec a[4]) {
-  const __m512 r01 = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_maskz_unpacklo_epi64(0xFF, a[0], a[1]),
-                                                          _mm512_maskz_unpackhi_epi64(0xFF, a[0], a[1])));
-  const __m512 r23 = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_maskz_unpacklo_epi64(0xFF, a[2], a[3]),
-                                                          _mm512_maskz_unpackhi_epi64(0xFF, a[2], a[3])));
-  return _mm512_add_epi32(_mm512_castps_si512(_mm512_maskz_shuffle_ps(0xFFFF, r01, r23, _MM_SHUFFLE(2, 0, 2, 0))),
-                          _mm512_castps_si512(_mm512_maskz_shuffle_ps(0xFFFF, r01, r23, _MM_SHUFFLE(3, 1, 3, 1))));
-}
-// [lo, hi] (a shuffle: the insert intrinsics are among GCC 12's warning ones).
-inline IVec Concat(__m256i lo, __m256i hi) {
-  const __v4di l = reinterpret_cast<__v4di>(lo), h = reinterpret_cast<__v4di>(hi);
-  return reinterpret_cast<IVec>(__builtin_shufflevector(l, h, 0, 1, 2, 3, 4, 5, 6, 7));
-}
-// Lane t of the result: 16 bytes at p + t * stride (zero for t >= valid unless kFull).
-template <bool kFull>
-inline IVec LoadLanes(const uint8_t* p, int64_t stride, int valid) {
-  __m128i l[4];
-  for (int t = 0; t < 4; ++t) {
-    l[t] = kFull || t < valid ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + t * stride)) : _mm_setzero_si128();
-  }
-  return Concat(_mm256_set_m128i(l[1], l[0]), _mm256_set_m128i(l[3], l[2]));
-}
-#else  // 256
-using IVec = __m256i;
-using FVec = __m256;
-constexpr int kV = 2;
-inline IVec LoadI(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-inline IVec ZeroI() { return _mm256_setzero_si256(); }
-inline IVec Bytes(char b) { return _mm256_set1_epi8(b); }
-inline IVec And(IVec a, IVec b) { return _mm256_and_si256(a, b); }
-inline IVec Or(IVec a, IVec b) { return _mm256_or_si256(a, b); }
-inline IVec Xor(IVec a, IVec b) { return _mm256_xor_si256(a, b); }
-inline IVec Shr4(IVec v) { return _mm256_srli_epi16(v, 4); }
-inline IVec Sub32(IVec a, IVec b) { return _mm256_sub_epi32(a, b); }
-inline IVec Add32(IVec a, IVec b) { return _mm256_add_epi32(a, b); }
-inline IVec Lo32(IVec a, IVec b) { return _mm256_unpacklo_epi32(a, b); }
-inline IVec Hi32(IVec a, IVec b) { return _mm256_unpackhi_epi32(a, b); }
-inline IVec SwapHalves(IVec v) { return _mm256_shuffle_epi32(v, 0x4E); }
-inline IVec SwapPairs(IVec v) { return _mm256_shuffle_epi32(v, 0xB1); }
-inline void Transpose4(IVec a[4]) {
-  const IVec t0 = Lo32(a[0], a[1]), t1 = Hi32(a[0], a[1]), t2 = Lo32(a[2], a[3]), t3 = Hi32(a[2], a[3]);
-  a[0] = _mm256_unpacklo_epi64(t0, t2);
-  a[1] = _mm256_unpackhi_epi64(t0, t2);
-  a[2] = _mm256_unpacklo_epi64(t1, t3);
-  a[3] = _mm256_unpackhi_epi64(t1, t3);
-}
-inline IVec Abs8(IVec v) { return _mm256_abs_epi8(v); }
-inline IVec Sign8(IVec x, IVec w) { return _mm256_sign_epi8(x, w); }
-inline IVec Maddubs(IVec u, IVec x) { return _mm256_maddubs_epi16(u, x); }
-inline IVec Add16(IVec a, IVec b) { return _mm256_add_epi16(a, b); }
-inline IVec Madd1(IVec v, IVec acc) { return _mm256_add_epi32(acc, _mm256_madd_epi16(v, _mm256_set1_epi16(1))); }
-inline FVec ToF(IVec v) { return _mm256_cvtepi32_ps(v); }
-inline FVec LoadF(const float* p) { return _mm256_loadu_ps(p); }
-inline FVec ZeroF() { return _mm256_setzero_ps(); }
-inline FVec SetF(float a) { return _mm256_set1_ps(a); }
-inline FVec MulF(FVec a, FVec b) { return _mm256_mul_ps(a, b); }
-inline FVec FmaF(FVec a, FVec b, FVec c) { return _mm256_fmadd_ps(a, b, c); }
-using SimdQ = Simd8;
-inline __m128i LaneOrder() { return _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, -1, -1, -1, -1, -1, -1, -1, -1); }
-inline FVec BytesToF(__m128i b) { return ToF(_mm256_cvtepu8_epi32(b)); }
-inline FVec SBytesToF(__m128i b) { return ToF(_mm256_cvtepi8_epi32(b)); }
-inline FVec PerSuper(float a0, float) { return SetF(a0); }
-inline IVec Reduce(const IVec a[4]) {
-  const __m256 r01 = _mm256_castsi256_ps(
-      _mm256_add_epi32(_mm256_unpacklo_epi64(a[0], a[1]), _mm256_unpackhi_epi64(a[0], a[1])));
-  const __m256 r23 = _mm256_castsi256_ps(
-      _mm256_add_epi32(_mm256_unpacklo_epi64(a[2], a[3]), _mm256_unpackhi_epi64(a[2], a[3])));
-  return _mm256_add_epi32(_mm256_castps_si256(_mm256_shuffle_ps(r01, r23, _MM_SHUFFLE(2, 0, 2, 0))),
-                          _mm256_castps_si256(_mm256_shuffle_ps(r01, r23, _MM_SHUFFLE(3, 1, 3, 1))));
-}
-template <bool kFull>
-inline IVec LoadLanes(const uint8_t* p, int64_t stride, int valid) {
-  __m128i l[2];
-  for (int t = 0; t < 2; ++t) {
-    l[t] = kFull || t < valid ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + t * stride)) : _mm_setzero_si128();
-  }
-  return _mm256_set_m128i(l[1], l[0]);
-}
-#endif
 
 constexpr int kUnitGroups = 4 * kV;  // groups per unit
 constexpr int kVecBytes = 16 * kV;
@@ -340,8 +206,8 @@ inline void UnpackNibbleBlocks(const uint8_t* blk, int ng, Unit* u) {
 // first kAccs = ceil(ng / kV) vectors are filled (and used: a row of 18 blocks, SmolLM2's 576, ends
 // in 2 blocks, which cost a quarter of a unit instead of a whole one).
 struct Q4_0Kernel {
-  static constexpr int kGroup = 32, kH = 2, kOffset = 8;
-  static constexpr bool kMin = false, kSigned = false, kSmall = true;
+  static constexpr int kGroup = 32, kH = 2, kOffset = 8, kBlockBytes = sizeof(BlockQ4_0);
+  static constexpr bool kMin = false, kSigned = false, kSmall = true, kCross = true;
   template <bool kFull, int kAccs>
   static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
     const uint8_t* blk = row + unit * kUnitGroups * static_cast<int64_t>(sizeof(BlockQ4_0));
@@ -351,8 +217,8 @@ struct Q4_0Kernel {
 };
 
 struct Q4_1Kernel {
-  static constexpr int kGroup = 32, kH = 2, kOffset = 0;
-  static constexpr bool kMin = true, kSigned = false, kSmall = true;
+  static constexpr int kGroup = 32, kH = 2, kOffset = 0, kBlockBytes = sizeof(BlockQ4_1);
+  static constexpr bool kMin = true, kSigned = false, kSmall = true, kCross = true;
   template <bool kFull, int kAccs>
   static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
     const uint8_t* blk = row + unit * kUnitGroups * static_cast<int64_t>(sizeof(BlockQ4_1));
@@ -362,8 +228,8 @@ struct Q4_1Kernel {
 };
 
 struct Q8_0Kernel {
-  static constexpr int kGroup = 32, kH = 2, kOffset = kVnni ? 128 : 0;
-  static constexpr bool kMin = false, kSigned = true, kSmall = false;
+  static constexpr int kGroup = 32, kH = 2, kOffset = kVnni ? 128 : 0, kBlockBytes = sizeof(BlockQ8_0);
+  static constexpr bool kMin = false, kSigned = true, kSmall = false, kCross = true;
   template <bool kFull, int kAccs>
   static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
     constexpr int kBytes = sizeof(BlockQ8_0);
@@ -410,7 +276,8 @@ inline void Q4KScaleWords(const uint8_t* scales, uint32_t* sc, uint32_t* mn) {
 // their high nibbles the next.
 struct Q4KKernel {
   static constexpr int kGroup = 32, kH = 2, kOffset = 0;
-  static constexpr bool kMin = true, kSigned = false, kSmall = true;
+  static constexpr bool kMin = true, kSigned = false, kSmall = true, kCross = false;
+  static constexpr int kBlockBytes = 0;  // no cross units (Acts::rest)
   template <bool kFull, int kAccs>
   static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
     constexpr int kSupers = kV / 2, kBytes = sizeof(BlockQ4_K);
@@ -457,7 +324,8 @@ struct Q4KKernel {
 // nibbles) and l + 64, l + 96 (high), qh[l] their high bits in bit pairs 0, 2, 4, 6.
 struct Q6KKernel {
   static constexpr int kGroup = 16, kH = 1, kOffset = 32;
-  static constexpr bool kMin = false, kSigned = false, kSmall = false;
+  static constexpr bool kMin = false, kSigned = false, kSmall = false, kCross = false;
+  static constexpr int kBlockBytes = 0;
   template <bool kFull, int kAccs>
   static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
     constexpr int kHalves = 2 / (kV / 2);  // units per superblock
@@ -497,7 +365,11 @@ struct Acts {
   const float* d;      // [m, units * kUnitGroups]: each group's scale
   const float* ds;     // [m, units * kUnitGroups]: d * sum(q) (the min term)
   const int32_t* off;  // [m, units * kUnitGroups]: kOffset * sum(q) (the zero-point term)
-  int64_t units;
+  int64_t units;       // per token, the cross unit included
+  // Rows whose last unit is partial with `rest` groups, rest dividing kUnitGroups (SmolLM2's 576:
+  // 2 groups), take those groups kUnitGroups / rest rows at a time (CrossTails): the token's last
+  // unit (index units - 1) then holds its `rest` last groups repeated, transposed. 0: no cross unit.
+  int rest;
 };
 
 // The calling thread's scratch for them, reused from call to call and read by every thread of a
@@ -510,8 +382,10 @@ std::vector<uint8_t>& ActsScratch() {
 template <class T>
 Acts QuantizeActs(const float* x, int32_t m, int32_t k) {
   constexpr int kG = T::kGroup, kUnitBytes = kUnitGroups * kG;
-  const int64_t units = (k + kUnitBytes - 1) / kUnitBytes, groups = units * kUnitGroups;
   const int64_t full_units = k / kUnitBytes;
+  const int rest = static_cast<int>((k / kG) % kUnitGroups);
+  const bool cross = T::kCross && rest > 0 && kUnitGroups % rest == 0;
+  const int64_t units = (k + kUnitBytes - 1) / kUnitBytes + (cross ? 1 : 0), groups = units * kUnitGroups;
   const auto round64 = [](int64_t b) { return (b + 63) / 64 * 64; };
   const int64_t qs_bytes = round64(m * units * kUnitBytes), f_bytes = round64(m * groups * 4);
   std::vector<uint8_t>& buf = ActsScratch();
@@ -523,7 +397,7 @@ Acts QuantizeActs(const float* x, int32_t m, int32_t k) {
   auto* off = reinterpret_cast<int32_t*>(base + qs_bytes + 2 * f_bytes);
 #pragma omp parallel for schedule(static) if (static_cast<int64_t>(m) * k >= (1 << 16))
   for (int32_t i = 0; i < m; ++i) {
-    for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t g = 0; g < groups - (cross ? kUnitGroups : 0); ++g) {
       const int64_t u = g / kUnitGroups;
       const int gu = static_cast<int>(g % kUnitGroups), s = gu / kV, t = gu % kV;
       const int64_t lane = i * groups + u * kUnitGroups + 4 * t + s;
@@ -548,7 +422,9 @@ Acts QuantizeActs(const float* x, int32_t m, int32_t k) {
       if (u < full_units) {  // values 16h + 4j..+3 to dword 4t + s of vector j kH + h
         int8_t* base_u = qs + (i * units + u) * kUnitBytes;
         for (int h = 0; h < T::kH; ++h) {
-          for (int j = 0; j < 4; ++j) std::memcpy(base_u + ((j * T::kH + h) * kV + t) * 16 + 4 * s, v + 16 * h + 4 * j, 4);
+          for (int j = 0; j < 4; ++j) {
+            std::memcpy(base_u + ((j * T::kH + h) * kV + t) * 16 + 4 * s, v + 16 * h + 4 * j, 4);
+          }
         }
       } else {
         for (int h = 0; h < T::kH; ++h) std::memcpy(q + h * kVecBytes, v + 16 * h, 16);
@@ -556,9 +432,24 @@ Acts QuantizeActs(const float* x, int32_t m, int32_t k) {
       d[lane] = scale;
       ds[lane] = scale * static_cast<float>(sum);
       off[lane] = T::kOffset * sum;
+      if (cross && u == full_units && g * kG < k) {  // group gt of the tail to lanes q = j rest + gt
+        int8_t* tail = qs + (i * units + units - 1) * kUnitBytes;
+        for (int q = static_cast<int>(g - full_units * kUnitGroups); q < kUnitGroups; q += rest) {
+          const int qs_ = q / kV, qt = q % kV;
+          for (int h = 0; h < T::kH; ++h) {
+            for (int j = 0; j < 4; ++j) {
+              std::memcpy(tail + ((j * T::kH + h) * kV + qt) * 16 + 4 * qs_, v + 16 * h + 4 * j, 4);
+            }
+          }
+          const int64_t tl = i * groups + (units - 1) * kUnitGroups + 4 * qt + qs_;
+          d[tl] = scale;
+          ds[tl] = scale * static_cast<float>(sum);
+          off[tl] = T::kOffset * sum;
+        }
+      }
     }
   }
-  return Acts{qs, d, ds, off, units};
+  return Acts{qs, d, ds, off, units, cross ? rest : 0};
 }
 
 // Reduce for the partial last unit of a row, whose groups all lie in its first kAccs vectors: one
@@ -646,9 +537,75 @@ inline FVec LoadFirst(const float* p, int32_t count) {
 // the bandwidth of a plain float sum), and it costs nothing on a matrix in cache.
 constexpr int64_t kPrefetchBytes = 8192;
 
+// How a cross unit's lanes add up to rows (CrossTails): lane j0 + j (j < rows) of RowSums' result is
+// the sum over g < rest of the lane holding group j rest + g (lane 4t + s holds group kV s + t).
+struct RowMap {
+  alignas(64) int32_t idx[8][kUnitGroups];  // [g][lane]: the source lane
+  alignas(64) int32_t keep[kUnitGroups];    // -1 in lanes j0 .. j0 + rows - 1
+  uint32_t mask = 0;
+  RowMap(int rest, int j0, int rows) {
+    for (int l = 0; l < kUnitGroups; ++l) keep[l] = l >= j0 && l < j0 + rows ? -1 : 0;
+    for (int g = 0; g < rest; ++g) {
+      for (int l = 0; l < kUnitGroups; ++l) {
+        const int q = (l >= j0 && l < j0 + rows ? l - j0 : 0) * rest + g;
+        idx[g][l] = 4 * (q % kV) + q / kV;
+      }
+    }
+    for (int j = 0; j < rows; ++j) mask |= 1u << (j0 + j);
+  }
+};
+
+inline FVec RowSums(FVec v, const RowMap& map, int rest) {
+  FVec out = ZeroF();
+  for (int g = 0; g < rest; ++g) {
+#if SPECULA_QUANT_WIDTH == 512
+    out = out + _mm512_maskz_permutexvar_ps(static_cast<__mmask16>(map.mask), _mm512_load_si512(map.idx[g]), v);
+#else
+    const __m256 picked = _mm256_permutevar8x32_ps(v, _mm256_load_si256(reinterpret_cast<const __m256i*>(map.idx[g])));
+    out = out + _mm256_and_ps(picked, _mm256_load_ps(reinterpret_cast<const float*>(map.keep)));
+#endif
+  }
+  return out;
+}
+
+// The partial last units (a.rest groups each) of rows first .. first + count - 1, kUnitGroups /
+// rest rows at a time as one unit whose group q = j rest + g is row j's group g: tails[i], lane j,
+// is added row first + j's sum over them for token i0 + i. A row's partial unit then costs its share of
+// one unit's products instead of a whole unit's unpacking, reduction and scaling.
+template <class T, int M>
+void CrossTails(const uint8_t* blocks, int64_t row_bytes, int32_t first, int32_t count, const Acts& a, int32_t i0,
+                int64_t full, FVec tails[M]) {
+  constexpr int kBytes = std::max(T::kBlockBytes, 1);
+  const int rest = a.rest, rows = kUnitGroups / rest;
+  const int64_t gstride = a.units * kUnitGroups, qstride = gstride * T::kGroup, tu = a.units - 1;
+  for (int j0 = 0; j0 < count; j0 += rows) {
+    alignas(64) uint8_t buf[kUnitGroups * kBytes];  // the unit's blocks, side by side; rows past count repeat the last
+    for (int q = 0; q < kUnitGroups; ++q) {
+      const int32_t j = std::min(j0 + q / rest, count - 1);
+      const uint8_t* block = blocks + (first + j) * row_bytes + (full * kUnitGroups + q % rest) * kBytes;
+      std::memcpy(buf + q * kBytes, block, kBytes);
+    }
+    Unit w;
+    T::template Prepare<true, 4>(buf, 0, kUnitGroups, &w);
+    TransposeUnit<T>(&w);
+    const RowMap map(rest, j0, std::min(rows, count - j0));
+    for (int i = 0; i < M; ++i) {
+      const int64_t ti = i0 + i, gi = ti * gstride + tu * kUnitGroups;
+      IVec dot = UnitDotT<T>(w, a.qs + ti * qstride + tu * kUnitGroups * T::kGroup);
+      if constexpr (T::kOffset != 0) dot = Sub32(dot, LoadI(a.off + gi));
+      FVec v = MulF(MulF(ToF(dot), LoadF(a.d + gi)), w.a);
+      if constexpr (T::kMin) v = FmaF(LoadF(a.ds + gi), w.b, v);
+      tails[i] = tails[i] + RowSums(v, map, rest);
+    }
+  }
+}
+
 // y[i0 + i, r] = row r . x[i0 + i] + bias[r] for rows r0..r1 and M tokens: each unit of a row is
 // unpacked once for all of them. (Rows in one call: a row of 576 is one unit and a quarter, and
 // the per-call setup and the horizontal sums cost as much again when they come once per row.)
+// (GCC 12 cannot see that a row's first unit sets every acc[i]; Clang and the tests agree it does.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 template <class T, int M>
 void RowsDot(const uint8_t* blocks, int64_t row_bytes, int32_t r0, int32_t r1, const Acts& a, int32_t i0,
              int64_t groups, const float* bias, int32_t n, float* y) {
@@ -660,11 +617,10 @@ void RowsDot(const uint8_t* blocks, int64_t row_bytes, int32_t r0, int32_t r1, c
         __builtin_prefetch(row + kPrefetchBytes + o);
       }
     }
-    FVec acc[M];
-    for (int i = 0; i < M; ++i) acc[i] = ZeroF();
+    FVec acc[M];  // set by the row's first unit (zeroing 32 of them first cost 6% of a prefill)
     const int64_t gstride = a.units * kUnitGroups, qstride = gstride * T::kGroup;
-    // kAccs 0: a full, transposed unit.
-    const auto step = [&]<int kAccs>(int64_t u, const Unit& w) __attribute__((always_inline)) {
+    // kAccs 0: a full, transposed unit. kFirst: the row's first unit.
+    const auto step = [&]<int kAccs, bool kFirst>(int64_t u, const Unit& w) __attribute__((always_inline)) {
       for (int i = 0; i < M; ++i) {
         const int64_t ti = i0 + i, gi = ti * gstride + u * kUnitGroups;
         const int8_t* xq = a.qs + ti * qstride + u * kUnitGroups * T::kGroup;
@@ -675,23 +631,35 @@ void RowsDot(const uint8_t* blocks, int64_t row_bytes, int32_t r0, int32_t r1, c
           dot = UnitDot<T, kAccs>(w, xq);
         }
         if constexpr (T::kOffset != 0) dot = Sub32(dot, LoadI(a.off + gi));
-        acc[i] = FmaF(MulF(ToF(dot), LoadF(a.d + gi)), w.a, acc[i]);
+        const FVec scaled = MulF(ToF(dot), LoadF(a.d + gi));
+        acc[i] = kFirst ? MulF(scaled, w.a) : FmaF(scaled, w.a, acc[i]);
         if constexpr (T::kMin) acc[i] = FmaF(LoadF(a.ds + gi), w.b, acc[i]);
       }
     };
+    const int64_t full = groups / kUnitGroups;
     const auto tail = [&]<int kAccs>(int64_t u, int ng) __attribute__((always_inline)) {
       Unit w;
       T::template Prepare<false, kAccs>(row, u, ng, &w);
-      step.template operator()<kAccs>(u, w);
+      if (full == 0) {
+        step.template operator()<kAccs, true>(u, w);
+      } else {
+        step.template operator()<kAccs, false>(u, w);
+      }
     };
-    const int64_t full = groups / kUnitGroups;
     for (int64_t u = 0; u < full; ++u) {
       Unit w;
       T::template Prepare<true, 4>(row, u, kUnitGroups, &w);
       TransposeUnit<T>(&w);
-      step.template operator()<0>(u, w);
+      if (u == 0) {
+        step.template operator()<0, true>(u, w);
+      } else {
+        step.template operator()<0, false>(u, w);
+      }
     }
-    switch (const int rest = static_cast<int>(groups % kUnitGroups); (rest + kV - 1) / kV) {
+    if (full == 0 && a.rest != 0) {  // only a cross unit
+      for (int i = 0; i < M; ++i) acc[i] = ZeroF();
+    }
+    switch (const int rest = a.rest != 0 ? 0 : static_cast<int>(groups % kUnitGroups); (rest + kV - 1) / kV) {
       case 1: tail.template operator()<1>(full, rest); break;
       case 2: tail.template operator()<2>(full, rest); break;
       case 3: tail.template operator()<3>(full, rest); break;
@@ -701,19 +669,29 @@ void RowsDot(const uint8_t* blocks, int64_t row_bytes, int32_t r0, int32_t r1, c
     for (int i = 0; i < M; ++i) sums[i][(r - r0) % kSumRows] = acc[i];
     if ((r - r0) % kSumRows == kSumRows - 1 || r == r1 - 1) {  // a block of rows: one sum tree per token
       const int32_t first = r - (r - r0) % kSumRows, count = r + 1 - first;
+      FVec tails[M];
+      for (int i = 0; i < M; ++i) tails[i] = ZeroF();
+      if constexpr (T::kCross) {
+        if (a.rest != 0) CrossTails<T, M>(blocks, row_bytes, first, count, a, i0, full, tails);
+      }
       for (int i = 0; i < M; ++i) {
         for (int j = count; j < kSumRows; ++j) sums[i][j] = ZeroF();
         FVec v = SimdQ::SumLanes(sums[i]);
+        if (a.rest != 0) v = v + tails[i];
         if (bias != nullptr) v = v + LoadFirst(bias + first, count);
         SimdQ::StoreFirst(y + static_cast<int64_t>(i0 + i) * n + first, v, count);
       }
     }
   }
 }
+#pragma GCC diagnostic pop
 
 // Weight rows per tile when there are more than 8 tokens: 16 rows of a 1536-wide Q8_0 matrix and 8
 // tokens' activations (26 KB + 12 KB) stay in L1 while each block of 8 tokens passes.
 constexpr int32_t kTileRows = 16;
+// Tokens per unpacking of a unit in long products (prefill): the unpacking costs about as much as
+// 4 tokens' products, so 8 tokens spent a third of the time on it.
+constexpr int32_t kBigBlock = 32;
 
 template <class T>
 void GemmQuantRaw(const float* x, const QuantMatrix& w, const float* bias, int32_t m, int32_t n, int32_t k, float* y) {
@@ -729,7 +707,11 @@ void GemmQuantRaw(const float* x, const QuantMatrix& w, const float* bias, int32
 #pragma omp parallel for schedule(static) if (static_cast<int64_t>(n) * k * m >= (1 << 16))
   for (int32_t tile = 0; tile < tiles; ++tile) {
     const int32_t r0 = tile * kTileRows, r1 = std::min(n, r0 + kTileRows);
-    for (int32_t i0 = 0; i0 < m; i0 += kStreamMaxRows) {
+    int32_t i0 = 0;
+    for (; i0 + kBigBlock <= m; i0 += kBigBlock) {
+      RowsDot<T, kBigBlock>(base, row_bytes, r0, r1, acts, i0, groups, bias, n, y);
+    }
+    for (; i0 < m; i0 += kStreamMaxRows) {
       kRowsFns[std::min(kStreamMaxRows, m - i0)](base, row_bytes, r0, r1, acts, i0, groups, bias, n, y);
     }
   }

@@ -1,0 +1,160 @@
+// The vector layer of the quantized products (kernels/cpu/quant_gemm.cc): integer and float vectors
+// of 512 bits (AVX-512 BW, with VNNI where present) or 256 (AVX2), and the shuffles the kernels
+// need, one set of names for both widths. Included by quant_gemm.cc only: everything has internal
+// linkage, so the AVX2 and AVX-512 builds of that file never share a definition.
+#pragma once
+
+#include <immintrin.h>
+
+#include <array>
+#include <cstdint>
+
+#include "kernels/cpu/simd.h"
+
+namespace specula::cpu {
+namespace {  // NOLINT(build/namespaces): one includer per build, see above
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define SPECULA_QUANT_WIDTH 512
+#elif defined(SPECULA_AVX2) && defined(__F16C__)
+#define SPECULA_QUANT_WIDTH 256
+#endif
+
+#if defined(SPECULA_QUANT_WIDTH)
+#if defined(__AVX512VNNI__) && SPECULA_QUANT_WIDTH == 512
+constexpr bool kVnni = true;
+#else
+constexpr bool kVnni = false;
+#endif
+
+#if SPECULA_QUANT_WIDTH == 512
+using IVec = __m512i;
+using FVec = __m512;
+constexpr int kV = 4;  // 128-bit lanes per vector
+inline IVec LoadI(const void* p) { return _mm512_loadu_si512(p); }
+inline IVec ZeroI() { return _mm512_setzero_si512(); }
+inline IVec Bytes(char b) { return _mm512_set1_epi8(b); }
+inline IVec And(IVec a, IVec b) { return _mm512_and_si512(a, b); }
+inline IVec Or(IVec a, IVec b) { return _mm512_or_si512(a, b); }
+inline IVec Xor(IVec a, IVec b) { return _mm512_xor_si512(a, b); }
+inline IVec Shr4(IVec v) { return _mm512_maskz_srli_epi16(0xFFFFFFFF, v, 4); }  // then masked: nibbles of each byte
+inline IVec Sub32(IVec a, IVec b) { return _mm512_sub_epi32(a, b); }
+inline IVec Add32(IVec a, IVec b) { return _mm512_add_epi32(a, b); }
+inline IVec Lo32(IVec a, IVec b) { return _mm512_maskz_unpacklo_epi32(0xFFFF, a, b); }
+inline IVec Hi32(IVec a, IVec b) { return _mm512_maskz_unpackhi_epi32(0xFFFF, a, b); }
+inline IVec SwapHalves(IVec v) { return _mm512_maskz_shuffle_epi32(0xFFFF, v, _MM_PERM_BADC); }  // dwords 2 3 0 1
+inline IVec SwapPairs(IVec v) { return _mm512_maskz_shuffle_epi32(0xFFFF, v, _MM_PERM_CDAB); }   // dwords 1 0 3 2
+// In each 128-bit lane, dword s of a[j] <-> dword j of a[s] (a 4 x 4 transpose per lane).
+inline void Transpose4(IVec a[4]) {
+  const IVec t0 = Lo32(a[0], a[1]), t1 = Hi32(a[0], a[1]), t2 = Lo32(a[2], a[3]), t3 = Hi32(a[2], a[3]);
+  a[0] = _mm512_maskz_unpacklo_epi64(0xFF, t0, t2);
+  a[1] = _mm512_maskz_unpackhi_epi64(0xFF, t0, t2);
+  a[2] = _mm512_maskz_unpacklo_epi64(0xFF, t1, t3);
+  a[3] = _mm512_maskz_unpackhi_epi64(0xFF, t1, t3);
+}
+inline IVec Abs8(IVec v) { return _mm512_abs_epi8(v); }
+// x negated where w < 0 (vpsignb has no 512-bit form; where w == 0, |w| = 0 cancels x anyway).
+inline IVec Sign8(IVec x, IVec w) { return _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), ZeroI(), x); }
+inline IVec Maddubs(IVec u, IVec x) { return _mm512_maddubs_epi16(u, x); }
+inline IVec Add16(IVec a, IVec b) { return _mm512_add_epi16(a, b); }
+inline IVec Madd1(IVec v, IVec acc) { return _mm512_add_epi32(acc, _mm512_madd_epi16(v, _mm512_set1_epi16(1))); }
+inline FVec ToF(IVec v) { return _mm512_maskz_cvtepi32_ps(0xFFFF, v); }
+inline FVec LoadF(const float* p) { return _mm512_loadu_ps(p); }
+inline FVec ZeroF() { return _mm512_setzero_ps(); }
+inline FVec SetF(float a) { return _mm512_set1_ps(a); }
+inline FVec MulF(FVec a, FVec b) { return _mm512_mul_ps(a, b); }
+inline FVec FmaF(FVec a, FVec b, FVec c) { return _mm512_fmadd_ps(a, b, c); }
+using SimdQ = Simd16;  // SumLanes, StoreFirst
+// Lane 4t + s of a unit's group vectors holds group kV s + t (lane t of weight vector s). The K
+// types' scale bytes come in group order: this byte shuffle puts them in lane order.
+inline __m128i LaneOrder() { return _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15); }
+inline FVec BytesToF(__m128i b) { return ToF(_mm512_maskz_cvtepu8_epi32(0xFFFF, b)); }
+inline FVec SBytesToF(__m128i b) { return ToF(_mm512_maskz_cvtepi8_epi32(0xFFFF, b)); }
+// Q4_K: lanes of the unit's first superblock (vectors 0 and 1) take a0, of the second a1.
+inline FVec PerSuper(float a0, float a1) { return _mm512_mask_blend_ps(0xCCCC, SetF(a0), SetF(a1)); }
+// 4 int32 accumulators with 4 partial sums of group (s, t) in lane t of a[s] -> lane 4t + s. (The
+// AVX-512 intrinsics in their maskz forms here and below: GCC 12's plain ones trip
+// -Wmaybe-uninitialized, bug 105593.)
+inline IVec Reduce(const IVec a[4]) {
+  const __m512 r01 = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_maskz_unpacklo_epi64(0xFF, a[0], a[1]),
+                                                          _mm512_maskz_unpackhi_epi64(0xFF, a[0], a[1])));
+  const __m512 r23 = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_maskz_unpacklo_epi64(0xFF, a[2], a[3]),
+                                                          _mm512_maskz_unpackhi_epi64(0xFF, a[2], a[3])));
+  return _mm512_add_epi32(_mm512_castps_si512(_mm512_maskz_shuffle_ps(0xFFFF, r01, r23, _MM_SHUFFLE(2, 0, 2, 0))),
+                          _mm512_castps_si512(_mm512_maskz_shuffle_ps(0xFFFF, r01, r23, _MM_SHUFFLE(3, 1, 3, 1))));
+}
+// [lo, hi] (a shuffle: the insert intrinsics are among GCC 12's warning ones).
+inline IVec Concat(__m256i lo, __m256i hi) {
+  const __v4di l = reinterpret_cast<__v4di>(lo), h = reinterpret_cast<__v4di>(hi);
+  return reinterpret_cast<IVec>(__builtin_shufflevector(l, h, 0, 1, 2, 3, 4, 5, 6, 7));
+}
+// Lane t of the result: 16 bytes at p + t * stride (zero for t >= valid unless kFull).
+template <bool kFull>
+inline IVec LoadLanes(const uint8_t* p, int64_t stride, int valid) {
+  __m128i l[4];
+  for (int t = 0; t < 4; ++t) {
+    l[t] = kFull || t < valid ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + t * stride)) : _mm_setzero_si128();
+  }
+  return Concat(_mm256_set_m128i(l[1], l[0]), _mm256_set_m128i(l[3], l[2]));
+}
+#else  // 256
+using IVec = __m256i;
+using FVec = __m256;
+constexpr int kV = 2;
+inline IVec LoadI(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline IVec ZeroI() { return _mm256_setzero_si256(); }
+inline IVec Bytes(char b) { return _mm256_set1_epi8(b); }
+inline IVec And(IVec a, IVec b) { return _mm256_and_si256(a, b); }
+inline IVec Or(IVec a, IVec b) { return _mm256_or_si256(a, b); }
+inline IVec Xor(IVec a, IVec b) { return _mm256_xor_si256(a, b); }
+inline IVec Shr4(IVec v) { return _mm256_srli_epi16(v, 4); }
+inline IVec Sub32(IVec a, IVec b) { return _mm256_sub_epi32(a, b); }
+inline IVec Add32(IVec a, IVec b) { return _mm256_add_epi32(a, b); }
+inline IVec Lo32(IVec a, IVec b) { return _mm256_unpacklo_epi32(a, b); }
+inline IVec Hi32(IVec a, IVec b) { return _mm256_unpackhi_epi32(a, b); }
+inline IVec SwapHalves(IVec v) { return _mm256_shuffle_epi32(v, 0x4E); }
+inline IVec SwapPairs(IVec v) { return _mm256_shuffle_epi32(v, 0xB1); }
+inline void Transpose4(IVec a[4]) {
+  const IVec t0 = Lo32(a[0], a[1]), t1 = Hi32(a[0], a[1]), t2 = Lo32(a[2], a[3]), t3 = Hi32(a[2], a[3]);
+  a[0] = _mm256_unpacklo_epi64(t0, t2);
+  a[1] = _mm256_unpackhi_epi64(t0, t2);
+  a[2] = _mm256_unpacklo_epi64(t1, t3);
+  a[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+inline IVec Abs8(IVec v) { return _mm256_abs_epi8(v); }
+inline IVec Sign8(IVec x, IVec w) { return _mm256_sign_epi8(x, w); }
+inline IVec Maddubs(IVec u, IVec x) { return _mm256_maddubs_epi16(u, x); }
+inline IVec Add16(IVec a, IVec b) { return _mm256_add_epi16(a, b); }
+inline IVec Madd1(IVec v, IVec acc) { return _mm256_add_epi32(acc, _mm256_madd_epi16(v, _mm256_set1_epi16(1))); }
+inline FVec ToF(IVec v) { return _mm256_cvtepi32_ps(v); }
+inline FVec LoadF(const float* p) { return _mm256_loadu_ps(p); }
+inline FVec ZeroF() { return _mm256_setzero_ps(); }
+inline FVec SetF(float a) { return _mm256_set1_ps(a); }
+inline FVec MulF(FVec a, FVec b) { return _mm256_mul_ps(a, b); }
+inline FVec FmaF(FVec a, FVec b, FVec c) { return _mm256_fmadd_ps(a, b, c); }
+using SimdQ = Simd8;
+inline __m128i LaneOrder() { return _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, -1, -1, -1, -1, -1, -1, -1, -1); }
+inline FVec BytesToF(__m128i b) { return ToF(_mm256_cvtepu8_epi32(b)); }
+inline FVec SBytesToF(__m128i b) { return ToF(_mm256_cvtepi8_epi32(b)); }
+inline FVec PerSuper(float a0, float) { return SetF(a0); }
+inline IVec Reduce(const IVec a[4]) {
+  const __m256 r01 = _mm256_castsi256_ps(
+      _mm256_add_epi32(_mm256_unpacklo_epi64(a[0], a[1]), _mm256_unpackhi_epi64(a[0], a[1])));
+  const __m256 r23 = _mm256_castsi256_ps(
+      _mm256_add_epi32(_mm256_unpacklo_epi64(a[2], a[3]), _mm256_unpackhi_epi64(a[2], a[3])));
+  return _mm256_add_epi32(_mm256_castps_si256(_mm256_shuffle_ps(r01, r23, _MM_SHUFFLE(2, 0, 2, 0))),
+                          _mm256_castps_si256(_mm256_shuffle_ps(r01, r23, _MM_SHUFFLE(3, 1, 3, 1))));
+}
+template <bool kFull>
+inline IVec LoadLanes(const uint8_t* p, int64_t stride, int valid) {
+  __m128i l[2];
+  for (int t = 0; t < 2; ++t) {
+    l[t] = kFull || t < valid ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + t * stride)) : _mm_setzero_si128();
+  }
+  return _mm256_set_m128i(l[1], l[0]);
+}
+#endif
+#endif  // SPECULA_QUANT_WIDTH
+
+}  // namespace
+}  // namespace specula::cpu
