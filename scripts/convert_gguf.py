@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Rewrites a GGUF file with its matrices in another type, with the `gguf` package (llama.cpp's).
 
-  convert_gguf.py IN.gguf OUT.gguf --type f32|f16|q8_0|q4_0
+  convert_gguf.py IN.gguf OUT.gguf --type f32|f16|bf16|q8_0|q4_0
 
 Every metadata key is copied; 1-D tensors (norms, biases) stay as they are; 2-D tensors are
 dequantized by gguf.quants and requantized to --type. Used to make the F32 and Q8_0 versions of
-SmolLM2-135M-Instruct for the parity tests and the decode benchmark (into the model cache, never
-into the repository).
+SmolLM2-135M-Instruct for the parity tests and the decode benchmark, and the BF16 one for
+self-speculation (into the model cache, never into the repository).
 """
 import argparse
 import sys
@@ -15,8 +15,9 @@ import numpy as np
 import gguf
 
 TYPES = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
-         "q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
-FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2}  # llama_ftype
+         "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0,
+         "q4_0": gguf.GGMLQuantizationType.Q4_0}
+FILE_TYPE = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7, "q4_0": 2}  # llama_ftype
 
 
 def main():
