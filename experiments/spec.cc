@@ -169,10 +169,15 @@ absl::Status CheckRange(const Locator& at, const char* field, const google::prot
 }
 
 // Also reads the prompts file into `prompts`.
-absl::Status Validate(const Locator& at, Experiment& s, const std::string& spec_path, std::vector<LoadRequest>* prompts) {
-  auto bad = [&](std::initializer_list<const char*> fields, const std::string& msg, int index = -1) {
-    return absl::InvalidArgumentError(absl::StrCat(at.At(fields, index), msg));
-  };
+// An error at the spec's `fields` (the index-th element of a repeated one).
+absl::Status Bad(const Locator& at, std::initializer_list<const char*> fields, const std::string& msg, int index = -1) {
+  return absl::InvalidArgumentError(absl::StrCat(at.At(fields, index), msg));
+}
+
+// The files, the workload (its prompts read into *prompts), repeats and SLO.
+absl::Status ValidateInputs(const Locator& at, const Experiment& s, const std::string& spec_path,
+                            std::vector<LoadRequest>* prompts) {
+  auto bad = [&](std::initializer_list<const char*> fields, const std::string& msg) { return Bad(at, fields, msg); };
   // Files.
   if (s.model().path().empty()) return bad({"model"}, "model.path is required");
   struct FileField {
@@ -213,7 +218,14 @@ absl::Status Validate(const Locator& at, Experiment& s, const std::string& spec_
   for (auto [field, v] : {std::pair{"ttft_ms", s.slo().ttft_ms()}, {"tpot_ms", s.slo().tpot_ms()}, {"e2el_ms", s.slo().e2el_ms()}}) {
     if (!(v >= 0 && std::isfinite(v))) return bad({"slo", field}, absl::StrCat("slo.", field, ": ", Num(v), " is not a duration >= 0"));
   }
+  return absl::OkStatus();
+}
 
+// The mode, the endpoint and the sweep's values.
+absl::Status ValidateSweep(const Locator& at, const Experiment& s) {
+  auto bad = [&](std::initializer_list<const char*> fields, const std::string& msg, int index = -1) {
+    return Bad(at, fields, msg, index);
+  };
   // Mode and endpoint.
   const bool online = s.mode() == v1::ONLINE;
   const v1::Sweep& sw = s.sweep();
@@ -264,6 +276,11 @@ absl::Status Validate(const Locator& at, Experiment& s, const std::string& spec_
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Validate(const Locator& at, Experiment& s, const std::string& spec_path, std::vector<LoadRequest>* prompts) {
+  if (auto st = ValidateInputs(at, s, spec_path, prompts); !st.ok()) return st;
+  return ValidateSweep(at, s);
 }
 
 void FillDefaults(Experiment& s, const std::string& spec_path) {
