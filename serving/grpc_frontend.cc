@@ -229,7 +229,11 @@ GrpcFrontend::~GrpcFrontend() {
   if (impl_->server != nullptr) impl_->server->Shutdown(std::chrono::system_clock::now());
 }
 
-absl::StatusOr<std::unique_ptr<GrpcFrontend>> GrpcFrontend::Start(Server* server, const std::string& host, int port) {
+absl::StatusOr<std::unique_ptr<GrpcFrontend>> GrpcFrontend::Start(Server* server, const std::string& host, int port,
+                                                                  const SecurityOptions& security) {
+  if (!security.api_key.empty() || security.tls()) {
+    return absl::UnimplementedError("--api-key and --ssl-*: not supported yet on gRPC");
+  }
   auto impl = std::make_unique<Impl>();
   impl->service = std::make_unique<GenerationService>(server);
   grpc::EnableDefaultHealthCheckService(true);

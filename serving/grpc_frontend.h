@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "serving/security.h"
 #include "serving/server.h"
 
 namespace specula {
@@ -20,7 +21,8 @@ absl::StatusOr<ServeRequest> ParseGenerateRequest(const std::string& bytes);
 class GrpcFrontend {
  public:
   // Listens on host:port (0: a free port; see port()). `server` must outlive the front end.
-  static absl::StatusOr<std::unique_ptr<GrpcFrontend>> Start(Server* server, const std::string& host, int port);
+  static absl::StatusOr<std::unique_ptr<GrpcFrontend>> Start(Server* server, const std::string& host, int port,
+                                                             const SecurityOptions& security = {});
   ~GrpcFrontend();
   int port() const;
   // Health for every service: SERVING or NOT_SERVING.

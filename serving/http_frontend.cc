@@ -383,9 +383,14 @@ void HttpFrontend::Impl::Handle(const httplib::Request& req, httplib::Response& 
 HttpFrontend::HttpFrontend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 HttpFrontend::~HttpFrontend() { Stop(); }
 
-absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(Server* server, const std::string& host, int port,
-                                                                  int threads, size_t max_request_bytes,
+absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(Server* server, const HttpOptions& options,
                                                                   absl::StatusOr<ChatSource> chat) {
+  const std::string& host = options.host;
+  const int port = options.port, threads = options.threads;
+  const size_t max_request_bytes = options.max_request_bytes;
+  if (!options.security.api_key.empty() || options.security.tls()) {
+    return absl::UnimplementedError("--api-key and --ssl-*: not supported yet on HTTP");
+  }
   auto impl = std::make_unique<Impl>();
   impl->server = server;
   if (chat.ok()) {

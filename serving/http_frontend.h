@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "chat/chat.h"
+#include "serving/security.h"
 #include "serving/server.h"
 
 namespace specula {
@@ -27,13 +28,19 @@ absl::StatusOr<HttpRequestBody> ParseHttpRequestBody(const std::string& body, bo
                                                      const ChatTemplate* chat_template,
                                                      const absl::StatusOr<ChatSource>& chat_source);
 
+struct HttpOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;                 // 0: a free port (see port())
+  int threads = 128;            // connection threads: the most concurrent HTTP requests
+  size_t max_request_bytes = size_t{8} << 20;  // a larger body is a 413, never parsed
+  SecurityOptions security;
+};
+
 class HttpFrontend {
  public:
-  // Listens on host:port (0: a free port) with `threads` connection threads. `chat` is the model's
-  // chat template, or why it has none (chat requests then get a 400 that says so). A body larger
-  // than `max_request_bytes` is a 413, never parsed.
-  static absl::StatusOr<std::unique_ptr<HttpFrontend>> Start(Server* server, const std::string& host, int port,
-                                                             int threads, size_t max_request_bytes,
+  // Listens on options.host:port. `chat` is the model's chat template, or why it has none (chat
+  // requests then get a 400 that says so).
+  static absl::StatusOr<std::unique_ptr<HttpFrontend>> Start(Server* server, const HttpOptions& options,
                                                              absl::StatusOr<ChatSource> chat);
   ~HttpFrontend();  // stops listening; open streams end first
   int port() const;

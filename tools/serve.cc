@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +36,14 @@ within --drain-timeout-s; then the process exits 0. One line on stderr says when
   --http-threads N      HTTP connection threads: the most concurrent HTTP requests (default 128)
   --max-request-bytes N largest HTTP request body; a larger one is a 413, never parsed (default 8 MiB)
 
+Security (the key guards /v1/* and specula.v1.Generation; /health, /metrics and gRPC health stay
+open for probes and scrapers: keep them private with the network):
+  --api-key KEY         require `Authorization: Bearer KEY` on HTTP and the same `authorization`
+                        metadata on gRPC (401 / UNAUTHENTICATED otherwise); default $SPECULA_API_KEY
+  --ssl-certfile PEM    TLS on both ports with this certificate chain ...
+  --ssl-keyfile PEM     ... and this private key
+  --ssl-ca-certs PEM    and require client certificates signed by these CAs
+
 Admission control (refused at once: gRPC RESOURCE_EXHAUSTED, HTTP 429):
   --max-queue-len N     most requests waiting for a slot (default 0 = no limit)
   --max-queue-delay-ms MS  refuse a request whose predicted wait for a slot exceeds MS (default 0 = off)
@@ -53,6 +62,7 @@ struct ServeFlags {
   int64_t max_request_bytes = int64_t{8} << 20;
   double drain_timeout_s = 30;
   ServeOptions opt;
+  SecurityOptions security;
 };
 
 absl::StatusOr<ServeFlags> ReadServeFlags(const Flags& flags) {
@@ -79,6 +89,16 @@ absl::StatusOr<ServeFlags> ReadServeFlags(const Flags& flags) {
     return absl::InvalidArgumentError("--max-queue-len, --max-queue-delay-ms, --ttft-slo-ms and --drain-timeout-s must be >= 0");
   }
   if (auto it = flags.values.find("host"); it != flags.values.end()) f.host = it->second;
+  if (const char* env = std::getenv("SPECULA_API_KEY"); env != nullptr) f.security.api_key = env;
+  for (auto [flag, dst] : {std::pair<const char*, std::string*>{"api-key", &f.security.api_key},
+                           {"ssl-certfile", &f.security.ssl_certfile}, {"ssl-keyfile", &f.security.ssl_keyfile},
+                           {"ssl-ca-certs", &f.security.ssl_ca_certs}}) {
+    if (auto it = flags.values.find(flag); it != flags.values.end()) *dst = it->second;
+  }
+  if (flags.values.count("api-key") && f.security.api_key.empty()) {
+    return absl::InvalidArgumentError("--api-key: empty; give a key, or leave the flag out for none");
+  }
+  RETURN_IF_ERROR(ValidateSecurityOptions(f.security));
   return f;
 }
 
@@ -109,7 +129,8 @@ void ServeUntilSignal(const sigset_t& signals, double drain_timeout_s, Server& s
 absl::Status RunServe(int argc, char** argv) {
   std::set<std::string> known = kEngineFlags;
   known.insert({"host", "grpc-port", "http-port", "served-model-name", "chat-template", "http-threads", "max-request-bytes", "max-queue-len",
-                "max-queue-delay-ms", "ttft-slo-ms", "drain-timeout-s"});
+                "max-queue-delay-ms", "ttft-slo-ms", "drain-timeout-s", "api-key", "ssl-certfile", "ssl-keyfile",
+                "ssl-ca-certs"});
   std::set<std::string> switches = kEngineSwitches;
   switches.insert("help");
   ASSIGN_OR_RETURN(Flags flags, ParseFlags(argc, argv, known, switches));
@@ -141,10 +162,11 @@ absl::Status RunServe(int argc, char** argv) {
   opt.spec_method = options.speculation.method;
   opt.num_spec_tokens = e.proposer == nullptr ? "0" : e.adaptive() ? "auto" : absl::StrCat(e.num_spec());
   Server server(&engine, e.tokenizer.get(), e.model->config(), opt);
-  ASSIGN_OR_RETURN(auto grpc, GrpcFrontend::Start(&server, f.host, f.grpc_port));
+  ASSIGN_OR_RETURN(auto grpc, GrpcFrontend::Start(&server, f.host, f.grpc_port, f.security));
   const std::string chat_template = flags.values.count("chat-template") ? flags.values["chat-template"] : "";
-  ASSIGN_OR_RETURN(auto http, HttpFrontend::Start(&server, f.host, f.http_port, f.http_threads,
-                                                  static_cast<size_t>(f.max_request_bytes),
+  const HttpOptions http_options{f.host, f.http_port, f.http_threads, static_cast<size_t>(f.max_request_bytes),
+                                 f.security};
+  ASSIGN_OR_RETURN(auto http, HttpFrontend::Start(&server, http_options,
                                                   FindChatTemplate(options.target.model, chat_template)));
   std::fprintf(stderr, "[specula] serving %s on grpc %s:%d and http %s:%d (max %d sequences, %d KV blocks): ready\n",
                opt.model_name.c_str(), f.host.c_str(), grpc->port(), f.host.c_str(), http->port(), sc.max_num_seqs,
