@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -16,6 +17,14 @@
 
 namespace specula {
 
+// One token's log-probabilities under the target's raw logits (the log-softmax before any sampling
+// processing: vLLM's default logprobs mode): the token's own and the most likely tokens', best first.
+struct TokenLogprobs {
+  TokenId token = 0;
+  float logprob = 0;
+  std::vector<std::pair<TokenId, float>> top;  // [the request's logprobs count]
+};
+
 struct Request {
   RequestId id = 0;
   std::vector<TokenId> prompt;
@@ -25,6 +34,11 @@ struct Request {
   std::vector<std::string> stop_strings;  // needs a tokenizer
   bool ignore_eos = false;
   int32_t priority = 0;
+  // -1: none. N >= 0: each generated token's TokenLogprobs with the N most likely tokens.
+  int32_t logprobs = -1;
+  // -1: none. N >= 0: the same for every prompt token after the first (the prompt then skips the
+  // prefix cache: every position must be computed to be scored).
+  int32_t prompt_logprobs = -1;
 };
 
 struct RequestOutput {
@@ -40,6 +54,8 @@ struct RequestOutput {
   // the waiting queue; 0: never).
   double arrival_ms = 0, scheduled_ms = 0, first_token_ms = 0, finish_ms = 0;
   std::vector<double> token_ms;  // [tokens]
+  std::vector<TokenLogprobs> logprobs;         // [tokens] when the request asked
+  std::vector<TokenLogprobs> prompt_logprobs;  // [prompt_tokens - 1] when the request asked
 
   SpecStats spec;  // drafts, draft tokens, accepted tokens, accepted per position
 
@@ -57,6 +73,8 @@ struct RequestOutput {
 struct RequestDelta {
   RequestId id = 0;
   std::vector<TokenId> tokens;
+  std::vector<TokenLogprobs> logprobs;         // [tokens] when the request asked
+  std::vector<TokenLogprobs> prompt_logprobs;  // the first delta's, when the request asked
   std::string text;
   bool finished = false;
   absl::Status error;  // not OK: the request was refused (bad input) and never ran

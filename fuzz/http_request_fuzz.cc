@@ -12,7 +12,7 @@
 #include "chat/chat.h"
 #include "chat/chat_template.h"
 #include "fuzz/fuzz_util.h"
-#include "serving/http_frontend.h"
+#include "serving/openai_api.h"
 #include "serving/server.h"
 #include "tokenizer/tokenizer.h"
 

@@ -15,19 +15,6 @@
 
 namespace specula {
 
-// A POST body of /v1/completions (`chat` false) or /v1/chat/completions (`chat` true), as the
-// handler reads it before Server::Submit validates the request: the error is the one the client
-// gets (INVALID_ARGUMENT naming the field: 400; NOT_FOUND for another `model`: 404). Chat
-// messages are rendered with `chat_template` (null: chat is off, and `chat_source` says why).
-struct HttpRequestBody {
-  ServeRequest request;
-  bool stream = false;           // "stream": true
-  bool usage_in_stream = false;  // "stream_options": {"include_usage": true}
-};
-absl::StatusOr<HttpRequestBody> ParseHttpRequestBody(const std::string& body, bool chat, const std::string& model,
-                                                     const ChatTemplate* chat_template,
-                                                     const absl::StatusOr<ChatSource>& chat_source);
-
 struct HttpOptions {
   std::string host = "127.0.0.1";
   int port = 0;                 // 0: a free port (see port())

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 
 namespace specula {
 
@@ -93,7 +94,7 @@ absl::Status Server::Validate(const ServeRequest& r, std::vector<TokenId>* promp
   return ValidateServeRequest(r, *tokenizer_, model_.vocab_size, scheduler_.max_model_len, options_.add_bos, prompt);
 }
 
-absl::StatusOr<Admitted> Server::Submit(const ServeRequest& r) {
+absl::StatusOr<Request> Server::Admit(const ServeRequest& r) {
   if (draining_) {
     metrics_.OnRejected("draining");
     return absl::UnavailableError("the server is draining (shutting down); retry on another replica");
@@ -124,10 +125,132 @@ absl::StatusOr<Admitted> Server::Submit(const ServeRequest& r) {
   req.stop_strings = r.stop;
   req.ignore_eos = r.ignore_eos;
   req.priority = r.priority;
-  Admitted a{req.id, nullptr, static_cast<int32_t>(req.prompt.size())};
+  req.logprobs = r.logprobs;
+  req.prompt_logprobs = r.prompt_logprobs;
+  return req;
+}
+
+std::shared_ptr<RequestStream> Server::Enqueue(Request r) {
   ++in_flight_;  // before Submit: the loop may finish it before we return
-  a.stream = loop_->Submit(std::move(req));
+  return loop_->Submit(std::move(r));
+}
+
+absl::StatusOr<Admitted> Server::Submit(const ServeRequest& r) {
+  if (r.n != 1) return absl::InvalidArgumentError(absl::StrCat(r.field_prefix, "n: ", r.n, " samples need Generate"));
+  ASSIGN_OR_RETURN(Request req, Admit(r));
+  Admitted a{req.id, nullptr, static_cast<int32_t>(req.prompt.size())};
+  a.stream = Enqueue(std::move(req));
   return a;
+}
+
+absl::StatusOr<std::shared_ptr<Generation>> Server::Generate(const ServeRequest& r) {
+  if (r.n < 1 || r.n > kMaxSamples) {
+    metrics_.OnRejected("invalid_argument");
+    return absl::InvalidArgumentError(absl::StrCat(r.field_prefix, "n: must be in [1, ", kMaxSamples, "], got ", r.n));
+  }
+  ASSIGN_OR_RETURN(Request first, Admit(r));
+  // Sample i draws from seed + i: distinct samples, reproducible with a seed.
+  std::vector<Request> samples(r.n, first);
+  for (int32_t i = 1; i < r.n; ++i) {
+    samples[i].id = next_id_++;
+    samples[i].sampling.seed = first.sampling.seed + static_cast<uint64_t>(i);
+  }
+  std::shared_ptr<Generation> g(new Generation(this, std::move(samples)));
+  std::vector<std::shared_ptr<RequestStream>> fresh;
+  {
+    std::lock_guard<std::mutex> lock(g->mu_);
+    fresh = g->SubmitUpTo(1);
+  }
+  g->Listen(fresh);
+  return g;
+}
+
+Generation::Generation(Server* server, std::vector<Request> requests)
+    : server_(server), prompt_(requests[0].prompt), requests_(std::move(requests)) {
+  for (const Request& r : requests_) ids_.push_back(r.id);
+}
+
+Generation::~Generation() { Cancel(); }
+
+void Generation::Notify() {
+  std::function<void()> listener;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    listener = listener_;
+    cv_.notify_all();
+  }
+  if (listener) listener();
+}
+
+std::vector<std::shared_ptr<RequestStream>> Generation::SubmitUpTo(size_t n) {
+  std::vector<std::shared_ptr<RequestStream>> fresh;
+  for (size_t i = streams_.size(); i < n; ++i) {
+    streams_.push_back(server_->Enqueue(std::move(requests_[i])));
+    fresh.push_back(streams_.back());
+  }
+  return fresh;
+}
+
+void Generation::Listen(const std::vector<std::shared_ptr<RequestStream>>& streams) {
+  // A delta may arrive after the generation is gone (its reader dropped it): the listener holds
+  // only a weak reference.
+  for (const auto& s : streams) {
+    s->SetListener([self = weak_from_this()] {
+      if (auto g = self.lock()) g->Notify();
+    });
+  }
+}
+
+std::optional<Generation::Event> Generation::Next(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (!aborted_.empty()) {
+      Event e{static_cast<int32_t>(n() - aborted_.size()), std::move(aborted_.front())};
+      aborted_.erase(aborted_.begin());
+      return e;
+    }
+    for (size_t k = 0; k < streams_.size(); ++k) {
+      const size_t i = (next_stream_ + k) % streams_.size();
+      if (auto d = streams_[i]->Next(std::chrono::milliseconds(0))) {
+        next_stream_ = i + 1;
+        Event e{static_cast<int32_t>(i), *std::move(d)};
+        // Sample 0's first delta: its prompt's full blocks are cached, the others can share them.
+        if (i == 0 && streams_.size() == 1 && !cancelled_ && n() > 1) {
+          auto fresh = SubmitUpTo(requests_.size());
+          lock.unlock();  // a listener may run at once, and it takes the lock
+          Listen(fresh);
+        }
+        return e;
+      }
+    }
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) return std::nullopt;
+  }
+}
+
+void Generation::SetListener(std::function<void()> listener) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    listener_ = listener;
+  }
+  if (listener) listener();  // events may be waiting; Next says
+}
+
+void Generation::Cancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cancelled_) return;
+  cancelled_ = true;
+  for (size_t i = 0; i < streams_.size(); ++i) server_->Cancel(ids_[i]);
+  for (size_t i = streams_.size(); i < requests_.size(); ++i) {  // never submitted: end them here
+    RequestDelta d;
+    d.id = ids_[i];
+    d.finished = true;
+    d.final.id = ids_[i];
+    d.final.finish = FinishReason::kAborted;
+    d.final.prompt_tokens = static_cast<int32_t>(prompt_.size());
+    aborted_.push_back(std::move(d));
+  }
+  cv_.notify_all();
 }
 
 void Server::Cancel(RequestId id) { loop_->Cancel(id); }

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <functional>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -41,7 +43,61 @@ struct ServeRequest {
   std::vector<std::string> stop;
   bool ignore_eos = false;
   int32_t priority = 0;
+  int32_t n = 1;                  // samples, sharing the prompt's KV blocks
+  int32_t logprobs = -1;          // -1: none; N: each token's logprob and the N most likely (<= kMaxLogprobs)
+  int32_t prompt_logprobs = -1;   // -1: none; N: the same for the prompt's tokens (no prefix cache then)
   std::string field_prefix;
+};
+
+// The most alternatives a token's logprobs list (vLLM's default max_logprobs; OpenAI's limit).
+inline constexpr int32_t kMaxLogprobs = 20;
+// The most samples one request may ask for.
+inline constexpr int32_t kMaxSamples = 128;
+
+class Server;
+
+// One admitted call: its n samples, each a request of its own. With n > 1 sample 0 runs first and
+// the others are submitted once it has a token: its prompt's full blocks are then in the prefix
+// cache, so the prompt's KV is computed once (each sample recomputes only the last, partial block,
+// as in vLLM). Events come in each sample's order; thread-safe.
+class Generation : public std::enable_shared_from_this<Generation> {
+ public:
+  ~Generation();  // cancels the samples still running
+  struct Event {
+    int32_t index;  // the sample
+    RequestDelta delta;
+  };
+  // The next event, waiting at most `timeout`; nullopt if none came by then, or after the last.
+  std::optional<Event> Next(std::chrono::milliseconds timeout);
+  // Called after each delta arrives (on the engine loop's thread: return quickly, never block; it
+  // may call Next), and once at once if events are waiting.
+  void SetListener(std::function<void()> listener);
+  // Aborts every sample (their KV is free after the next step); each still ends with a last delta.
+  void Cancel();
+  int32_t n() const { return static_cast<int32_t>(requests_.size()); }
+  RequestId id() const { return ids_[0]; }  // sample 0's
+  const std::vector<TokenId>& prompt() const { return prompt_; }
+
+ private:
+  friend class Server;
+  Generation(Server* server, std::vector<Request> requests);
+  // Submits samples [submitted, n) (mu_ held) and returns their streams, whose listeners Listen
+  // sets once mu_ is released (a listener may run at once, and it takes mu_).
+  std::vector<std::shared_ptr<RequestStream>> SubmitUpTo(size_t n);
+  void Listen(const std::vector<std::shared_ptr<RequestStream>>& streams);
+  void Notify();
+
+  Server* const server_;
+  std::vector<TokenId> prompt_;
+  std::vector<Request> requests_;  // [n]: what each sample submits (moved out when it does)
+  std::vector<RequestId> ids_;     // [n]
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<RequestStream>> streams_;  // [submitted samples]
+  std::vector<RequestDelta> aborted_;   // samples cancelled before they were submitted: their last delta
+  size_t next_stream_ = 0;              // round robin over the streams in Next
+  bool cancelled_ = false;
+  std::function<void()> listener_;
 };
 
 // The checks Server::Submit runs on a request before admission (the front ends' parsers feed it;
@@ -67,6 +123,8 @@ class Server {
   // Validates, admits and queues a request. Errors: INVALID_ARGUMENT naming the field and value,
   // RESOURCE_EXHAUSTED when admission refuses, UNAVAILABLE while draining. Refusals are counted.
   absl::StatusOr<Admitted> Submit(const ServeRequest& r);
+  // The same for a request of r.n samples (one admission for all of them).
+  absl::StatusOr<std::shared_ptr<Generation>> Generate(const ServeRequest& r);
   // Aborts an admitted request; its KV blocks are free after the next step.
   void Cancel(RequestId id);
   void CancelAll() { loop_->CancelAll(); }
@@ -88,7 +146,11 @@ class Server {
   const SchedulerConfig& scheduler_config() const { return scheduler_; }
 
  private:
+  friend class Generation;
   absl::Status Validate(const ServeRequest& r, std::vector<TokenId>* prompt) const;
+  // Validation and admission: the engine request of sample 0, or the refusal (counted).
+  absl::StatusOr<Request> Admit(const ServeRequest& r);
+  std::shared_ptr<RequestStream> Enqueue(Request r);
   double NowS() const;
   void OnFinished(const RequestOutput& out);
   void Done();  // an admitted request is no longer in flight

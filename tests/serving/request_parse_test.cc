@@ -1,6 +1,7 @@
 // Request parsing in the front ends, as the fuzz targets drive it (fuzz/http_request_fuzz.cc,
 // fuzz/grpc_request_fuzz.cc): a body or message becomes a ServeRequest, or an error naming the
 // field, never an exception; then the server's validation.
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -8,7 +9,7 @@
 #include "chat/chat_template.h"
 #include "gtest/gtest.h"
 #include "serving/grpc_frontend.h"
-#include "serving/http_frontend.h"
+#include "serving/openai_api.h"
 #include "serving/server.h"
 #include "tests/test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -58,9 +59,8 @@ TEST_F(HttpBodyTest, FieldsOfAnotherTypeAreNotExceptions) {
 // A field that would change the output and is not implemented is refused by name (a 400), never
 // ignored; its neutral values pass. Roles are OpenAI's.
 TEST_F(HttpBodyTest, UnimplementedFieldsAndUnknownRolesAreRefusedByName) {
-  for (const char* field : {R"("frequency_penalty": 2)", R"("presence_penalty": -1)", R"("logit_bias": {"5": 100})",
-                            R"("response_format": {"type": "json_object"})", R"("tools": [{"type": "function"}])",
-                            R"("tool_choice": "required")", R"("guided_json": {})"}) {
+  for (const char* field : {R"("response_format": {"type": "json_object"})", R"("tools": [{"type": "function"}])",
+                            R"("tool_choice": "required")", R"("guided_json": {})", R"("suffix": "end")"}) {
     auto c = Parse(absl::StrCat(R"({"prompt": "hi", )", field, "}"), false);
     ASSERT_FALSE(c.ok()) << field;
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << field;
@@ -70,11 +70,64 @@ TEST_F(HttpBodyTest, UnimplementedFieldsAndUnknownRolesAreRefusedByName) {
   auto neutral = Parse(R"({"prompt": "hi", "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {},
                            "tools": [], "tool_choice": "none", "response_format": {"type": "text"}})", false);
   EXPECT_TRUE(neutral.ok()) << neutral.status();
+  auto echo = Parse(R"({"messages": [{"role": "user", "content": "hi"}], "echo": true})", true);
+  EXPECT_EQ(echo.status().message().rfind("echo:", 0), 0u) << echo.status();
   auto robot = Parse(R"({"messages": [{"role": "robot", "content": "hi"}]})", true);
   ASSERT_FALSE(robot.ok());
   EXPECT_NE(robot.status().message().find("messages[0].role: 'robot'"), std::string::npos) << robot.status();
   for (const char* role : {"system", "developer", "user", "assistant", "tool"}) {
     EXPECT_TRUE(Parse(absl::StrCat(R"({"messages": [{"role": ")", role, R"(", "content": "hi"}]})"), true).ok()) << role;
+  }
+}
+
+// Logprobs, samples, echo, penalties and biases: parsed into the request, bad values refused by name.
+TEST_F(HttpBodyTest, LogprobsSamplesPenaltiesAndBiases) {
+  auto c = Parse(R"({"prompt": "hi", "logprobs": 3, "echo": true, "n": 2, "best_of": 5, "frequency_penalty": 0.5,
+                     "presence_penalty": -1, "logit_bias": {"7": -100, "12": 2.5}})", false);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->logprobs, 3);
+  EXPECT_EQ(c->request.logprobs, 3);
+  EXPECT_EQ(c->request.prompt_logprobs, 3);  // echo with logprobs scores the prompt too
+  EXPECT_TRUE(c->echo);
+  EXPECT_EQ(c->n, 2);
+  EXPECT_EQ(c->request.n, 5);  // best_of samples are drawn
+  EXPECT_FLOAT_EQ(c->request.sampling.frequency_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(c->request.sampling.presence_penalty, -1.0f);
+  ASSERT_EQ(c->request.sampling.logit_bias.size(), 2u);
+  auto bias = c->request.sampling.logit_bias;
+  std::sort(bias.begin(), bias.end());
+  EXPECT_EQ(bias, (std::vector<std::pair<TokenId, float>>{{7, -100.0f}, {12, 2.5f}}));
+  auto best = Parse(R"({"prompt": "hi", "best_of": 3})", false);
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->logprobs, -1);          // not shown ...
+  EXPECT_EQ(best->request.logprobs, 0);   // ... but computed, to rank the samples
+  auto chat = Parse(R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 4})", true);
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->request.logprobs, 4);
+  EXPECT_EQ(chat->request.prompt_logprobs, -1);
+  auto chat_off = Parse(R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": false})", true);
+  ASSERT_TRUE(chat_off.ok()) << chat_off.status();
+  EXPECT_EQ(chat_off->request.logprobs, -1);
+  struct BadCase {
+    const char* body;
+    bool chat;
+    const char* field;
+  };
+  for (const BadCase& b : {BadCase{R"("logprobs": 21)", false, "logprobs:"}, {R"("logprobs": true)", false, "logprobs:"},
+                           {R"("top_logprobs": 2)", false, "top_logprobs:"}, {R"("n": 0)", false, "n:"},
+                           {R"("n": 3, "best_of": 2)", false, "best_of:"},
+                           {R"("best_of": 2, "stream": true)", false, "best_of:"},
+                           {R"("logit_bias": {"x": 1})", false, "logit_bias:"},
+                           {R"("logit_bias": [1])", false, "logit_bias:"},
+                           {R"("frequency_penalty": "high")", false, "frequency_penalty:"},
+                           {R"("top_logprobs": 2)", true, "top_logprobs:"},
+                           {R"("logprobs": true, "top_logprobs": 30)", true, "top_logprobs:"},
+                           {R"("logprobs": 1)", true, "logprobs:"}, {R"("best_of": 2)", true, "best_of:"}}) {
+    const std::string body = b.chat ? absl::StrCat(R"({"messages": [{"role": "user", "content": "hi"}], )", b.body, "}")
+                                    : absl::StrCat(R"({"prompt": "hi", )", b.body, "}");
+    auto r = Parse(body, b.chat);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.status().message().rfind(b.field, 0), 0u) << body << " -> " << r.status();
   }
 }
 

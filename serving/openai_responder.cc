@@ -1,0 +1,213 @@
+// OpenAiResponder: one call's deltas as OpenAI completions and chat completions (openai_api.h).
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "serving/openai_api.h"
+
+namespace specula {
+namespace {
+
+using json = nlohmann::json;
+using Sample = OpenAiResponder::Sample;
+
+// JSON has no -inf: vLLM's floor for a token of probability 0.
+float Finite(float lp) { return std::isfinite(lp) ? lp : -9999.0f; }
+
+const char* FinishName(FinishReason f) {
+  switch (f) {
+    case FinishReason::kStopToken:
+    case FinishReason::kStopString: return "stop";
+    case FinishReason::kMaxTokens: return "length";
+    default: return "abort";
+  }
+}
+
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string Event(const json& j) { return "data: " + Dump(j) + "\n\n"; }
+
+json Bytes(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(c);
+  return b;
+}
+
+// The text of each scored token, decoded after the token before it (`prev`, -1: none).
+struct Scored {
+  TokenId prev;
+  const TokenLogprobs* lp;  // null: the first prompt token, which nothing scores
+  TokenId token;
+};
+
+// Completions' logprobs object ({tokens, token_logprobs, top_logprobs, text_offset}) for `scored`,
+// its offsets counted from *offset. The sampled token is always among top_logprobs (as vLLM).
+json CompletionLogprobs(const Tokenizer& tok, const std::vector<Scored>& scored, size_t* offset) {
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const Scored& s : scored) {
+    const std::string text = tok.DecodeToken(s.prev, s.token);
+    tokens.push_back(text);
+    offsets.push_back(*offset);
+    *offset += text.size();
+    if (s.lp == nullptr) {
+      token_lps.push_back(nullptr);
+      tops.push_back(nullptr);
+      continue;
+    }
+    token_lps.push_back(Finite(s.lp->logprob));
+    json top = json::object();
+    for (const auto& [id, lp] : s.lp->top) top[tok.DecodeToken(s.prev, id)] = Finite(lp);
+    top[text] = Finite(s.lp->logprob);
+    tops.push_back(std::move(top));
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+// Chat's logprobs object ({"content": [{token, logprob, bytes, top_logprobs}]}).
+json ChatLogprobs(const Tokenizer& tok, const std::vector<Scored>& scored) {
+  json content = json::array();
+  for (const Scored& s : scored) {
+    const std::string text = tok.DecodeToken(s.prev, s.token);
+    json top = json::array();
+    for (const auto& [id, lp] : s.lp->top) {
+      const std::string t = tok.DecodeToken(s.prev, id);
+      top.push_back({{"token", t}, {"logprob", Finite(lp)}, {"bytes", Bytes(t)}});
+    }
+    content.push_back({{"token", text}, {"logprob", Finite(s.lp->logprob)}, {"bytes", Bytes(text)}, {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
+
+// The generated tokens [from, to) of a sample, each after the one before it.
+std::vector<Scored> Generated(const Sample& s, const std::vector<TokenId>& prompt, size_t from, size_t to) {
+  std::vector<Scored> out;
+  for (size_t k = from; k < to && k < s.logprobs.size(); ++k) {
+    out.push_back({k > 0 ? s.tokens[k - 1] : prompt.back(), &s.logprobs[k], s.tokens[k]});
+  }
+  return out;
+}
+
+std::vector<Scored> PromptScored(const Sample& s, const std::vector<TokenId>& prompt) {
+  std::vector<Scored> out;
+  for (size_t p = 0; p < prompt.size(); ++p) {
+    out.push_back({p > 0 ? prompt[p - 1] : -1, p > 0 && p - 1 < s.prompt_logprobs.size() ? &s.prompt_logprobs[p - 1] : nullptr,
+                   prompt[p]});
+  }
+  return out;
+}
+
+double TotalLogprob(const Sample& s) {
+  double t = 0;
+  for (const TokenLogprobs& lp : s.logprobs) t += lp.logprob;
+  return t;
+}
+
+}  // namespace
+
+OpenAiResponder::OpenAiResponder(const HttpRequestBody& call, std::string model, std::string id,
+                                 const Generation& generation, const Tokenizer* tokenizer, std::time_t created)
+    : call_(call), model_(std::move(model)), id_(std::move(id)), created_(created), tokenizer_(tokenizer),
+      prompt_(generation.prompt()), samples_(generation.n()), prompt_tokens_(static_cast<int32_t>(prompt_.size())) {}
+
+std::string OpenAiResponder::EchoText() const {
+  if (!call_.echo) return "";
+  return call_.request.prompt.empty() ? tokenizer_->Decode(prompt_) : call_.request.prompt;
+}
+
+absl::StatusOr<std::string> OpenAiResponder::Add(int32_t index, const RequestDelta& d) {
+  Sample& s = samples_.at(index);
+  const size_t before = s.tokens.size();
+  s.text += d.text;
+  s.tokens.insert(s.tokens.end(), d.tokens.begin(), d.tokens.end());
+  s.logprobs.insert(s.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+  if (!d.prompt_logprobs.empty()) s.prompt_logprobs = d.prompt_logprobs;
+  if (d.finished && !s.finished) {
+    s.finished = true;
+    s.final = d.final;
+    ++finished_;
+  }
+  if (!d.error.ok() && !call_.stream) return d.error;
+  if (call_.stream) {
+    RequestDelta fresh;
+    fresh.text = d.text;
+    fresh.finished = d.finished;
+    fresh.error = d.error;
+    fresh.final.finish = d.final.finish;
+    fresh.tokens.assign(s.tokens.begin() + before, s.tokens.end());
+    return StreamEvents(index, fresh, !d.error.ok());
+  }
+  return done() ? Body() : std::string();
+}
+
+std::string OpenAiResponder::StreamEvents(int32_t index, const RequestDelta& d, bool refused) {
+  Sample& s = samples_[index];
+  const char* object = call_.chat ? "chat.completion.chunk" : "text_completion";
+  std::string out;
+  if (refused) {
+    out = "data: " + ErrorJson(d.error, HttpStatusOf(d.error)) + "\n\n";
+  } else {
+    json c = {{"index", index}, {"logprobs", nullptr},
+              {"finish_reason", d.finished ? json(FinishName(d.final.finish)) : json(nullptr)}};
+    const size_t to = s.tokens.size(), from = to - d.tokens.size();
+    if (call_.chat) {
+      c["delta"] = s.first_sent ? json{{"content", d.text}} : json{{"role", "assistant"}, {"content", d.text}};
+      if (call_.logprobs >= 0) c["logprobs"] = ChatLogprobs(*tokenizer_, Generated(s, prompt_, from, to));
+    } else {
+      std::vector<Scored> scored = s.first_sent || !call_.echo ? std::vector<Scored>{} : PromptScored(s, prompt_);
+      c["text"] = (s.first_sent ? "" : EchoText()) + d.text;
+      const std::vector<Scored> gen = Generated(s, prompt_, from, to);
+      scored.insert(scored.end(), gen.begin(), gen.end());
+      if (call_.logprobs >= 0) c["logprobs"] = CompletionLogprobs(*tokenizer_, scored, &s.offset);
+    }
+    s.first_sent = true;
+    out = Event({{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}, {"choices", {c}}});
+  }
+  if (!done()) return out;
+  if (call_.usage_in_stream) {
+    int32_t completion = 0;
+    for (const Sample& x : samples_) completion += static_cast<int32_t>(x.tokens.size());
+    out += Event({{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}, {"choices", json::array()},
+                  {"usage", {{"prompt_tokens", prompt_tokens_}, {"completion_tokens", completion},
+                             {"total_tokens", prompt_tokens_ + completion}}}});
+  }
+  return out + "data: [DONE]\n\n";
+}
+
+std::string OpenAiResponder::Body() const {
+  // The choices: every sample in order, or best_of's n with the highest total logprob.
+  std::vector<size_t> order(samples_.size());
+  std::iota(order.begin(), order.end(), 0);
+  if (static_cast<size_t>(call_.n) < samples_.size()) {
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return TotalLogprob(samples_[a]) > TotalLogprob(samples_[b]); });
+    order.resize(call_.n);
+  }
+  json choices = json::array();
+  int32_t completion = 0, cached = samples_[0].final.cached_prompt_tokens;
+  for (const Sample& x : samples_) completion += static_cast<int32_t>(x.tokens.size());
+  for (size_t c = 0; c < order.size(); ++c) {
+    const Sample& s = samples_[order[c]];
+    json choice = {{"index", c}, {"logprobs", nullptr}, {"finish_reason", FinishName(s.final.finish)}};
+    const bool show = call_.logprobs >= 0;  // best_of's own logprobs stay inside
+    if (call_.chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", s.text}};
+      if (show) choice["logprobs"] = ChatLogprobs(*tokenizer_, Generated(s, prompt_, 0, s.tokens.size()));
+    } else {
+      choice["text"] = EchoText() + s.text;
+      if (show) {
+        std::vector<Scored> scored = call_.echo ? PromptScored(s, prompt_) : std::vector<Scored>{};
+        const std::vector<Scored> gen = Generated(s, prompt_, 0, s.tokens.size());
+        scored.insert(scored.end(), gen.begin(), gen.end());
+        size_t offset = 0;
+        choice["logprobs"] = CompletionLogprobs(*tokenizer_, scored, &offset);
+      }
+    }
+    choices.push_back(std::move(choice));
+  }
+  json usage = {{"prompt_tokens", prompt_tokens_}, {"completion_tokens", completion},
+                {"total_tokens", prompt_tokens_ + completion}, {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+  return Dump({{"id", id_}, {"object", call_.chat ? "chat.completion" : "text_completion"}, {"created", created_},
+               {"model", model_}, {"choices", choices}, {"usage", usage}});
+}
+
+}  // namespace specula
