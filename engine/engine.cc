@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "engine/logprobs.h"
 #include "model/forward_cost.h"
 #include "verify/verify.h"
 
@@ -74,7 +75,9 @@ absl::Status Engine::AddRequest(Request r) {
   if (active_.count(r.id)) return absl::AlreadyExistsError(absl::StrCat("request id ", r.id, " is already in use"));
   if (auto st = ValidateRequest(r, model_->config().vocab_size, tokenizer_ != nullptr); !st.ok()) return st;
   const double now = NowMs();
-  NewSequence n{r.id, r.prompt, r.max_tokens, StopTokenIds(r, model_->config(), tokenizer_), r.priority, now};
+  NewSequence n{r.id, r.prompt, r.max_tokens, StopTokenIds(r, model_->config(), tokenizer_), r.priority, now,
+                r.prompt_logprobs >= 0};
+  r.sampling.output_start = static_cast<int32_t>(r.prompt.size());  // penalties count the generated tokens
   if (auto st = scheduler_.Add(std::move(n)); !st.ok()) return st;
   outputs_.Add(r, now);
   Active a;
@@ -200,6 +203,7 @@ absl::StatusOr<Engine::Ran> Engine::Forward(const StepPlan& plan, const Drafts& 
   ForwardBatch batch;
   Ran ran;
   ran.row_of.resize(plan.seqs.size());
+  ran.prompt_row.assign(plan.seqs.size(), -1);
   fed_.resize(plan.seqs.size());
   int32_t rows = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
@@ -214,8 +218,12 @@ absl::StatusOr<Engine::Ran> Engine::Forward(const StepPlan& plan, const Drafts& 
       rows += static_cast<int32_t>(fed_[i].size());
       stats_.decode_tokens += 1;
     } else {
-      batch.seqs.push_back({absl::MakeConstSpan(st->tokens).subspan(s.start_pos, s.num_tokens), s.start_pos, st->blocks});
-      rows += 1;
+      const bool scores = ScoresPrompt(s);  // every row of the chunk, not just its last
+      batch.seqs.push_back({absl::MakeConstSpan(st->tokens).subspan(s.start_pos, s.num_tokens), s.start_pos, st->blocks,
+                            scores});
+      ran.prompt_row[i] = scores ? rows : -1;
+      ran.row_of[i] = scores ? rows + s.num_tokens - 1 : rows;
+      rows += scores ? s.num_tokens : 1;
       const bool decodes = s.samples && s.num_tokens == 1 && s.start_pos >= st->num_prompt;
       (decodes ? stats_.decode_tokens : stats_.prefill_tokens) += decodes ? 1 : s.num_tokens;
     }
@@ -232,6 +240,7 @@ absl::StatusOr<Engine::Ran> Engine::Forward(const StepPlan& plan, const Drafts& 
 absl::StatusOr<StepResult> Engine::Verify(const StepPlan& plan, const Drafts& drafts, const Ran& ran) {
   verified_.assign(plan.seqs.size(), VerifyResult{});
   RETURN_IF_ERROR(backend_verifier_ != nullptr ? VerifyOnBackend(plan, drafts, ran) : VerifyOnHost(plan, drafts, ran));
+  RETURN_IF_ERROR(Score(plan, ran));
   StepResult result;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
@@ -317,7 +326,10 @@ void Engine::Update(const StepPlan& plan, const StepResult& result, const Drafts
     // The scheduler keeps the tokens up to a stop token or the length limit; so do the outputs.
     const size_t kept = st.num_generated() - outputs_.num_tokens(o.id);
     stats_.generated_tokens += static_cast<int64_t>(kept);
-    if (outputs_.Append(o.id, absl::MakeConstSpan(o.new_tokens).first(kept), now, st.num_cached_prompt)) {
+    auto lp = step_logprobs_.find(o.id);
+    const auto logprobs = lp == step_logprobs_.end() ? absl::Span<const TokenLogprobs>()
+                                                     : absl::MakeConstSpan(lp->second).first(std::min(kept, lp->second.size()));
+    if (outputs_.Append(o.id, absl::MakeConstSpan(o.new_tokens).first(kept), now, st.num_cached_prompt, logprobs)) {
       stop_strings.push_back(o.id);
       if (st.status != SeqStatus::kFinished) finished.push_back(o.id);
       scheduler_.Finish(o.id, FinishReason::kStopString);
@@ -333,6 +345,47 @@ void Engine::Update(const StepPlan& plan, const StepResult& result, const Drafts
       spec_.proposer->Rollback(st->id, st->num_computed);  // the draft's watermark follows the target's
     }
   }
+}
+
+bool Engine::ScoresPrompt(const ScheduledSeq& s) const {
+  const Active& a = active_.at(s.id);
+  if (a.request.prompt_logprobs < 0) return false;
+  const int32_t num_prompt = scheduler_.Get(s.id)->num_prompt;
+  // Row j scores position start_pos + j + 1; positions 1 .. num_prompt - 1 are the prompt's.
+  return s.start_pos + 1 < num_prompt && outputs_.num_prompt_logprobs(s.id) < static_cast<size_t>(num_prompt - 1);
+}
+
+absl::StatusOr<absl::Span<const float>> Engine::LogitsRow(int32_t row) {
+  const size_t vocab = model_->config().vocab_size;
+  if (backend_verifier_ == nullptr) return absl::MakeConstSpan(logits_).subspan(static_cast<size_t>(row) * vocab, vocab);
+  row_.resize(vocab);
+  model_->backend().CopyOut(row_.data(), model_->backend_logits() + static_cast<size_t>(row) * vocab, vocab * sizeof(float));
+  RETURN_IF_ERROR(model_->backend().Sync());
+  return absl::MakeConstSpan(row_);
+}
+
+absl::Status Engine::Score(const StepPlan& plan, const Ran& ran) {
+  step_logprobs_.clear();
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
+    const Request& r = active_.at(s.id).request;
+    if (ran.prompt_row[i] >= 0) {
+      const SequenceState& st = *scheduler_.Get(s.id);
+      for (int32_t j = 0; j < s.num_tokens && s.start_pos + j + 1 < st.num_prompt; ++j) {
+        const int32_t pos = s.start_pos + j + 1;
+        if (outputs_.num_prompt_logprobs(s.id) != static_cast<size_t>(pos - 1)) continue;  // scored before
+        ASSIGN_OR_RETURN(auto row, LogitsRow(ran.prompt_row[i] + j));
+        outputs_.AddPromptLogprobs(s.id, ScoreToken(row, st.tokens[pos], r.prompt_logprobs));
+      }
+    }
+    if (!s.samples || r.logprobs < 0) continue;
+    std::vector<TokenLogprobs>& out = step_logprobs_[s.id];
+    for (size_t j = 0; j < verified_[i].tokens.size(); ++j) {
+      ASSIGN_OR_RETURN(auto row, LogitsRow(ran.row_of[i] + static_cast<int32_t>(j)));
+      out.push_back(ScoreToken(row, verified_[i].tokens[j], r.logprobs));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void Engine::FailStep(const StepPlan& plan, const absl::Status& status) {

@@ -104,7 +104,8 @@ class Engine {
   };
   // The step's forward: each sequence's first logits row, and the work as it ran.
   struct Ran {
-    std::vector<int32_t> row_of;  // [plan.seqs]
+    std::vector<int32_t> row_of;  // [plan.seqs]: the row of the first token chosen
+    std::vector<int32_t> prompt_row;  // [plan.seqs]: a chunk's first row when it scores its prompt, else -1
     StepTiming timing;
   };
 
@@ -118,6 +119,13 @@ class Engine {
   absl::Status VerifyOnHost(const StepPlan& plan, const Drafts& drafts, const Ran& ran);
   absl::Status VerifyOnBackend(const StepPlan& plan, const Drafts& drafts, const Ran& ran);
   void Update(const StepPlan& plan, const StepResult& result, const Drafts& drafts);
+  // The step's logprobs (engine/logprobs.h): each chosen token's, into step_logprobs_, for requests
+  // that ask; and the prompt tokens a chunk scored, into the outputs.
+  absl::Status Score(const StepPlan& plan, const Ran& ran);
+  // One row of the step's logits, wherever they are: [vocab].
+  absl::StatusOr<absl::Span<const float>> LogitsRow(int32_t row);
+  // Whether sequence i's chunk scores prompt tokens not yet scored.
+  bool ScoresPrompt(const ScheduledSeq& s) const;
 
   // Counts the step's decoding sequences by the drafts they were given.
   void CountSpeculation(const StepPlan& plan, absl::Span<const SpecCandidate> candidates);
@@ -138,6 +146,8 @@ class Engine {
   std::vector<RowsToVerify> to_verify_;                // [sampling sequences] (backend verification)
   std::vector<VerifyResult> verified_;  // [num_seqs]: the step's tokens of each sampling sequence
   std::vector<std::vector<TokenId>> fed_;  // [num_seqs]: last token + drafts, for speculating sequences
+  std::unordered_map<RequestId, std::vector<TokenLogprobs>> step_logprobs_;  // [the step's tokens] per request
+  std::vector<float> row_;  // [vocab]: a logits row copied from the backend
   EngineStats stats_;
   SpecConfig spec_;
   std::unique_ptr<AdaptiveSpeculation> speculation_;  // --num-spec-tokens auto

@@ -29,7 +29,8 @@ void OutputProcessor::Scheduled(RequestId id, double now_ms) {
   if (out.scheduled_ms == 0) out.scheduled_ms = now_ms;
 }
 
-bool OutputProcessor::Append(RequestId id, absl::Span<const TokenId> tokens, double now_ms, int32_t cached_prompt_tokens) {
+bool OutputProcessor::Append(RequestId id, absl::Span<const TokenId> tokens, double now_ms, int32_t cached_prompt_tokens,
+                             absl::Span<const TokenLogprobs> logprobs) {
   if (tokens.empty()) return false;
   State& s = outputs_.at(id);
   RequestOutput& out = s.out;
@@ -38,6 +39,7 @@ bool OutputProcessor::Append(RequestId id, absl::Span<const TokenId> tokens, dou
     out.cached_prompt_tokens = cached_prompt_tokens;
   }
   const size_t before = out.text.size();
+  out.logprobs.insert(out.logprobs.end(), logprobs.begin(), logprobs.end());
   for (TokenId t : tokens) {
     out.tokens.push_back(t);
     out.token_ms.push_back(now_ms);
@@ -74,7 +76,13 @@ RequestDelta OutputProcessor::DeltaOf(State& s) {
   d.id = s.out.id;
   const std::vector<TokenId>& tokens = s.out.tokens;
   d.tokens.assign(tokens.begin() + std::min(s.tokens_sent, tokens.size()), tokens.end());
+  const std::vector<TokenLogprobs>& lps = s.out.logprobs;
+  if (s.tokens_sent < lps.size()) d.logprobs.assign(lps.begin() + s.tokens_sent, lps.end());
   s.tokens_sent = tokens.size();
+  if (!s.prompt_logprobs_sent && (!d.tokens.empty() || s.finished)) {
+    d.prompt_logprobs = s.out.prompt_logprobs;
+    s.prompt_logprobs_sent = true;
+  }
   // Until the end, the last hold_back bytes wait: they may start a stop string that a later token
   // completes, which is cut from the text.
   const std::string& text = s.out.text;

@@ -27,10 +27,16 @@ class OutputProcessor {
   void Scheduled(RequestId id, double now_ms);
   // A verification of `drafts` drafts that accepted `accepted`.
   void RecordSpec(RequestId id, int32_t drafts, int32_t accepted) { outputs_.at(id).out.spec.Record(drafts, accepted); }
-  // The step's new tokens of a request, at `now_ms`; `cached_prompt_tokens` is recorded with the
-  // first. Returns true when a stop string now appears in the text (it is cut there; the caller
-  // ends the request with FinishReason::kStopString).
-  bool Append(RequestId id, absl::Span<const TokenId> tokens, double now_ms, int32_t cached_prompt_tokens);
+  // The step's new tokens of a request, at `now_ms`, with their logprobs ([tokens] or empty when
+  // the request asked none); `cached_prompt_tokens` is recorded with the first. Returns true when a
+  // stop string now appears in the text (it is cut there; the caller ends the request with
+  // FinishReason::kStopString).
+  bool Append(RequestId id, absl::Span<const TokenId> tokens, double now_ms, int32_t cached_prompt_tokens,
+              absl::Span<const TokenLogprobs> logprobs = {});
+  // Prompt logprobs in order (positions 1, 2, ... of the prompt); the first delta with tokens
+  // carries them all.
+  void AddPromptLogprobs(RequestId id, TokenLogprobs lp) { outputs_.at(id).out.prompt_logprobs.push_back(std::move(lp)); }
+  size_t num_prompt_logprobs(RequestId id) const { return outputs_.at(id).out.prompt_logprobs.size(); }
   // Ends a request; its last delta carries the whole output.
   void Finish(RequestId id, FinishReason reason, double now_ms, int32_t num_preemptions, std::string error = "");
   // A delta for every request with new tokens or a finish since the last call; finished requests
@@ -43,7 +49,8 @@ class OutputProcessor {
     std::vector<std::string> stop_strings;
     TokenId last = -1;       // the last token detokenized (the prompt's at first)
     size_t hold_back = 0;    // the longest stop string's length - 1
-    size_t tokens_sent = 0;  // what the deltas so far carried
+    size_t tokens_sent = 0;  // what the deltas so far carried (tokens, and their logprobs)
+    bool prompt_logprobs_sent = false;
     size_t text_sent = 0;
     bool finished = false;
     bool changed = false;    // listed in changed_

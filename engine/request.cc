@@ -26,6 +26,16 @@ absl::Status ValidateRequest(const Request& r, int32_t vocab_size, bool has_toke
       return absl::InvalidArgumentError(absl::StrCat("request ", r.id, ": token id ", t, " outside the vocabulary"));
     }
   }
+  for (auto [id, bias] : r.sampling.logit_bias) {
+    if (id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("request ", r.id, ": logit_bias: token id ", id, " outside the vocabulary"));
+    }
+  }
+  for (auto [name, n] : {std::pair<const char*, int32_t>{"logprobs", r.logprobs}, {"prompt_logprobs", r.prompt_logprobs}}) {
+    if (n < -1 || n > vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("request ", r.id, ": ", name, " must be in [-1, ", vocab_size, "], got ", n));
+    }
+  }
   if (!r.stop_strings.empty() && !has_tokenizer) {
     return absl::InvalidArgumentError(absl::StrCat("request ", r.id, ": stop strings need a tokenizer"));
   }

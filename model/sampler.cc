@@ -24,14 +24,22 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
     return absl::InvalidArgumentError(
         absl::StrCat("repetition_penalty must be > 0, got ", p.repetition_penalty));
   }
+  for (auto [name, v] : {std::pair<const char*, float>{"presence_penalty", p.presence_penalty},
+                         {"frequency_penalty", p.frequency_penalty}}) {
+    if (!(v >= -2.0f && v <= 2.0f)) return absl::InvalidArgumentError(absl::StrCat(name, " must be in [-2, 2], got ", v));
+  }
+  for (auto [id, bias] : p.logit_bias) {
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias[", id, "] must be in [-100, 100], got ", bias));
+    }
+    if (id < 0) return absl::InvalidArgumentError(absl::StrCat("logit_bias: token id ", id, " is negative"));
+  }
   return absl::OkStatus();
 }
 
-void SamplingProbabilities(const SamplingParams& params, absl::Span<const float> logits,
-                           absl::Span<const TokenId> history, std::vector<float>* probs) {
-  const int32_t n = static_cast<int32_t>(logits.size());
-  std::vector<float>& p = *probs;
-  p.assign(logits.begin(), logits.end());
+void ProcessLogits(const SamplingParams& params, absl::Span<const TokenId> history, std::vector<float>* logits) {
+  std::vector<float>& p = *logits;
+  const int32_t n = static_cast<int32_t>(p.size());
   if (params.repetition_penalty != 1.0f) {
     std::vector<bool> seen(n, false);
     for (TokenId t : history) {
@@ -40,6 +48,30 @@ void SamplingProbabilities(const SamplingParams& params, absl::Span<const float>
       p[t] = p[t] > 0 ? p[t] / params.repetition_penalty : p[t] * params.repetition_penalty;
     }
   }
+  for (auto [id, bias] : params.logit_bias) {
+    if (id >= 0 && id < n) p[id] += bias;
+  }
+  if (params.presence_penalty == 0.0f && params.frequency_penalty == 0.0f) return;
+  // OpenAI's penalties count the generated tokens only: sorted, each run is one token's count.
+  const size_t from = std::min(history.size(), static_cast<size_t>(std::max(params.output_start, 0)));
+  std::vector<TokenId> out(history.begin() + from, history.end());  // [generated]
+  std::sort(out.begin(), out.end());
+  for (size_t i = 0; i < out.size();) {
+    size_t j = i;
+    while (j < out.size() && out[j] == out[i]) ++j;
+    if (out[i] >= 0 && out[i] < n) {
+      p[out[i]] -= params.frequency_penalty * static_cast<float>(j - i) + params.presence_penalty;
+    }
+    i = j;
+  }
+}
+
+void SamplingProbabilities(const SamplingParams& params, absl::Span<const float> logits,
+                           absl::Span<const TokenId> history, std::vector<float>* probs) {
+  const int32_t n = static_cast<int32_t>(logits.size());
+  std::vector<float>& p = *probs;
+  p.assign(logits.begin(), logits.end());
+  if (params.ProcessesLogits()) ProcessLogits(params, history, probs);
   const int32_t argmax = Argmax(p);
   if (params.temperature == 0.0f) {
     std::fill(p.begin(), p.end(), 0.0f);
@@ -121,7 +153,7 @@ void SamplingProbabilities(const SamplingParams& params, absl::Span<const float>
 TokenId Sampler::Sample(absl::Span<const float> logits, absl::Span<const TokenId> history) {
   // Greedy without a penalty is the argmax that the one-hot distribution below would give; it skips
   // two passes over the vocabulary and the draw (a greedy row never needs randomness).
-  if (params_.temperature == 0.0f && params_.repetition_penalty == 1.0f) {
+  if (params_.temperature == 0.0f && !params_.ProcessesLogits()) {
     return Argmax(logits);
   }
   Probabilities(logits, history, &probs_);

@@ -35,7 +35,11 @@ struct SamplingParams {
 
 absl::Status ValidateSamplingParams(const SamplingParams& p);
 
-// The distribution a token is drawn from after all processing (repetition penalty, temperature,
+// What changes the logits before temperature, in place: the repetition penalty, logit_bias, then the
+// presence and frequency penalties. logits: [vocab].
+void ProcessLogits(const SamplingParams& params, absl::Span<const TokenId> history, std::vector<float>* logits);
+
+// The distribution a token is drawn from after all processing (ProcessLogits, temperature,
 // top-k, top-p, min-p): probs[vocab], summing to 1; one-hot at the argmax when greedy. Needs no
 // randomness, so proposers and the verifier call it directly.
 void SamplingProbabilities(const SamplingParams& params, absl::Span<const float> logits,
@@ -56,8 +60,8 @@ class Sampler {
   // The uniform [0, 1) draw that Sample() would take next, for a sampler that runs elsewhere (a
   // backend's Sample kernel): the same seed gives the same stream of draws.
   double Draw() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
-  // Whether Backend::Sample computes this sampler's distribution (no repetition penalty, no min-p).
-  static bool BackendCanSample(const SamplingParams& p) { return p.repetition_penalty == 1.0f && p.min_p == 0.0f; }
+  // Whether Backend::Sample computes this sampler's distribution (no penalty or bias, no min-p).
+  static bool BackendCanSample(const SamplingParams& p) { return !p.ProcessesLogits() && p.min_p == 0.0f; }
 
  private:
   SamplingParams params_;

@@ -48,6 +48,7 @@ absl::Status Scheduler::Add(NewSequence n) {
   s->tokens = std::move(n.prompt);
   s->max_new_tokens = n.max_new_tokens;
   s->stop_ids = std::move(n.stop_ids);
+  s->skip_prefix_cache = n.skip_prefix_cache;
   waiting_.push_back(s.get());
   seqs_.emplace(s->id, std::move(s));
   return absl::OkStatus();
@@ -117,7 +118,7 @@ StepPlan Scheduler::Schedule(double now_ms) {
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
     SequenceState* s = waiting_.front();
     const int32_t len = static_cast<int32_t>(s->tokens.size());
-    s->num_computed = blocks_.MatchPrefix(s->tokens, len - 1, &s->blocks);
+    s->num_computed = s->skip_prefix_cache ? 0 : blocks_.MatchPrefix(s->tokens, len - 1, &s->blocks);
     s->num_cached_prompt = std::min(s->num_computed, s->num_prompt);
     const int32_t n = std::min(len - s->num_computed, budget);
     if (!blocks_.Reserve(&s->blocks, s->num_computed + n)) {

@@ -41,6 +41,7 @@ struct NewSequence {
   std::vector<TokenId> stop_ids;
   int32_t priority = 0;
   double arrival_ms = 0.0;
+  bool skip_prefix_cache = false;  // compute every prompt position (prompt logprobs score them all)
 };
 
 class Scheduler {

@@ -20,6 +20,7 @@ struct SequenceState {
   int32_t num_prompt = 0;
   int32_t max_new_tokens = 0;
   std::vector<TokenId> stop_ids;
+  bool skip_prefix_cache = false;  // never served from the prefix cache
 
   SeqStatus status = SeqStatus::kWaiting;
   FinishReason finish = FinishReason::kNone;

@@ -50,7 +50,7 @@ VerifyResult Verify(absl::Span<const float> logits, int32_t vocab, DraftChain dr
                     absl::Span<const TokenId> history, Uniform& uniform, double synthetic_alpha) {
   const int32_t k = static_cast<int32_t>(draft.tokens.size());
   auto row = [&](int32_t i) { return logits.subspan(static_cast<size_t>(i) * vocab, vocab); };
-  if (params.temperature == 0.0f && params.repetition_penalty == 1.0f) {
+  if (params.temperature == 0.0f && !params.ProcessesLogits()) {
     // Greedy without a penalty: each row's distribution is one-hot at its argmax, so only the rows up
     // to the first rejection are read, once each (building the k + 1 distributions took five passes
     // over every row: a batch of 8 verifying 2 drafts each spent ~15% of its step there).
