@@ -5,8 +5,12 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <mutex>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "grpc/health/v1/health.pb.h"
+#include "serving/tls_files.h"
 #include "specula/v1/generation.grpc.pb.h"
 
 namespace specula {
@@ -160,17 +164,51 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   bool writing_ = false, finished_ = false, broken_ = false;  // guarded by link_->mu
 };
 
+// A Generate call refused before it reaches the server (no or a wrong API key).
+class RefusedGenerate : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  explicit RefusedGenerate(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* ctx, const grpc::Status& status) {
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(status);
+  return reactor;
+}
+
+// The API key, checked at the top of each Generation method rather than in a server interceptor:
+// gRPC's (experimental) interceptors cannot end a call with a status of their own, and an
+// AuthMetadataProcessor runs only on TLS ports and for every service alike. Here health and
+// reflection stay open by construction, as in vLLM (probes need no key). The key is never echoed.
+grpc::Status Authorize(const grpc::CallbackServerContext& ctx, const std::string& api_key) {
+  if (api_key.empty()) return grpc::Status::OK;
+  const auto& metadata = ctx.client_metadata();
+  const auto it = metadata.find("authorization");
+  if (it == metadata.end()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "missing `authorization: Bearer <key>` metadata: this server requires an API key");
+  }
+  if (!BearerMatches(std::string_view(it->second.data(), it->second.size()), api_key)) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "the `authorization` metadata is not `Bearer <key>` with this server's API key");
+  }
+  return grpc::Status::OK;
+}
+
 class GenerationService final : public v1::Generation::CallbackService {
  public:
-  explicit GenerationService(Server* server) : server_(server) {}
+  GenerationService(Server* server, std::string api_key) : server_(server), api_key_(std::move(api_key)) {}
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
                                                            const v1::GenerateRequest* req) override {
+    if (grpc::Status auth = Authorize(*ctx, api_key_); !auth.ok()) return new RefusedGenerate(auth);
     return new GenerateReactor(server_, ctx, *req);
   }
 
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx, const v1::TokenizeRequest* req,
                                      v1::TokenizeResponse* resp) override {
+    if (grpc::Status auth = Authorize(*ctx, api_key_); !auth.ok()) return FinishUnary(ctx, auth);
     const Tokenizer& tok = server_->tokenizer();
     const std::vector<TokenId> ids =
         tok.Encode(req->text(), req->add_special_tokens() && server_->options().add_bos);
@@ -180,13 +218,12 @@ class GenerationService final : public v1::Generation::CallbackService {
       resp->add_tokens(tok.DecodeToken(prev, id));
       prev = id;
     }
-    auto* reactor = ctx->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    return FinishUnary(ctx, grpc::Status::OK);
   }
 
   grpc::ServerUnaryReactor* ModelInfo(grpc::CallbackServerContext* ctx, const v1::ModelInfoRequest*,
                                       v1::ModelInfoResponse* resp) override {
+    if (grpc::Status auth = Authorize(*ctx, api_key_); !auth.ok()) return FinishUnary(ctx, auth);
     const ModelConfig& m = server_->model_config();
     const SchedulerConfig& sc = server_->scheduler_config();
     resp->set_model(server_->options().model_name);
@@ -199,14 +236,26 @@ class GenerationService final : public v1::Generation::CallbackService {
     resp->set_max_num_seqs(sc.max_num_seqs);
     resp->set_kv_cache_blocks(sc.num_blocks);
     resp->set_block_size(sc.block_size);
-    auto* reactor = ctx->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    return FinishUnary(ctx, grpc::Status::OK);
   }
 
  private:
   Server* const server_;
+  const std::string api_key_;  // empty: no key
 };
+
+// Plaintext, or TLS from the checked PEM files; with --ssl-ca-certs, clients must present a
+// certificate those CAs signed.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const SecurityOptions& security) {
+  if (!security.tls()) return grpc::InsecureServerCredentials();
+  ASSIGN_OR_RETURN(TlsFiles files, ReadTlsFiles(security));
+  grpc::SslServerCredentialsOptions options(files.ca_certs.empty()
+                                                ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                                : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  options.pem_root_certs = files.ca_certs;
+  options.pem_key_cert_pairs.push_back({files.private_key, files.cert_chain});
+  return grpc::SslServerCredentials(options);
+}
 
 }  // namespace
 
@@ -231,20 +280,28 @@ GrpcFrontend::~GrpcFrontend() {
 
 absl::StatusOr<std::unique_ptr<GrpcFrontend>> GrpcFrontend::Start(Server* server, const std::string& host, int port,
                                                                   const SecurityOptions& security) {
-  if (!security.api_key.empty() || security.tls()) {
-    return absl::UnimplementedError("--api-key and --ssl-*: not supported yet on gRPC");
-  }
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, Credentials(security));
   auto impl = std::make_unique<Impl>();
-  impl->service = std::make_unique<GenerationService>(server);
+  impl->service = std::make_unique<GenerationService>(server, security.api_key);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // libgrpc++ serves health with messages of its own; reflection describes grpc.health.v1 from the
+  // protobuf descriptors of proto/grpc/health/v1/health.proto, which this reference keeps linked.
+  grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(host.find(':') != std::string::npos ? "[" + host + "]" : host, ":", port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &impl->port);
+  builder.AddListeningPort(address, credentials, &impl->port);
   builder.RegisterService(impl->service.get());
+  // Compressed requests (identity, deflate, gzip) are accepted: gRPC's default, kept on purpose.
+  // Responses go uncompressed (no default algorithm): a streamed delta is a few token ids and bytes
+  // of text, which gzip's per-message header and CPU would make no smaller.
+  for (auto algorithm : {GRPC_COMPRESS_DEFLATE, GRPC_COMPRESS_GZIP}) {
+    builder.SetCompressionAlgorithmSupportStatus(algorithm, true);
+  }
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || impl->port == 0) {
-    return absl::UnavailableError(absl::StrCat("--grpc-port: cannot listen on ", address, " (in use, or a bad --host)"));
+    return absl::UnavailableError(absl::StrCat("--grpc-port: cannot listen on ", address, " (in use, or a bad --host",
+                                               security.tls() ? "; or gRPC refused the --ssl-* files)" : ")"));
   }
   impl->server->GetHealthCheckService()->SetServingStatus(true);
   return std::unique_ptr<GrpcFrontend>(new GrpcFrontend(std::move(impl)));

@@ -21,6 +21,8 @@ absl::StatusOr<ServeRequest> ParseGenerateRequest(const std::string& bytes);
 class GrpcFrontend {
  public:
   // Listens on host:port (0: a free port; see port()). `server` must outlive the front end.
+  // `security`: an API key for specula.v1.Generation (health and reflection stay open) and TLS
+  // (with client certificates under ssl_ca_certs); a bad PEM file is INVALID_ARGUMENT naming its flag.
   static absl::StatusOr<std::unique_ptr<GrpcFrontend>> Start(Server* server, const std::string& host, int port,
                                                              const SecurityOptions& security = {});
   ~GrpcFrontend();

@@ -28,7 +28,7 @@ within --drain-timeout-s; then the process exits 0. One line on stderr says when
 
   --host H              address to listen on (default 127.0.0.1)
   --grpc-port P         gRPC port (default 50051; 0 = any free port, printed when ready)
-  --http-port P         HTTP port (default 8000; 0 = any free port)
+  --http-port P         HTTP port (default 8000; 0 = any free port; -1 = no HTTP server: gRPC only)
   --served-model-name N the model name in requests and responses (default: --model as given)
   --chat-template PATH  a Jinja file for /v1/chat/completions instead of the model's own template
                         (GGUF tokenizer.chat_template, or tokenizer_config.json's chat_template)
@@ -36,8 +36,8 @@ within --drain-timeout-s; then the process exits 0. One line on stderr says when
   --http-threads N      HTTP connection threads: the most concurrent HTTP requests (default 128)
   --max-request-bytes N largest HTTP request body; a larger one is a 413, never parsed (default 8 MiB)
 
-Security (the key guards /v1/* and specula.v1.Generation; /health, /metrics and gRPC health stay
-open for probes and scrapers: keep them private with the network):
+Security (the key guards /v1/* and specula.v1.Generation; /health, /metrics, gRPC health and
+reflection stay open for probes and scrapers: keep them private with the network):
   --api-key KEY         require `Authorization: Bearer KEY` on HTTP and the same `authorization`
                         metadata on gRPC (401 / UNAUTHENTICATED otherwise); default $SPECULA_API_KEY
   --ssl-certfile PEM    TLS on both ports with this certificate chain ...
@@ -77,8 +77,11 @@ absl::StatusOr<ServeFlags> ReadServeFlags(const Flags& flags) {
                   GetNumber(flags, "drain-timeout-s", &f.drain_timeout_s)}) {
     if (!st.ok()) return st;
   }
-  for (auto [name, port] : {std::pair{"--grpc-port", f.grpc_port}, {"--http-port", f.http_port}}) {
-    if (port < 0 || port > 65535) return absl::InvalidArgumentError(absl::StrCat(name, ": ", port, " is not a port"));
+  if (f.grpc_port < 0 || f.grpc_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--grpc-port: ", f.grpc_port, " is not a port"));
+  }
+  if (f.http_port < -1 || f.http_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--http-port: ", f.http_port, " is not a port (or -1: no HTTP server)"));
   }
   if (f.http_threads < 1) return absl::InvalidArgumentError(absl::StrCat("--http-threads must be >= 1, got ", f.http_threads));
   if (f.max_request_bytes < 1) {
@@ -103,9 +106,9 @@ absl::StatusOr<ServeFlags> ReadServeFlags(const Flags& flags) {
 }
 
 // Waits for SIGTERM or SIGINT, then drains: new requests refused, those in flight given up to
-// drain_timeout_s, the rest aborted.
+// drain_timeout_s, the rest aborted. `http` is null under --http-port -1.
 void ServeUntilSignal(const sigset_t& signals, double drain_timeout_s, Server& server, GrpcFrontend& grpc,
-                      HttpFrontend& http) {
+                      HttpFrontend* http) {
   int sig = 0;
   sigwait(&signals, &sig);
   std::fprintf(stderr, "[specula] %s: draining %lld requests in flight (up to %.0f s)\n",
@@ -120,7 +123,7 @@ void ServeUntilSignal(const sigset_t& signals, double drain_timeout_s, Server& s
   }
   // The engine loop still runs here, so calls still open end with their aborted last delta.
   grpc.Shutdown(std::chrono::milliseconds(1000));
-  http.Stop();
+  if (http != nullptr) http->Stop();
   std::fprintf(stderr, "[specula] drained; exiting\n");
 }
 
@@ -163,15 +166,20 @@ absl::Status RunServe(int argc, char** argv) {
   opt.num_spec_tokens = e.proposer == nullptr ? "0" : e.adaptive() ? "auto" : absl::StrCat(e.num_spec());
   Server server(&engine, e.tokenizer.get(), e.model->config(), opt);
   ASSIGN_OR_RETURN(auto grpc, GrpcFrontend::Start(&server, f.host, f.grpc_port, f.security));
-  const std::string chat_template = flags.values.count("chat-template") ? flags.values["chat-template"] : "";
-  const HttpOptions http_options{f.host, f.http_port, f.http_threads, static_cast<size_t>(f.max_request_bytes),
-                                 f.security};
-  ASSIGN_OR_RETURN(auto http, HttpFrontend::Start(&server, http_options,
-                                                  FindChatTemplate(options.target.model, chat_template)));
-  std::fprintf(stderr, "[specula] serving %s on grpc %s:%d and http %s:%d (max %d sequences, %d KV blocks): ready\n",
-               opt.model_name.c_str(), f.host.c_str(), grpc->port(), f.host.c_str(), http->port(), sc.max_num_seqs,
+  std::unique_ptr<HttpFrontend> http;
+  std::string http_where = "off";
+  if (f.http_port != -1) {
+    const std::string chat_template = flags.values.count("chat-template") ? flags.values["chat-template"] : "";
+    const HttpOptions http_options{f.host, f.http_port, f.http_threads, static_cast<size_t>(f.max_request_bytes),
+                                   f.security};
+    ASSIGN_OR_RETURN(http, HttpFrontend::Start(&server, http_options,
+                                               FindChatTemplate(options.target.model, chat_template)));
+    http_where = absl::StrCat(f.host, ":", http->port());
+  }
+  std::fprintf(stderr, "[specula] serving %s on grpc %s:%d and http %s (max %d sequences, %d KV blocks): ready\n",
+               opt.model_name.c_str(), f.host.c_str(), grpc->port(), http_where.c_str(), sc.max_num_seqs,
                sc.num_blocks);
-  ServeUntilSignal(signals, f.drain_timeout_s, server, *grpc, *http);
+  ServeUntilSignal(signals, f.drain_timeout_s, server, *grpc, http.get());
   return absl::OkStatus();
 }
 

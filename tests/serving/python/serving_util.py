@@ -32,7 +32,7 @@ def time_scale():
     return 10.0 if SANITIZER == "tsan" else 1.0
 
 
-READY = re.compile(r"on grpc (\S+):(\d+) and http (\S+):(\d+).*ready")
+READY = re.compile(r"on grpc (\S+):(\d+) and http (?:(\S+):(\d+)|off).*ready")
 
 _stubs = None
 
@@ -54,10 +54,12 @@ def stubs():
 
 
 class Serve:
-    """`specula serve` on free loopback ports. Use as a context manager; stop() sends SIGTERM."""
+    """`specula serve` on free loopback ports. Use as a context manager; stop() sends SIGTERM.
+    http=False: gRPC only (`--http-port -1`; http_base is None)."""
 
-    def __init__(self, *extra, model=TARGET, tokenizer=TOKENIZER, ready_timeout=60):
-        self.args = [BINARY, "serve", "--model", model, "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "0",
+    def __init__(self, *extra, model=TARGET, tokenizer=TOKENIZER, ready_timeout=60, http=True):
+        self.args = [BINARY, "serve", "--model", model, "--host", "127.0.0.1", "--grpc-port", "0",
+                     "--http-port", "0" if http else "-1",
                      *(["--tokenizer", tokenizer] if tokenizer else []), *map(str, extra)]
         self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.lines = []
@@ -71,7 +73,7 @@ class Serve:
             m = READY.search(line)
             if m:
                 self.grpc_target = f"{m.group(1)}:{m.group(2)}"
-                self.http_base = f"http://{m.group(3)}:{m.group(4)}"
+                self.http_base = f"http://{m.group(3)}:{m.group(4)}" if m.group(3) else None
                 break
             if time.time() > deadline:
                 self.proc.kill()
