@@ -4,7 +4,10 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
 #include <mutex>
+#include <optional>
+#include <utility>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
@@ -37,6 +40,13 @@ ServeRequest FromProto(const v1::GenerateRequest& req) {
   r.max_tokens = s.max_tokens();
   r.stop.assign(s.stop().begin(), s.stop().end());
   r.ignore_eos = s.ignore_eos();
+  r.sampling.presence_penalty = s.presence_penalty();
+  r.sampling.frequency_penalty = s.frequency_penalty();
+  for (const auto& [id, bias] : s.logit_bias()) r.sampling.logit_bias.emplace_back(id, bias);
+  std::sort(r.sampling.logit_bias.begin(), r.sampling.logit_bias.end());  // a map's order is unspecified
+  if (s.has_logprobs()) r.logprobs = s.logprobs();
+  if (s.has_prompt_logprobs()) r.prompt_logprobs = s.prompt_logprobs();
+  r.n = s.n() == 0 ? 1 : s.n();
   r.priority = req.priority();
   r.field_prefix = "sampling.";
   return r;
@@ -52,25 +62,46 @@ v1::FinishReason FinishOf(FinishReason f) {
   }
 }
 
-// One Generate call. Event driven: the engine loop's push of a delta (the stream's listener) or the
-// end of a write starts the next write; no thread waits per call. A cancelled call or a passed
-// deadline (OnCancel) aborts the request; its aborted last delta then finishes the call.
+void AddLogprobs(const std::vector<TokenLogprobs>& from, google::protobuf::RepeatedPtrField<v1::TokenLogprobs>* to) {
+  for (const TokenLogprobs& lp : from) {
+    v1::TokenLogprobs* t = to->Add();
+    t->set_token_id(lp.token);
+    t->set_logprob(lp.logprob);
+    for (const auto& [id, v] : lp.top) {
+      v1::TopLogprob* top = t->add_top();
+      top->set_token_id(id);
+      top->set_logprob(v);
+    }
+  }
+}
+
+void SetLast(const RequestOutput& out, v1::GenerateResponse* r) {
+  r->set_finish_reason(FinishOf(out.finish));
+  r->mutable_usage()->set_prompt_tokens(out.prompt_tokens);
+  r->mutable_usage()->set_completion_tokens(static_cast<int32_t>(out.tokens.size()));
+  r->mutable_usage()->set_cached_prompt_tokens(out.cached_prompt_tokens);
+  r->mutable_spec()->set_num_drafts(out.spec.drafts);
+  r->mutable_spec()->set_num_draft_tokens(out.spec.draft_tokens);
+  r->mutable_spec()->set_num_accepted_tokens(out.spec.accepted_tokens);
+}
+
+// One Generate call. Event driven: the engine loop's push of a delta (the generation's listener) or
+// the end of a write starts the next write; no thread waits per call. A cancelled call or a passed
+// deadline (OnCancel) aborts the samples; their aborted last deltas then finish the call.
 class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
-  GenerateReactor(Server* server, grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req)
-      : server_(server), ctx_(ctx) {
-    auto admitted = server->Submit(FromProto(req));
-    if (!admitted.ok()) {
-      Finish(ToGrpc(admitted.status()));
+  GenerateReactor(Server* server, grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) : ctx_(ctx) {
+    auto started = server->Generate(FromProto(req));
+    if (!started.ok()) {
+      Finish(ToGrpc(started.status()));
       return;
     }
-    id_ = admitted->id;
-    stream_ = admitted->stream;
-    request_id_ = req.request_id().empty() ? absl::StrCat("specula-", id_) : req.request_id();
+    gen_ = *std::move(started);
+    request_id_ = req.request_id().empty() ? absl::StrCat("specula-", gen_->id()) : req.request_id();
     // The listener may outlive this reactor (a push racing OnDone): it holds the shared link.
     link_ = std::make_shared<Link>();
     link_->reactor = this;
-    stream_->SetListener([link = link_] {
+    gen_->SetListener([link = link_] {
       std::lock_guard<std::mutex> lock(link->mu);
       if (link->reactor != nullptr) link->reactor->WriteNext();
     });
@@ -79,14 +110,14 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   void OnWriteDone(bool ok) override {
     std::lock_guard<std::mutex> lock(link_->mu);
     writing_ = false;
-    if (!ok && !broken_) {  // the client is gone: abort, and wait for the last delta to finish
+    if (!ok && !broken_) {  // the client is gone: abort, and wait for the last deltas to finish
       broken_ = true;
-      server_->Cancel(id_);
+      gen_->Cancel();
     }
     WriteNext();
   }
   void OnCancel() override {
-    if (stream_ != nullptr) server_->Cancel(id_);
+    if (gen_ != nullptr) gen_->Cancel();
   }
   void OnDone() override {
     if (link_ != nullptr) {
@@ -102,42 +133,53 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
     GenerateReactor* reactor = nullptr;
   };
 
-  // Sends what has arrived as one message (several deltas merge while a write is out). link_->mu held.
+  // The next event: one held back by the last message, or a new one.
+  std::optional<Generation::Event> NextEvent() {
+    if (held_.has_value()) return std::exchange(held_, std::nullopt);
+    return gen_->Next(std::chrono::milliseconds(0));
+  }
+
+  // Sends what has arrived of one sample as one message (its deltas merge while a write is out).
+  // Returns false when the call ended. link_->mu held.
+  bool Collect(bool* any) {
+    int32_t index = -1;
+    while (auto e = NextEvent()) {
+      if (index >= 0 && e->index != index) {  // another sample's: its own message
+        held_ = std::move(e);
+        break;
+      }
+      index = e->index;
+      *any = true;
+      RequestDelta& d = e->delta;
+      response_.set_index(index);
+      response_.mutable_token_ids()->Add(d.tokens.begin(), d.tokens.end());
+      response_.mutable_text()->append(d.text);
+      AddLogprobs(d.logprobs, response_.mutable_logprobs());
+      AddLogprobs(d.prompt_logprobs, response_.mutable_prompt_logprobs());
+      if (!d.finished) continue;
+      SetLast(d.final, &response_);
+      ++samples_done_;
+      if (!d.error.ok() || d.final.finish == FinishReason::kAborted) {
+        finished_ = true;
+        gen_->Cancel();
+        const bool late = ctx_->deadline() <= std::chrono::system_clock::now();
+        Finish(!d.error.ok() ? ToGrpc(d.error)
+               : late        ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded; the request was aborted")
+                             : grpc::Status(grpc::StatusCode::CANCELLED, "the request was aborted"));
+        return false;
+      }
+      break;
+    }
+    return true;
+  }
+
   void WriteNext() {
     if (writing_ || finished_) return;
     response_.Clear();
-    bool any = false, last = false;
-    while (auto d = stream_->Next(std::chrono::milliseconds(0))) {
-      any = true;
-      response_.mutable_token_ids()->Add(d->tokens.begin(), d->tokens.end());
-      response_.mutable_text()->append(d->text);
-      if (d->finished) {
-        last = true;
-        const RequestOutput& out = d->final;
-        response_.set_finish_reason(FinishOf(out.finish));
-        response_.mutable_usage()->set_prompt_tokens(out.prompt_tokens);
-        response_.mutable_usage()->set_completion_tokens(static_cast<int32_t>(out.tokens.size()));
-        response_.mutable_usage()->set_cached_prompt_tokens(out.cached_prompt_tokens);
-        response_.mutable_spec()->set_num_drafts(out.spec.drafts);
-        response_.mutable_spec()->set_num_draft_tokens(out.spec.draft_tokens);
-        response_.mutable_spec()->set_num_accepted_tokens(out.spec.accepted_tokens);
-        if (!d->error.ok()) {
-          finished_ = true;
-          Finish(ToGrpc(d->error));
-          return;
-        }
-        if (out.finish == FinishReason::kAborted) {
-          finished_ = true;
-          const bool late = ctx_->deadline() <= std::chrono::system_clock::now();
-          Finish(late ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded; the request was aborted")
-                      : grpc::Status(grpc::StatusCode::CANCELLED, "the request was aborted"));
-          return;
-        }
-        break;
-      }
-    }
-    if (!any) return;
+    bool any = false;
+    if (!Collect(&any) || !any) return;
     response_.set_request_id(request_id_);
+    const bool last = samples_done_ == gen_->n();
     if (broken_) {
       if (last) {
         finished_ = true;
@@ -154,13 +196,13 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
     }
   }
 
-  Server* const server_;
   grpc::CallbackServerContext* const ctx_;
-  RequestId id_ = 0;
-  std::shared_ptr<RequestStream> stream_;
+  std::shared_ptr<Generation> gen_;
   std::string request_id_;
   std::shared_ptr<Link> link_;
-  v1::GenerateResponse response_;  // the message being written
+  v1::GenerateResponse response_;            // the message being written
+  std::optional<Generation::Event> held_;    // the next sample's event, for the next message
+  int32_t samples_done_ = 0;
   bool writing_ = false, finished_ = false, broken_ = false;  // guarded by link_->mu
 };
 

@@ -152,6 +152,8 @@ absl::Status ParseCommon(const json& j, HttpRequestBody* b) {
   b->usage_in_stream = j.contains("stream_options") && j["stream_options"].is_object() &&
                        j["stream_options"].value("include_usage", json()) == true;
   b->echo = !b->chat && Present(j, "echo") && j["echo"] == true;
+  b->return_token_ids = Present(j, "return_token_ids") && j["return_token_ids"] == true;
+  b->tokens_as_ids = Present(j, "return_tokens_as_token_ids") && j["return_tokens_as_token_ids"] == true;
   RETURN_IF_ERROR(ParseLogprobs(j, b->chat, b));
   r->logprobs = b->logprobs;
   if (b->echo && b->logprobs >= 0) r->prompt_logprobs = b->logprobs;

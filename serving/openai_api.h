@@ -28,6 +28,10 @@ struct HttpRequestBody {
   bool echo = false;             // completions: the prompt comes back before the completion
   // Completions' `logprobs: N`, or chat's `logprobs: true` with `top_logprobs: N`: -1 none.
   int32_t logprobs = -1;
+  // vLLM's extensions: `return_token_ids` (the prompt's and each choice's token ids in the
+  // response) and `return_tokens_as_token_ids` (logprobs name tokens "token_id:ID", not their text).
+  bool return_token_ids = false;
+  bool tokens_as_ids = false;
   // Choices returned. request.n samples are drawn (completions' best_of); when more, the n with the
   // highest total logprob are returned.
   int32_t n = 1;

@@ -40,12 +40,21 @@ struct Scored {
   TokenId token;
 };
 
+// How a logprobs entry names a token: its text after `prev`, or "token_id:ID".
+struct Namer {
+  const Tokenizer& tok;
+  bool as_ids;
+  std::string operator()(TokenId prev, TokenId id) const {
+    return as_ids ? absl::StrCat("token_id:", id) : tok.DecodeToken(prev, id);
+  }
+};
+
 // Completions' logprobs object ({tokens, token_logprobs, top_logprobs, text_offset}) for `scored`,
 // its offsets counted from *offset. The sampled token is always among top_logprobs (as vLLM).
-json CompletionLogprobs(const Tokenizer& tok, const std::vector<Scored>& scored, size_t* offset) {
+json CompletionLogprobs(const Namer& name, const std::vector<Scored>& scored, size_t* offset) {
   json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
   for (const Scored& s : scored) {
-    const std::string text = tok.DecodeToken(s.prev, s.token);
+    const std::string text = name(s.prev, s.token);
     tokens.push_back(text);
     offsets.push_back(*offset);
     *offset += text.size();
@@ -56,7 +65,7 @@ json CompletionLogprobs(const Tokenizer& tok, const std::vector<Scored>& scored,
     }
     token_lps.push_back(Finite(s.lp->logprob));
     json top = json::object();
-    for (const auto& [id, lp] : s.lp->top) top[tok.DecodeToken(s.prev, id)] = Finite(lp);
+    for (const auto& [id, lp] : s.lp->top) top[name(s.prev, id)] = Finite(lp);
     top[text] = Finite(s.lp->logprob);
     tops.push_back(std::move(top));
   }
@@ -64,13 +73,13 @@ json CompletionLogprobs(const Tokenizer& tok, const std::vector<Scored>& scored,
 }
 
 // Chat's logprobs object ({"content": [{token, logprob, bytes, top_logprobs}]}).
-json ChatLogprobs(const Tokenizer& tok, const std::vector<Scored>& scored) {
+json ChatLogprobs(const Namer& name, const std::vector<Scored>& scored) {
   json content = json::array();
   for (const Scored& s : scored) {
-    const std::string text = tok.DecodeToken(s.prev, s.token);
+    const std::string text = name(s.prev, s.token);
     json top = json::array();
     for (const auto& [id, lp] : s.lp->top) {
-      const std::string t = tok.DecodeToken(s.prev, id);
+      const std::string t = name(s.prev, id);
       top.push_back({{"token", t}, {"logprob", Finite(lp)}, {"bytes", Bytes(t)}});
     }
     content.push_back({{"token", text}, {"logprob", Finite(s.lp->logprob)}, {"bytes", Bytes(text)}, {"top_logprobs", top}});
@@ -151,16 +160,22 @@ std::string OpenAiResponder::StreamEvents(int32_t index, const RequestDelta& d, 
     const size_t to = s.tokens.size(), from = to - d.tokens.size();
     if (call_.chat) {
       c["delta"] = s.first_sent ? json{{"content", d.text}} : json{{"role", "assistant"}, {"content", d.text}};
-      if (call_.logprobs >= 0) c["logprobs"] = ChatLogprobs(*tokenizer_, Generated(s, prompt_, from, to));
+      if (call_.logprobs >= 0) c["logprobs"] = ChatLogprobs(Namer{*tokenizer_, call_.tokens_as_ids}, Generated(s, prompt_, from, to));
     } else {
       std::vector<Scored> scored = s.first_sent || !call_.echo ? std::vector<Scored>{} : PromptScored(s, prompt_);
       c["text"] = (s.first_sent ? "" : EchoText()) + d.text;
       const std::vector<Scored> gen = Generated(s, prompt_, from, to);
       scored.insert(scored.end(), gen.begin(), gen.end());
-      if (call_.logprobs >= 0) c["logprobs"] = CompletionLogprobs(*tokenizer_, scored, &s.offset);
+      if (call_.logprobs >= 0) c["logprobs"] = CompletionLogprobs(Namer{*tokenizer_, call_.tokens_as_ids}, scored, &s.offset);
     }
+    json chunk = {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
+    if (call_.return_token_ids) {
+      c["token_ids"] = d.tokens;
+      if (!s.first_sent) chunk["prompt_token_ids"] = prompt_;
+    }
+    chunk["choices"] = {c};
     s.first_sent = true;
-    out = Event({{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}, {"choices", {c}}});
+    out = Event(chunk);
   }
   if (!done()) return out;
   if (call_.usage_in_stream) {
@@ -191,7 +206,7 @@ std::string OpenAiResponder::Body() const {
     const bool show = call_.logprobs >= 0;  // best_of's own logprobs stay inside
     if (call_.chat) {
       choice["message"] = {{"role", "assistant"}, {"content", s.text}};
-      if (show) choice["logprobs"] = ChatLogprobs(*tokenizer_, Generated(s, prompt_, 0, s.tokens.size()));
+      if (show) choice["logprobs"] = ChatLogprobs(Namer{*tokenizer_, call_.tokens_as_ids}, Generated(s, prompt_, 0, s.tokens.size()));
     } else {
       choice["text"] = EchoText() + s.text;
       if (show) {
@@ -199,15 +214,18 @@ std::string OpenAiResponder::Body() const {
         const std::vector<Scored> gen = Generated(s, prompt_, 0, s.tokens.size());
         scored.insert(scored.end(), gen.begin(), gen.end());
         size_t offset = 0;
-        choice["logprobs"] = CompletionLogprobs(*tokenizer_, scored, &offset);
+        choice["logprobs"] = CompletionLogprobs(Namer{*tokenizer_, call_.tokens_as_ids}, scored, &offset);
       }
     }
+    if (call_.return_token_ids) choice["token_ids"] = s.tokens;
     choices.push_back(std::move(choice));
   }
   json usage = {{"prompt_tokens", prompt_tokens_}, {"completion_tokens", completion},
                 {"total_tokens", prompt_tokens_ + completion}, {"prompt_tokens_details", {{"cached_tokens", cached}}}};
-  return Dump({{"id", id_}, {"object", call_.chat ? "chat.completion" : "text_completion"}, {"created", created_},
-               {"model", model_}, {"choices", choices}, {"usage", usage}});
+  json body = {{"id", id_}, {"object", call_.chat ? "chat.completion" : "text_completion"}, {"created", created_},
+               {"model", model_}, {"choices", choices}, {"usage", usage}};
+  if (call_.return_token_ids) body["prompt_token_ids"] = prompt_;
+  return Dump(body);
 }
 
 }  // namespace specula
