@@ -2,7 +2,8 @@
 // ParseHttpRequestBody: the shared fields, prompt strings and token-id lists, chat messages
 // rendered with SmolLM2's chat template), then the checks the server runs before admission
 // (serving/server.cc ValidateServeRequest, with a byte-level BPE tokenizer). The first byte picks
-// the endpoint (odd: chat); the rest is the body.
+// the endpoint (odd: chat); the rest is the body. An admitted request's logprobs, samples, penalties
+// and biases must be in range and go through the sampler's logit processing.
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -58,6 +59,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           .ok()) {
     for (specula::TokenId t : prompt) {
       if (t < 0 || t >= f.tokenizer->vocab_size()) __builtin_trap();  // admitted with a token outside the vocabulary
+    }
+    // Admitted: logprobs, samples, penalties and biases are in range, and the sampler takes them.
+    const specula::ServeRequest& r = parsed->request;
+    if (r.logprobs < -1 || r.logprobs > specula::kMaxLogprobs || r.n < 1 || r.n > specula::kMaxSamples) __builtin_trap();
+    specula::SamplingParams p = r.sampling;
+    p.output_start = static_cast<int32_t>(prompt.size() / 2);  // the second half counts as generated
+    std::vector<float> logits(f.tokenizer->vocab_size(), 0.5f);  // [vocab]
+    specula::ProcessLogits(p, prompt, &logits);
+    const float bound = 101.0f + 2.0f * static_cast<float>(prompt.size() + 1);  // bias 100; 2 per counted token
+    for (float v : logits) {
+      if (!(v >= -bound && v <= bound)) __builtin_trap();
     }
   }
   return 0;

@@ -12,6 +12,7 @@ Server::Server(Engine* engine, const Tokenizer* tokenizer, const ModelConfig& mo
       model_(model),
       scheduler_(engine->scheduler().config()),
       options_(std::move(options)),
+      max_prompt_bytes_(MaxPromptBytes(*tokenizer, scheduler_.max_model_len)),
       metrics_(options_.model_name, {"queue_len", "queue_delay", "ttft_slo", "draining", "invalid_argument"},
                scheduler_.max_model_len),
       admission_(options_.admission) {
@@ -47,8 +48,15 @@ bool Server::WaitIdle(std::chrono::milliseconds timeout) {
   return idle_cv_.wait_for(lock, timeout, [&] { return in_flight_ == 0; });
 }
 
+size_t MaxPromptBytes(const Tokenizer& tokenizer, int32_t max_model_len) {
+  size_t longest = 1;
+  for (TokenId id = 0; id < tokenizer.vocab_size(); ++id) longest = std::max(longest, tokenizer.DecodeToken(-1, id).size());
+  return 2 * longest * static_cast<size_t>(std::max(max_model_len, 1));
+}
+
 absl::Status ValidateServeRequest(const ServeRequest& r, const Tokenizer& tokenizer, int32_t vocab,
-                                  int32_t max_model_len, bool add_bos, std::vector<TokenId>* prompt) {
+                                  int32_t max_model_len, bool add_bos, std::vector<TokenId>* prompt,
+                                  size_t max_prompt_bytes) {
   const std::string& pre = r.field_prefix;
   if (r.prompt.empty() == r.prompt_token_ids.empty()) {
     return absl::InvalidArgumentError(r.prompt.empty() ? "prompt: empty; give prompt or prompt_token_ids"
@@ -64,6 +72,10 @@ absl::Status ValidateServeRequest(const ServeRequest& r, const Tokenizer& tokeni
     }
     *prompt = r.prompt_token_ids;
   } else {
+    if (r.prompt.size() > max_prompt_bytes) {  // checked before the work of tokenizing it
+      return absl::InvalidArgumentError(absl::StrCat("prompt: ", r.prompt.size(), " bytes cannot fit the context of ",
+                                                     max_model_len, " tokens (at most ", max_prompt_bytes, " bytes)"));
+    }
     *prompt = tokenizer.Encode(r.prompt, add_bos && !r.templated);
     if (prompt->empty()) return absl::InvalidArgumentError("prompt: encodes to no tokens");
   }
@@ -84,6 +96,19 @@ absl::Status ValidateServeRequest(const ServeRequest& r, const Tokenizer& tokeni
   for (size_t i = 0; i < r.stop.size(); ++i) {
     if (r.stop[i].empty()) return absl::InvalidArgumentError(absl::StrCat(pre, "stop[", i, "]: empty string"));
   }
+  for (auto [name, n] : {std::pair<const char*, int32_t>{"logprobs", r.logprobs}, {"prompt_logprobs", r.prompt_logprobs}}) {
+    if (n < -1 || n > kMaxLogprobs) {
+      return absl::InvalidArgumentError(absl::StrCat(pre, name, ": must be in [0, ", kMaxLogprobs, "] (or unset), got ", n));
+    }
+  }
+  if (r.n < 1 || r.n > kMaxSamples) {
+    return absl::InvalidArgumentError(absl::StrCat(pre, "n: must be in [1, ", kMaxSamples, "], got ", r.n));
+  }
+  for (auto [id, bias] : r.sampling.logit_bias) {
+    if (id < 0 || id >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(pre, "logit_bias: token id ", id, " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
   if (auto st = ValidateSamplingParams(r.sampling); !st.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(pre, st.message()));  // the message starts with the field
   }
@@ -91,7 +116,8 @@ absl::Status ValidateServeRequest(const ServeRequest& r, const Tokenizer& tokeni
 }
 
 absl::Status Server::Validate(const ServeRequest& r, std::vector<TokenId>* prompt) const {
-  return ValidateServeRequest(r, *tokenizer_, model_.vocab_size, scheduler_.max_model_len, options_.add_bos, prompt);
+  return ValidateServeRequest(r, *tokenizer_, model_.vocab_size, scheduler_.max_model_len, options_.add_bos, prompt,
+                              max_prompt_bytes_);
 }
 
 absl::StatusOr<Request> Server::Admit(const ServeRequest& r) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <condition_variable>
 #include <functional>
 #include <chrono>
@@ -105,7 +106,13 @@ class Generation : public std::enable_shared_from_this<Generation> {
 // leave room in `max_model_len`; max_tokens, stop strings and sampling must be valid. Errors are
 // INVALID_ARGUMENT naming the field and value. `prompt` gets the prompt's token ids.
 absl::Status ValidateServeRequest(const ServeRequest& r, const Tokenizer& tokenizer, int32_t vocab,
-                                  int32_t max_model_len, bool add_bos, std::vector<TokenId>* prompt);
+                                  int32_t max_model_len, bool add_bos, std::vector<TokenId>* prompt,
+                                  size_t max_prompt_bytes = SIZE_MAX);
+
+// The longest text prompt that could fit the context: a token decodes to at most the vocabulary's
+// longest piece, so more bytes than twice max_model_len of those (slack for normalization) cannot,
+// and such a prompt is refused before it is tokenized.
+size_t MaxPromptBytes(const Tokenizer& tokenizer, int32_t max_model_len);
 
 // An admitted request: its id (for Cancel) and its deltas.
 struct Admitted {
@@ -159,6 +166,7 @@ class Server {
   const ModelConfig& model_;
   const SchedulerConfig scheduler_;
   const ServeOptions options_;
+  const size_t max_prompt_bytes_;
   const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   ServingMetrics metrics_;
   Admission admission_;

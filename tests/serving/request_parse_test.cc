@@ -2,7 +2,11 @@
 // fuzz/grpc_request_fuzz.cc): a body or message becomes a ServeRequest, or an error naming the
 // field, never an exception; then the server's validation.
 #include <algorithm>
+#include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "chat/chat.h"
@@ -129,6 +133,47 @@ TEST_F(HttpBodyTest, LogprobsSamplesPenaltiesAndBiases) {
     ASSERT_FALSE(r.ok()) << body;
     EXPECT_EQ(r.status().message().rfind(b.field, 0), 0u) << body << " -> " << r.status();
   }
+}
+
+}  // namespace
+}  // namespace specula
+
+namespace specula {
+namespace {
+
+// The server's own checks: the ranges of the new fields, by name, and a text prompt too long to fit
+// the context refused from its length, before tokenizing.
+TEST(ValidateServeRequestTest, RangesAndPromptBytes) {
+  auto tok = LoadTokenizer(testing::TinyStoriesDir() + "/tok512.bin", 512);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  std::vector<TokenId> prompt;
+  auto check = [&](const ServeRequest& r, size_t max_bytes = SIZE_MAX) {
+    return ValidateServeRequest(r, **tok, 512, 256, true, &prompt, max_bytes);
+  };
+  ServeRequest r;
+  r.prompt = "Lily went to the park";
+  ASSERT_TRUE(check(r).ok());
+  for (auto [field, set] : std::vector<std::pair<std::string, std::function<void(ServeRequest&)>>>{
+           {"logprobs", [](ServeRequest& q) { q.logprobs = 21; }},
+           {"prompt_logprobs", [](ServeRequest& q) { q.prompt_logprobs = 100; }},
+           {"n", [](ServeRequest& q) { q.n = 0; }},
+           {"logit_bias", [](ServeRequest& q) { q.sampling.logit_bias = {{512, 1.0f}}; }},
+           {"frequency_penalty", [](ServeRequest& q) { q.sampling.frequency_penalty = 2.5f; }},
+           {"logit_bias[3]", [](ServeRequest& q) { q.sampling.logit_bias = {{3, 101.0f}}; }}}) {
+    ServeRequest bad = r;
+    set(bad);
+    const absl::Status st = check(bad);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_EQ(st.message().rfind(field, 0), 0u) << field << ": " << st;
+  }
+  const size_t limit = MaxPromptBytes(**tok, 256);
+  EXPECT_GE(limit, 2u * 256);
+  ServeRequest huge = r;
+  huge.prompt = std::string(limit + 1, 'a');
+  const absl::Status st = check(huge, limit);
+  EXPECT_NE(st.message().find("cannot fit the context"), std::string::npos) << st;
+  huge.prompt.resize(limit);  // within the byte bound: tokenized, then refused by its token count
+  EXPECT_NE(check(huge, limit).message().find("leave no room"), std::string::npos);
 }
 
 }  // namespace
