@@ -528,6 +528,18 @@ TEST(SpecLosslessTest, TinyRandomModelsFollowTargetDistribution) {
   const Lossless filtered = SampleAndTest(*target, *draft, prompt, ExactJoint(*target, prompt, 3, sp), 3, 2, sp, Samples());
   std::printf("[lossless] tiny, T=1 top-p 0.8 top-k 6: p = %.4f (dof %d)\n", filtered.p_value, filtered.dof);
   EXPECT_GT(filtered.p_value, 0.001);
+  // OpenAI's penalties over the generated tokens and a logit bias: the drafts' q and the target's
+  // p are both penalized after each prefix, so the samples follow the penalized joint.
+  SamplingParams penalized;
+  penalized.temperature = 1.0f;
+  penalized.frequency_penalty = 1.0f;
+  penalized.presence_penalty = 0.5f;
+  penalized.logit_bias = {{2, 1.5f}, {5, -1.0f}};
+  penalized.output_start = static_cast<int32_t>(prompt.size());  // as the engine sets it
+  const Lossless pen = SampleAndTest(*target, *draft, prompt, ExactJoint(*target, prompt, 3, penalized), 3, 2,
+                                     penalized, Samples());
+  std::printf("[lossless] tiny, T=1, penalties and bias, k=2: p = %.4f (dof %d)\n", pen.p_value, pen.dof);
+  EXPECT_GT(pen.p_value, 0.001);
   // The same choices made by the backend's Sample and VerifyDrafts (the GPU's path, here on the CPU).
   const Joint filtered_exact = ExactJoint(*target, prompt, 3, sp);
   for (const auto& [verify_on, draft_on_backend, name] :
