@@ -1,6 +1,5 @@
 #include "engine/engine.h"
 
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -11,16 +10,15 @@
 namespace specula {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 }  // namespace
 
-Engine::Engine(LlamaModel* model, const Tokenizer* tokenizer, const SchedulerConfig& config, SpecConfig spec)
+Engine::Engine(LlamaModel* model, const Tokenizer* tokenizer, const SchedulerConfig& config, SpecConfig spec,
+               Clock* clock)
     : model_(model), tokenizer_(tokenizer), scheduler_(config),
       kv_(model->config(), {config.block_size, config.num_blocks, model->kv_dtype()}, &model->backend()),
-      outputs_(tokenizer), spec_(spec) {
+      outputs_(tokenizer), spec_(spec), clock_(clock != nullptr ? clock : DefaultClock()),
+      start_s_(clock_->NowSeconds()) {
   stats_.spec_k_histogram.assign(std::max(config.num_spec_tokens, 0) + 1, 0);
   const bool on_backend = spec_.verify_on == SpecConfig::VerifyOn::kBackend ||
                           (spec_.verify_on == SpecConfig::VerifyOn::kAuto && model_->backend().on_device());
@@ -68,7 +66,7 @@ absl::Status Engine::Validate() const {
 }
 
 double Engine::NowMs() const {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start_).count();
+  return (clock_->NowSeconds() - start_s_) * 1000.0;
 }
 
 absl::Status Engine::AddRequest(Request r) {
@@ -107,7 +105,7 @@ void Engine::Complete(RequestId id, FinishReason reason, std::string error) {
 }
 
 std::vector<RequestDelta> Engine::Step() {
-  const Clock::time_point start = Clock::now();
+  const double start = clock_->NowSeconds();
   StepPlan plan = Schedule();
   if (plan.seqs.empty()) return outputs_.TakeDeltas();
   const std::vector<SpecCandidate> candidates = Candidates(plan);
@@ -121,7 +119,7 @@ std::vector<RequestDelta> Engine::Step() {
     return outputs_.TakeDeltas();
   }
   if (speculation_ != nullptr) {
-    ran->timing.seconds = SecondsSince(start);
+    ran->timing.seconds = clock_->NowSeconds() - start;
     speculation_->Observe(plan, candidates, *result, ran->timing);
     stats_.cost_measure_seconds = speculation_->measure_seconds();
     stats_.cost_measured_tokens = speculation_->measured_tokens();
@@ -134,7 +132,7 @@ StepPlan Engine::Schedule() {
   const double now = NowMs();
   StepPlan plan = scheduler_.Schedule(now);
   if (plan.seqs.empty()) {
-    if (plan.wait_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(std::min(plan.wait_ms, 5.0)));
+    if (plan.wait_ms > 0) clock_->SleepFor(std::min(plan.wait_ms, 5.0) / 1000.0);
     return plan;
   }
   ++stats_.steps;
@@ -191,11 +189,11 @@ Engine::Drafts Engine::Propose(const StepPlan& plan) {
     inputs.push_back({s.id, scheduler_.Get(s.id)->tokens, s.num_spec, &active_.at(s.id).request.sampling});
   }
   if (inputs.empty()) return d;
-  const Clock::time_point t0 = Clock::now();
+  const double t0 = clock_->NowSeconds();
   if (auto status = spec_.proposer->Propose(inputs, &d.proposals); !status.ok()) {
     d.proposals.assign(inputs.size(), Proposal{});  // a failed proposer degrades to plain decoding
   }
-  d.seconds = SecondsSince(t0);
+  d.seconds = clock_->NowSeconds() - t0;
   return d;
 }
 

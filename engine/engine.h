@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/clock.h"
 #include "draft/proposer.h"
 #include "engine/output_processor.h"
 #include "engine/request.h"
@@ -74,8 +75,11 @@ struct EngineStats {
 class Engine {
  public:
   // `model` and `tokenizer` (may be null: no stop strings, no text) must outlive the engine.
-  // config.num_blocks and max_model_len are used as given; the KV pool is allocated here.
-  Engine(LlamaModel* model, const Tokenizer* tokenizer, const SchedulerConfig& config, SpecConfig spec = {});
+  // config.num_blocks and max_model_len are used as given; the KV pool is allocated here. `clock`
+  // (null: the steady clock; else it must outlive the engine) times requests, steps and the
+  // batching window's waits.
+  Engine(LlamaModel* model, const Tokenizer* tokenizer, const SchedulerConfig& config, SpecConfig spec = {},
+         Clock* clock = nullptr);
   // Errors: synthetic acceptance without allow_synthetic, speculation without a proposer.
   absl::Status Validate() const;
 
@@ -152,7 +156,8 @@ class Engine {
   SpecConfig spec_;
   std::unique_ptr<AdaptiveSpeculation> speculation_;  // --num-spec-tokens auto
   absl::Status calibration_;
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  Clock* const clock_;
+  const double start_s_;  // the clock's time when the engine started
 };
 
 }  // namespace specula

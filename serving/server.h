@@ -17,7 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/engine.h"
-#include "serving/admission.h"
+#include "scheduler/admission.h"
 #include "serving/engine_loop.h"
 #include "serving/metrics.h"
 

@@ -4,6 +4,7 @@
 
 #include <omp.h>
 
+#include <chrono>
 #include <map>
 
 #include "tests/one_sequence.h"
@@ -196,6 +197,42 @@ TEST_F(EngineTest, AbortStopStringsAndBadRequests) {
   EXPECT_GT(out[1].first_token_ms, out[1].arrival_ms);
   EXPECT_EQ(out[1].token_ms.size(), out[1].tokens.size());
   EXPECT_EQ(e.scheduler().blocks().num_available(), 64);
+}
+
+}  // namespace
+}  // namespace specula
+
+namespace specula {
+namespace {
+
+// The engine runs on an injected clock: request times are that clock's, and the batching window's
+// wait advances it instead of sleeping (what the serving simulator relies on).
+TEST_F(EngineTest, RunsOnAnInjectedClock) {
+  ManualClock clock(100.0);
+  SchedulerConfig c = Config(64, false);
+  c.max_wait_ms = 50;  // a lone arrival waits up to 50 ms of the clock for company
+  Engine e(model_.get(), tok_.get(), c, {}, &clock);
+  EXPECT_EQ(e.NowMs(), 0.0);
+  clock.Advance(0.25);
+  std::vector<Request> reqs = Requests();
+  reqs.resize(1);
+  ASSERT_TRUE(e.AddRequest(reqs[0]).ok());
+  const auto wall = std::chrono::steady_clock::now();
+  RequestOutput out;
+  for (int steps = 0; e.HasUnfinished() && steps < 1000; ++steps) {
+    for (RequestDelta& d : e.Step()) {
+      if (d.finished) out = std::move(d.final);
+    }
+    clock.Advance(0.010);  // each step "takes" 10 ms
+  }
+  EXPECT_EQ(out.arrival_ms, 250.0);
+  // The window held the lone request for 50 ms of the clock (5 ms waits), not of the wall.
+  EXPECT_GE(out.scheduled_ms, 300.0);
+  EXPECT_LT(out.scheduled_ms, 320.0);
+  EXPECT_EQ(out.first_token_ms, out.scheduled_ms);
+  EXPECT_EQ(out.tokens.size(), static_cast<size_t>(reqs[0].max_tokens));
+  EXPECT_NEAR(out.tpot_ms(), 10.0, 1e-6);
+  EXPECT_LT(std::chrono::steady_clock::now() - wall, std::chrono::seconds(5));
 }
 
 }  // namespace

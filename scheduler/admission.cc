@@ -1,4 +1,4 @@
-#include "serving/admission.h"
+#include "scheduler/admission.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 // Admission decisions on hand-made queue states and clocks (seconds are arguments, not real time).
-#include "serving/admission.h"
+#include "scheduler/admission.h"
 
 #include <gtest/gtest.h>
 

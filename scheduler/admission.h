@@ -1,5 +1,6 @@
-// Admission control for `specula serve`: refuse at once what would wait too long, rather than let
-// an overloaded server get slow for everyone.
+// Admission control for `specula serve` (and the serving simulator, which decides with the same
+// code): refuse at once what would wait too long, rather than let an overloaded server get slow for
+// everyone. Pure bookkeeping: times are given by the caller, in seconds of its own clock.
 //
 // - Queue length: requests submitted and not yet running, against --max-queue-len.
 // - Queue delay: the wait a new request would see, predicted as the completions needed before a
