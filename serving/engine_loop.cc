@@ -38,13 +38,15 @@ void RequestStream::Push(RequestDelta d) {
 EngineLoop::EngineLoop(Engine* engine, LoopHooks hooks)
     : engine_(engine), hooks_(std::move(hooks)), thread_([this] { Run(); }) {}
 
-EngineLoop::~EngineLoop() {
+EngineLoop::~EngineLoop() { Stop(); }
+
+void EngineLoop::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 std::shared_ptr<RequestStream> EngineLoop::Submit(Request r) {

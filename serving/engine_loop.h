@@ -30,6 +30,11 @@ class RequestStream {
   RequestId id() const { return id_; }
   // The next delta, waiting at most `timeout`; nullopt if none came by then, or after the last.
   std::optional<RequestDelta> Next(std::chrono::milliseconds timeout);
+  // Whether the last delta was pushed (it may not have been read yet).
+  bool done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
   // Called (on the loop's thread, outside the stream's lock) after each delta is pushed, so that
   // an event-driven reader (a gRPC reactor) needs no thread waiting in Next. Also called once now
   // if deltas are already waiting.
@@ -75,6 +80,8 @@ class EngineLoop {
   explicit EngineLoop(Engine* engine, LoopHooks hooks = {});
   // Stops the loop: requests still running end with FinishReason::kAborted.
   ~EngineLoop();
+  // The same, for an owner that must keep the loop callable (Cancel) while its thread ends.
+  void Stop();
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;
 

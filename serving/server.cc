@@ -23,7 +23,12 @@ Server::Server(Engine* engine, const Tokenizer* tokenizer, const ModelConfig& mo
   loop_ = std::make_unique<EngineLoop>(engine, std::move(hooks));
 }
 
-Server::~Server() { loop_.reset(); }  // aborts what still runs, before the members it calls go
+// Aborts what still runs, before the members it calls go. The loop's thread may call Cancel while it
+// ends (a generation dropped during its last deltas): loop_ stays set until that thread is gone.
+Server::~Server() {
+  loop_->Stop();
+  loop_.reset();
+}
 
 double Server::NowS() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
@@ -266,7 +271,9 @@ void Generation::Cancel() {
   std::lock_guard<std::mutex> lock(mu_);
   if (cancelled_) return;
   cancelled_ = true;
-  for (size_t i = 0; i < streams_.size(); ++i) server_->Cancel(ids_[i]);
+  for (size_t i = 0; i < streams_.size(); ++i) {
+    if (!streams_[i]->done()) server_->Cancel(ids_[i]);  // a finished sample needs no server
+  }
   for (size_t i = streams_.size(); i < requests_.size(); ++i) {  // never submitted: end them here
     RequestDelta d;
     d.id = ids_[i];
