@@ -14,7 +14,8 @@
 # Left out, and run by the release and ASan suites: engine_tests and experiments.test_report (one
 # thread each: the Engine is driven by one thread, the report is Python); for time (each alone is
 # over the budget under TSan): serving.test_grpc (~190 s; its gRPC threads are not checked anyway,
-# see below) and the rest of experiments.test_experiment_run (single-threaded runs; the quickstart
+# see below), serving.test_openai_surface (SmolLM2's numerics through two servers; the samples'
+# threading is serving_tests' GenerationTest) and the rest of experiments.test_experiment_run (single-threaded runs; the quickstart
 # spec alone takes over 10 minutes).
 #
 # Any report fails the run: TSAN_OPTIONS has halt_on_error=1 (the test preset's environment), and the
