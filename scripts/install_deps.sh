@@ -11,6 +11,7 @@ APT_PACKAGES=(
   libicu-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libcpp-httplib-dev
   libssl-dev openssl  # TLS files checked at startup (serving/tls_files.cc); test certificates
+  libboost-dev  # the HTTP server: Boost.Beast and Asio (header-only)
   libopenmpi-dev openmpi-bin
   clang-14 libclang-rt-14-dev llvm-14  # libFuzzer targets (the fuzz preset); llvm-symbolizer
   python3 python3-pip
