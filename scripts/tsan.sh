@@ -2,12 +2,15 @@
 # tsan.sh: builds the `tsan` preset (gcc -fsanitize=thread, -O1 -g1; build/tsan) and runs the
 # threaded tests under ThreadSanitizer, in about 5 minutes on 2 cores (the Python drills two at a time):
 #   - serving:     serving_tests (the engine thread: the EngineLoop with the real tinystories model
-#                  from 4 threads, admission, metrics recorded from many threads), loadgen_tests (bench-serve's
+#                  from 4 threads, admission, metrics recorded from many threads), http_server_tests (the
+#                  event-driven HTTP server: io thread, handler pool, streams written from other
+#                  threads, OnClose, TLS), loadgen_tests (bench-serve's
 #                  clients against fake gRPC and HTTP servers), and the Python tests that start the
 #                  TSan build of `specula serve`: test_openai_http (HTTP, streamed and not, client
 #                  disconnects, stop strings), test_metrics_drain (metrics, SIGTERM drain),
 #                  test_chaos (cancels, deadlines, malformed requests in a burst), test_overload
-#                  (3x capacity over HTTP under TSan; the latency bounds are skipped, and it says so);
+#                  (3x capacity over HTTP under TSan; the latency bounds are skipped, and it says so),
+#                  test_http_flood (2,200 slow connections; its latency bounds are skipped likewise);
 #   - experiments: experiment_tests, and of experiments.test_experiment_run
 #                  the two runs with threads (the in-process online run, and an ONLINE spec against
 #                  a real server).
@@ -26,8 +29,8 @@
 # parallel kernel as racing with the thread that started it (e.g. PackedGemm's workers against the
 # attention that follows). The test preset sets OMP_NUM_THREADS=1: no worker threads, a parallel
 # region runs on the thread that enters it. What TSan checks is our own threads (the engine loop,
-# HTTP handlers, the load generator, the experiment runner); the kernels' OpenMP parallelism is
-# checked for results by the kernel tests.
+# the HTTP server's io and handler threads, the load generator, the experiment runner); the
+# kernels' OpenMP parallelism is checked for results by the kernel tests.
 #
 # Suppressions (tests/tsan.supp, from the preset): third-party libraries only. Debian's gRPC,
 # Protobuf and Abseil are not built with TSan and gRPC's synchronization is invisible to it, so
@@ -54,7 +57,7 @@ if [[ $build == 1 ]]; then
     cmake --preset tsan >/dev/null
   fi
   # Only what the selected tests run (the whole preset would also build the model, kernel and spec tests).
-  cmake --build --preset tsan -j "$jobs" --target specula serving_tests loadgen_tests experiment_tests
+  cmake --build --preset tsan -j "$jobs" --target specula serving_tests http_server_tests loadgen_tests experiment_tests
 fi
 [[ $test == 1 ]] || exit 0
 ctest --preset tsan -j "$jobs" -L '^(serving|experiments)$' \

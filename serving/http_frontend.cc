@@ -1,21 +1,14 @@
 #include "serving/http_frontend.h"
 
-#include <dirent.h>
-#include <httplib.h>
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
-
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <ctime>
+#include <mutex>
 #include <optional>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "serving/http_server.h"
 #include "serving/openai_api.h"
 
 namespace specula {
@@ -24,55 +17,44 @@ namespace {
 using json = nlohmann::json;
 
 // OpenAI's error shape (openai_api.h).
-void SendError(httplib::Response& res, const absl::Status& st) {
-  res.status = HttpStatusOf(st);
-  res.set_content(ErrorJson(st, res.status), "application/json");
+void SendError(HttpExchange& ex, const absl::Status& st) {
+  const int status = HttpStatusOf(st);
+  ex.Respond(status, "application/json", ErrorJson(st, status));
 }
 
-// The socket a request came on, to see its client go away while a non-streamed request runs.
-// cpp-httplib 0.11 (Debian 12's) hands a handler neither the socket nor 0.12's
-// req.is_connection_closed, so this finds the open socket whose local port and peer address and
-// port are the request's (the connection's 4-tuple: unique among live sockets, and the handler's
-// thread keeps this one open until the handler returns). -1 if none matches.
-int ConnectionSocket(const httplib::Request& req) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  auto host_port = [](const sockaddr_storage& a, socklen_t len, std::string* host) {
-    char h[NI_MAXHOST], port[NI_MAXSERV];
-    if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, h, sizeof h, port, sizeof port,
-                    NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
-      return -1;
-    }
-    *host = h;  // as httplib writes req.remote_addr
-    return std::atoi(port);
-  };
-  int found = -1;
-  while (dirent* e = readdir(dir)) {
-    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    const int fd = std::atoi(e->d_name);
-    sockaddr_storage local{}, peer{};
-    socklen_t local_len = sizeof local, peer_len = sizeof peer;
-    if (fd == dirfd(dir) || getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0 ||
-        getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) {
-      continue;
-    }
-    std::string local_host, peer_host;
-    if (host_port(local, local_len, &local_host) == req.local_port &&
-        host_port(peer, peer_len, &peer_host) == req.remote_port && peer_host == req.remote_addr) {
-      found = fd;
-      break;
+// One call's answer. The generation's listener drains it on the engine loop's thread after each
+// delta (and once on the handler's thread if events were already waiting): each step turns events
+// into bytes and queues them to the connection, never waiting on the client.
+struct Reply {
+  std::shared_ptr<HttpExchange> ex;
+  std::unique_ptr<OpenAiResponder> responder;
+  bool stream = false;
+  std::mutex mu;                    // one drain at a time, so events leave in order
+  std::shared_ptr<Generation> gen;  // guarded by mu; dropped once answered (it holds the listener
+                                    // that holds this, and dropping it cancels what still runs)
+
+  void Drain() {
+    std::shared_ptr<Generation> done;  // released after mu
+    std::lock_guard<std::mutex> l(mu);
+    while (gen != nullptr) {
+      auto e = gen->Next(std::chrono::milliseconds(0));
+      if (!e) break;
+      auto bytes = responder->Add(e->index, e->delta);
+      if (!bytes.ok()) {  // not streamed: a sample the engine refused
+        SendError(*ex, bytes.status());
+      } else if (stream) {
+        if (!bytes->empty()) ex->Write(*std::move(bytes));  // false once the client left: OnClose cancelled
+        if (responder->done()) ex->End();
+      } else if (responder->done()) {
+        ex->Respond(200, "application/json", *std::move(bytes));
+      }
+      if (!bytes.ok() || responder->done()) {
+        gen->SetListener(nullptr);
+        done = std::move(gen);
+      }
     }
   }
-  closedir(dir);
-  return found;
-}
-
-// Whether the client closed the connection (or it broke): end of stream or an error on the socket.
-// Bytes waiting to be read (a pipelined request) are not a close.
-bool PeerClosed(int fd) {
-  pollfd p{fd, POLLRDHUP, 0};
-  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
-}
+};
 
 }  // namespace
 
@@ -80,55 +62,55 @@ struct HttpFrontend::Impl {
   Server* server;
   absl::StatusOr<ChatSource> chat_source = absl::NotFoundError("no chat template");
   std::optional<ChatTemplate> chat_template;  // parsed once at start
-  httplib::Server http;
-  std::thread thread;
-  int port = 0;
+  std::unique_ptr<HttpServer> http;
 
-  void Handle(const httplib::Request& req, httplib::Response& res, bool chat);
+  void Handle(HttpRequest req, const std::shared_ptr<HttpExchange>& ex, bool chat);
+  std::vector<HttpRoute> Routes();
 };
 
-void HttpFrontend::Impl::Handle(const httplib::Request& req, httplib::Response& res, bool chat) {
+// On a worker thread: parses (a chat template render and the tokenization of a long prompt take
+// their time here, not on the io thread), starts the generation, and leaves the answer to its
+// listener.
+void HttpFrontend::Impl::Handle(HttpRequest req, const std::shared_ptr<HttpExchange>& ex, bool chat) {
   const std::string model = server->options().model_name;
   auto parsed = ParseHttpRequestBody(req.body, chat, model, chat_template.has_value() ? &*chat_template : nullptr,
                                      chat_source);
-  if (!parsed.ok()) return SendError(res, parsed.status());
+  if (!parsed.ok()) return SendError(*ex, parsed.status());
   auto started = server->Generate(parsed->request);
-  if (!started.ok()) return SendError(res, started.status());
+  if (!started.ok()) return SendError(*ex, started.status());
   std::shared_ptr<Generation> gen = *std::move(started);
-  auto responder = std::make_shared<OpenAiResponder>(*parsed, model, absl::StrCat(chat ? "chatcmpl-" : "cmpl-", gen->id()),
-                                                     *gen, &server->tokenizer());
-  // A client that goes away aborts its request, which frees its KV blocks: a non-streamed one is
-  // checked after every delta (each step that gives it tokens) and every 20 ms while it waits; a
-  // streamed one also when a write fails.
-  const int conn_fd = ConnectionSocket(req);
-  const auto poll_every = std::chrono::milliseconds(conn_fd >= 0 ? 20 : 1000);
-  if (!parsed->stream) {
-    for (;;) {
-      auto e = gen->Next(poll_every);
-      if (conn_fd >= 0 && !responder->done() && PeerClosed(conn_fd)) {
-        gen->Cancel();
-        res.status = 499;  // nginx's "client closed request"; nobody reads it
-        return;
-      }
-      if (!e) continue;
-      auto bytes = responder->Add(e->index, e->delta);
-      if (!bytes.ok()) return SendError(res, bytes.status());  // dropping gen cancels the other samples
-      if (responder->done()) return res.set_content(*bytes, "application/json");
-    }
-  }
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [=](size_t, httplib::DataSink& sink) {
-        auto e = gen->Next(poll_every);
-        if (!e) return conn_fd < 0 || !PeerClosed(conn_fd);  // nothing yet: called again, unless the client left
-        const std::string bytes = responder->Add(e->index, e->delta).value_or("");
-        if (!bytes.empty() && !sink.write(bytes.data(), bytes.size())) return false;  // gone: the releaser cancels
-        if (responder->done()) sink.done();
-        return true;
-      },
-      [gen](bool success) {
-        if (!success) gen->Cancel();
-      });
+  auto reply = std::make_shared<Reply>();
+  reply->ex = ex;
+  reply->stream = parsed->stream;
+  reply->responder = std::make_unique<OpenAiResponder>(
+      *parsed, model, absl::StrCat(chat ? "chatcmpl-" : "cmpl-", gen->id()), *gen, &server->tokenizer());
+  reply->gen = gen;
+  // A client that goes away cancels its samples, which frees their KV blocks.
+  ex->OnClose([weak = std::weak_ptr<Generation>(gen)] {
+    if (auto g = weak.lock()) g->Cancel();
+  });
+  if (parsed->stream) ex->StartStream(200, "text/event-stream");
+  gen->SetListener([reply] { reply->Drain(); });
+}
+
+std::vector<HttpRoute> HttpFrontend::Impl::Routes() {
+  auto handle = [this](bool chat) {
+    return [this, chat](HttpRequest q, std::shared_ptr<HttpExchange> ex) { Handle(std::move(q), ex, chat); };
+  };
+  auto models = [this](HttpRequest, std::shared_ptr<HttpExchange> ex) {
+    const json m = {{"id", server->options().model_name}, {"object", "model"}, {"created", std::time(nullptr)},
+                    {"owned_by", "specula"}, {"max_model_len", server->scheduler_config().max_model_len}};
+    ex->Respond(200, "application/json", json{{"object", "list"}, {"data", {m}}}.dump());
+  };
+  auto health = [this](HttpRequest, std::shared_ptr<HttpExchange> ex) {
+    if (server->draining()) return SendError(*ex, absl::UnavailableError("draining"));
+    ex->Respond(200, "", "");
+  };
+  auto metrics = [this](HttpRequest, std::shared_ptr<HttpExchange> ex) {
+    ex->Respond(200, "text/plain; version=0.0.4; charset=utf-8", server->MetricsText());
+  };
+  return {{"POST", "/v1/completions", handle(false)}, {"POST", "/v1/chat/completions", handle(true)},
+          {"GET", "/v1/models", models}, {"GET", "/health", health}, {"GET", "/metrics", metrics}};
 }
 
 HttpFrontend::HttpFrontend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -136,12 +118,6 @@ HttpFrontend::~HttpFrontend() { Stop(); }
 
 absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(Server* server, const HttpOptions& options,
                                                                   absl::StatusOr<ChatSource> chat) {
-  const std::string& host = options.host;
-  const int port = options.port, threads = options.threads;
-  const size_t max_request_bytes = options.max_request_bytes;
-  if (!options.security.api_key.empty() || options.security.tls()) {
-    return absl::UnimplementedError("--api-key and --ssl-*: not supported yet on HTTP");
-  }
   auto impl = std::make_unique<Impl>();
   impl->server = server;
   if (chat.ok()) {
@@ -155,58 +131,26 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(Server* server
     }
   }
   impl->chat_source = std::move(chat);
-  Impl* p = impl.get();
-  httplib::Server& h = impl->http;
-  h.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  h.set_keep_alive_timeout(2);  // an idle keep-alive connection holds a thread
-  // A larger Content-Length is refused (413) without keeping the body: httplib reads past it.
-  h.set_payload_max_length(max_request_bytes);
-  h.Post("/v1/completions", [p](const httplib::Request& q, httplib::Response& s) { p->Handle(q, s, false); });
-  h.Post("/v1/chat/completions", [p](const httplib::Request& q, httplib::Response& s) { p->Handle(q, s, true); });
-  h.Get("/v1/models", [p](const httplib::Request&, httplib::Response& s) {
-    const json m = {{"id", p->server->options().model_name}, {"object", "model"}, {"created", std::time(nullptr)},
-                    {"owned_by", "specula"}, {"max_model_len", p->server->scheduler_config().max_model_len}};
-    s.set_content(json{{"object", "list"}, {"data", {m}}}.dump(), "application/json");
-  });
-  h.Get("/health", [p](const httplib::Request&, httplib::Response& s) {
-    if (p->server->draining()) return SendError(s, absl::UnavailableError("draining"));
-    s.status = 200;
-  });
-  h.Get("/metrics", [p](const httplib::Request&, httplib::Response& s) {
-    s.set_content(p->server->MetricsText(), "text/plain; version=0.0.4; charset=utf-8");
-  });
-  h.set_error_handler([max_request_bytes](const httplib::Request& q, httplib::Response& s) {
-    if (s.status == 404 && s.body.empty()) SendError(s, absl::NotFoundError(absl::StrCat("no route ", q.method, " ", q.path)));
-    if (s.status == 413 && s.body.empty()) {
-      const std::string msg = absl::StrCat("body: larger than --max-request-bytes ", max_request_bytes);
-      s.set_content(json{{"error", {{"message", msg}, {"type", "invalid_request_error"}, {"param", "body"}, {"code", 413}}}}.dump(),
-                    "application/json");
-    }
-  });
-  // httplib listens with a backlog of 5: a burst of new connections overflows it and clients stall
-  // for a retransmit (~1 s). Keep the socket to listen again with a deep backlog. SO_REUSEADDR
-  // (not httplib's SO_REUSEPORT: a second server on a taken port must fail).
-  int listen_fd = -1;
-  h.set_socket_options([&listen_fd](int fd) {
-    int yes = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    listen_fd = fd;
-  });
-  impl->port = port == 0 ? h.bind_to_any_port(host) : (h.bind_to_port(host, port) ? port : -1);
-  if (impl->port <= 0) {
-    return absl::UnavailableError(absl::StrCat("--http-port: cannot listen on ", host, ":", port, " (in use, or a bad --host)"));
+  HttpServerOptions o;
+  o.host = options.host;
+  o.port = options.port;
+  o.max_body_bytes = options.max_request_bytes;
+  o.max_body_name = "--max-request-bytes";
+  o.worker_threads = options.threads;
+  o.io_threads = 1;  // parsing and writing bytes: one core's fraction even under a flood
+  o.security = options.security;
+  auto http = HttpServer::Start(std::move(o), impl->Routes());
+  if (!http.ok()) {
+    return absl::Status(http.status().code(), absl::StrCat("--http-port: ", http.status().message()));
   }
-  if (listen_fd >= 0) ::listen(listen_fd, 4096);
-  impl->thread = std::thread([p] { p->http.listen_after_bind(); });
+  impl->http = *std::move(http);
   return std::unique_ptr<HttpFrontend>(new HttpFrontend(std::move(impl)));
 }
 
-int HttpFrontend::port() const { return impl_->port; }
+int HttpFrontend::port() const { return impl_->http->port(); }
 
 void HttpFrontend::Stop() {
-  if (!impl_->thread.joinable()) return;
-  impl_->http.stop();
-  impl_->thread.join();
+  if (impl_->http) impl_->http->Stop();
 }
 
 }  // namespace specula

@@ -1,8 +1,8 @@
-// The OpenAI-compatible HTTP front end of `specula serve` (cpp-httplib, whose types stay in
-// http_frontend.cc): POST /v1/completions and /v1/chat/completions (server-sent events with
+// The OpenAI-compatible HTTP front end of `specula serve` (on HttpServer, serving/http_server.h:
+// connections cost no thread): POST /v1/completions and /v1/chat/completions (server-sent events with
 // "stream": true, ending in `data: [DONE]`), GET /v1/models, /health (503 while draining) and
-// /metrics (Prometheus text). Errors use OpenAI's JSON error shape: 400 bad input, 404 unknown
-// model, 429 overload, 503 draining.
+// /metrics (Prometheus text). Errors use OpenAI's JSON error shape: 400 bad input, 401 without the
+// API key, 404 unknown model or route, 413 too large a body, 429 overload, 503 draining.
 #pragma once
 
 #include <memory>
@@ -18,7 +18,7 @@ namespace specula {
 struct HttpOptions {
   std::string host = "127.0.0.1";
   int port = 0;                 // 0: a free port (see port())
-  int threads = 128;            // connection threads: the most concurrent HTTP requests
+  int threads = 4;              // handler threads: parse, render and tokenize requests
   size_t max_request_bytes = size_t{8} << 20;  // a larger body is a 413, never parsed
   SecurityOptions security;
 };

@@ -327,9 +327,13 @@ class Session final : public SessionBase {
                     "headers");
     }
     if (ec == http::error::body_limit) {
-      return Reject(413, absl::StrCat("body: larger than ", core_->options.max_body_bytes, " bytes"), "body");
+      return Reject(413, BodyTooLarge(), "body");
     }
     Reject(400, absl::StrCat("malformed HTTP request: ", ec.message()), "");
+  }
+
+  std::string BodyTooLarge() const {
+    return absl::StrCat("body: larger than ", core_->options.max_body_name, " ", core_->options.max_body_bytes);
   }
 
   // The checks before the body is read: API key, route, declared size. False: refused.
@@ -360,8 +364,7 @@ class Session final : public SessionBase {
       return false;
     }
     if (parser_->content_length() && *parser_->content_length() > o.max_body_bytes) {
-      Reject(413, absl::StrCat("body: Content-Length ", *parser_->content_length(), " is larger than ",
-                               o.max_body_bytes, " bytes"), "body");
+      Reject(413, absl::StrCat(BodyTooLarge(), " (Content-Length ", *parser_->content_length(), ")"), "body");
       return false;
     }
     parser_->body_limit(o.max_body_bytes);  // a chunked body is cut off there too

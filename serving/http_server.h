@@ -25,6 +25,7 @@ struct HttpServerOptions {
   int port = 0;                                   // 0: a free port (see HttpServer::port())
   size_t max_header_bytes = size_t{16} << 10;     // request line + headers; larger: 431
   size_t max_body_bytes = size_t{8} << 20;        // larger: 413, never read
+  std::string max_body_name = "the body limit";   // how a 413 names the limit (a flag)
   std::chrono::milliseconds header_timeout{10000};  // from a request's first byte to its blank line
   std::chrono::milliseconds body_timeout{60000};    // from the headers to the body's last byte
   std::chrono::milliseconds idle_timeout{30000};    // keep-alive wait; also a stalled response write

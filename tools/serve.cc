@@ -33,7 +33,8 @@ within --drain-timeout-s; then the process exits 0. One line on stderr says when
   --chat-template PATH  a Jinja file for /v1/chat/completions instead of the model's own template
                         (GGUF tokenizer.chat_template, or tokenizer_config.json's chat_template)
   --max-tokens N        tokens per request when it does not say (default 256)
-  --http-threads N      HTTP connection threads: the most concurrent HTTP requests (default 128)
+  --http-threads N      HTTP handler threads, which parse, render and tokenize requests (default 4);
+                        connections take no thread, so this bounds no connection count
   --max-request-bytes N largest HTTP request body; a larger one is a 413, never parsed (default 8 MiB)
 
 Security (the key guards /v1/* and specula.v1.Generation; /health, /metrics, gRPC health and
@@ -58,7 +59,7 @@ Engine flags, as for generate:
 // The serving flags besides the engine's.
 struct ServeFlags {
   std::string host = "127.0.0.1";
-  int32_t grpc_port = 50051, http_port = 8000, http_threads = 128;
+  int32_t grpc_port = 50051, http_port = 8000, http_threads = 4;
   int64_t max_request_bytes = int64_t{8} << 20;
   double drain_timeout_s = 30;
   ServeOptions opt;

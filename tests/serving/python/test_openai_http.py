@@ -112,7 +112,7 @@ class OpenAITest(unittest.TestCase):
             self.client.chat.completions.create(model=self.model, messages=[{"role": "user", "content": "hi"}])
         self.assertIn("no chat template", str(e.exception))
         code, body = http_json(self.serve.http_base + "/v1/completions", None)
-        self.assertEqual(code, 404)  # GET on a POST route
+        self.assertEqual(code, 405)  # GET on a POST route
         code, body = http_json(self.serve.http_base + "/v1/completions", {"model": self.model, "prompt": 5})
         self.assertEqual(code, 400)
         self.assertEqual(json.loads(body)["error"]["type"], "invalid_request_error")
