@@ -173,7 +173,7 @@ std::string OpenAiResponder::StreamEvents(int32_t index, const RequestDelta& d, 
       c["token_ids"] = d.tokens;
       if (!s.first_sent) chunk["prompt_token_ids"] = prompt_;
     }
-    chunk["choices"] = {c};
+    chunk["choices"] = json::array({c});  // not `= {c}`: clang copies a one-element list (CWG 1467)
     s.first_sent = true;
     out = Event(chunk);
   }

@@ -57,6 +57,8 @@ class SurfaceTests:
         forced, forced_tops = self.teacher_forced(prompt_ids + ids, 5)
         forced, forced_tops = forced[len(prompt_ids) - 1:], forced_tops[len(prompt_ids) - 1:]
         self.assertEqual(len(lps), len(ids), what)
+        worst = max(abs(a - b) for a, b in zip(lps, forced))
+        print(f"{type(self).__name__} {what}: {len(ids)} tokens, largest |logprob - teacher-forced| {worst:.2e}")
         for j, (a, b) in enumerate(zip(lps, forced)):
             self.assertLess(abs(a - b), TOLERANCE, f"{what}: token {j}: {a} vs teacher-forced {b}")
         for j, (a, b) in enumerate(zip(tops, forced_tops)):
