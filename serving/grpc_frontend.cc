@@ -5,6 +5,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <optional>
 #include <utility>
@@ -97,6 +98,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       return;
     }
     gen_ = *std::move(started);
+    cancel_target_.store(gen_.get(), std::memory_order_release);
     request_id_ = req.request_id().empty() ? absl::StrCat("specula-", gen_->id()) : req.request_id();
     // The listener may outlive this reactor (a push racing OnDone): it holds the shared link.
     link_ = std::make_shared<Link>();
@@ -116,8 +118,11 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
     }
     WriteNext();
   }
+  // On a gRPC thread: through an atomic, since gRPC's ordering of this after the constructor (which
+  // ran on another of its threads) is invisible to ThreadSanitizer. OnDone, which frees gen_, comes
+  // after it.
   void OnCancel() override {
-    if (gen_ != nullptr) gen_->Cancel();
+    if (Generation* g = cancel_target_.load(std::memory_order_acquire)) g->Cancel();
   }
   void OnDone() override {
     if (link_ != nullptr) {
@@ -198,6 +203,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
 
   grpc::CallbackServerContext* const ctx_;
   std::shared_ptr<Generation> gen_;
+  std::atomic<Generation*> cancel_target_{nullptr};  // gen_, for OnCancel
   std::string request_id_;
   std::shared_ptr<Link> link_;
   v1::GenerateResponse response_;            // the message being written
