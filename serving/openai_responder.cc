@@ -125,7 +125,6 @@ std::string OpenAiResponder::EchoText() const {
 
 absl::StatusOr<std::string> OpenAiResponder::Add(int32_t index, const RequestDelta& d) {
   Sample& s = samples_.at(index);
-  const size_t before = s.tokens.size();
   s.text += d.text;
   s.tokens.insert(s.tokens.end(), d.tokens.begin(), d.tokens.end());
   s.logprobs.insert(s.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
@@ -136,15 +135,7 @@ absl::StatusOr<std::string> OpenAiResponder::Add(int32_t index, const RequestDel
     ++finished_;
   }
   if (!d.error.ok() && !call_.stream) return d.error;
-  if (call_.stream) {
-    RequestDelta fresh;
-    fresh.text = d.text;
-    fresh.finished = d.finished;
-    fresh.error = d.error;
-    fresh.final.finish = d.final.finish;
-    fresh.tokens.assign(s.tokens.begin() + before, s.tokens.end());
-    return StreamEvents(index, fresh, !d.error.ok());
-  }
+  if (call_.stream) return StreamEvents(index, d, !d.error.ok());
   return done() ? Body() : std::string();
 }
 

@@ -175,11 +175,7 @@ absl::StatusOr<Admitted> Server::Submit(const ServeRequest& r) {
 }
 
 absl::StatusOr<std::shared_ptr<Generation>> Server::Generate(const ServeRequest& r) {
-  if (r.n < 1 || r.n > kMaxSamples) {
-    metrics_.OnRejected("invalid_argument");
-    return absl::InvalidArgumentError(absl::StrCat(r.field_prefix, "n: must be in [1, ", kMaxSamples, "], got ", r.n));
-  }
-  ASSIGN_OR_RETURN(Request first, Admit(r));
+  ASSIGN_OR_RETURN(Request first, Admit(r));  // validates n among the rest
   // Sample i draws from seed + i: distinct samples, reproducible with a seed.
   std::vector<Request> samples(r.n, first);
   for (int32_t i = 1; i < r.n; ++i) {
