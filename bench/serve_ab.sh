@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two builds of `specula serve` on the same load, alternated, one server at a time: SmolLM2 Q4_1
 # (scripts/fetch_models.sh), bench-serve at concurrency 8, 128-token prompts, 64 output tokens.
-# Prints one line per run: round, which, protocol, output tokens/s, median TPOT.
+# Prints one line per run: round, which, protocol, output tokens/s, median TPOT, median TTFT.
 #
 #   bash bench/serve_ab.sh OLD_SPECULA NEW_SPECULA [ROUNDS] [PROTOCOLS] [PROMPTS]
 #   e.g. bash bench/serve_ab.sh ../old/build/release/specula build/release/specula 13 http 96
@@ -23,7 +23,8 @@ for round in $(seq 1 "$rounds"); do
       kill -TERM $pid
       wait $pid || true
       python3 -c "import json; d = json.load(open('$out/r.json')); print('$round $which $proto', \
-round(d['output_throughput'], 1), 'tok/s, median TPOT', round(d['median_tpot_ms'], 2), 'ms')"
+round(d['output_throughput'], 1), 'tok/s, median TPOT', round(d['median_tpot_ms'], 2), 'ms, median TTFT', \
+round(d['median_ttft_ms'], 1), 'ms')"
     done
   done
 done

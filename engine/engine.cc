@@ -25,7 +25,7 @@ Engine::Engine(LlamaModel* model, const Tokenizer* tokenizer, const SchedulerCon
   if (on_backend && model_->logits_stay_in_backend()) backend_verifier_ = std::make_unique<BackendVerifier>(&model_->backend());
   if (!spec_.adaptive || spec_.proposer == nullptr || !model_->status().ok() || !kv_.status().ok()) return;
   AdaptiveConfig ac{config.max_num_seqs, config.block_size, config.num_spec_tokens, spec_.calibration_seconds,
-                    spec_.target_cost, spec_.draft_cost, spec_.refine_cost};
+                    spec_.target_cost, spec_.draft_cost, spec_.refine_cost, clock_};
   const ModelConfig* draft = spec_.proposer->model_config();
   auto s = AdaptiveSpeculation::Create(
       ac, ShapeOf(model_->config()), draft != nullptr ? std::optional(ShapeOf(*draft)) : std::nullopt,
@@ -118,6 +118,7 @@ std::vector<RequestDelta> Engine::Step() {
     FailStep(plan, result.status());
     return outputs_.TakeDeltas();
   }
+  if (step_observer_) step_observer_(plan, *result);
   if (speculation_ != nullptr) {
     ran->timing.seconds = clock_->NowSeconds() - start;
     speculation_->Observe(plan, candidates, *result, ran->timing);

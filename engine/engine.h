@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -93,6 +94,10 @@ class Engine {
   const Scheduler& scheduler() const { return scheduler_; }
   const EngineStats& stats() const { return stats_; }
   double NowMs() const;
+  // Called in every step that ran, with its plan (k chosen) and result, before the scheduler's
+  // update: how a test compares the engine's schedule with the simulator's (sim/replica.h).
+  using StepObserver = std::function<void(const StepPlan&, const StepResult&)>;
+  void set_step_observer(StepObserver f) { step_observer_ = std::move(f); }
 
  private:
   struct Active {  // a request's sampling state
@@ -157,7 +162,8 @@ class Engine {
   std::unique_ptr<AdaptiveSpeculation> speculation_;  // --num-spec-tokens auto
   absl::Status calibration_;
   Clock* const clock_;
-  const double start_s_;  // the clock's time when the engine started
+  const double start_s_;
+  StepObserver step_observer_;  // the clock's time when the engine started
 };
 
 }  // namespace specula

@@ -31,23 +31,6 @@ double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 
 }  // namespace
 
-std::vector<double> ArrivalTimes(const ArrivalOptions& o) {
-  std::vector<double> t(std::max(o.num_requests, 0), 0.0);
-  if (std::isinf(o.request_rate)) return t;
-  std::mt19937_64 rng(o.seed);
-  // Gaps of mean 1 in operational time u = integral of the rate: u = R t before the window, grows
-  // at R F inside it and at R after it. Mapping u back to t keeps the gaps' shape (burstiness).
-  std::gamma_distribution<double> gap(o.burstiness, 1.0 / o.burstiness);
-  const double r = o.request_rate, f = o.burst_factor, s = o.burst_start_s, d = o.burst_duration_s;
-  const double u_start = r * s, u_end = u_start + r * f * d;
-  double u = 0;
-  for (double& x : t) {
-    u += gap(rng);
-    x = u < u_start ? u / r : u < u_end ? s + (u - u_start) / (r * f) : s + d + (u - u_end) / r;
-  }
-  return t;
-}
-
 absl::StatusOr<std::vector<LoadRequest>> LoadJsonlDataset(const std::string& path, int32_t default_max_tokens) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
@@ -124,26 +107,6 @@ absl::StatusOr<GoodputSlo> ParseGoodput(std::string_view spec) {
   return slo;
 }
 
-double Percentile(const std::vector<double>& sorted, double q) {
-  if (sorted.empty()) return 0;
-  const double pos = q / 100.0 * static_cast<double>(sorted.size() - 1);
-  const size_t lo = static_cast<size_t>(std::floor(pos)), hi = std::min(lo + 1, sorted.size() - 1);
-  return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - static_cast<double>(lo));
-}
-
-Stats Summarize(std::vector<double> values) {
-  Stats s;
-  s.count = static_cast<int64_t>(values.size());
-  if (values.empty()) return s;
-  std::sort(values.begin(), values.end());
-  double sum = 0;
-  for (double v : values) sum += v;
-  s.mean = sum / static_cast<double>(values.size());
-  s.median = Percentile(values, 50);
-  s.p99 = Percentile(values, 99);
-  return s;
-}
-
 BenchSummary Summarize(const RunResult& run, const GoodputSlo& slo) {
   BenchSummary s;
   s.duration_s = run.duration_s;
@@ -175,10 +138,7 @@ BenchSummary Summarize(const RunResult& run, const GoodputSlo& slo) {
     }
     for (double g : r.itl_s) itl.push_back(g * 1e3);
     messages += static_cast<int64_t>(r.itl_s.size()) + (r.output_tokens > 0 ? 1 : 0);
-    if ((!slo.ttft_ms || r.ttft_s * 1e3 <= *slo.ttft_ms) && (!slo.tpot_ms || tpot_ms <= *slo.tpot_ms) &&
-        (!slo.e2el_ms || r.e2e_s * 1e3 <= *slo.e2el_ms)) {
-      ++s.good;
-    }
+    if (slo.Met(r.ttft_s * 1e3, tpot_ms, r.e2e_s * 1e3)) ++s.good;
   }
   if (s.duration_s > 0) {
     s.request_throughput = s.completed / s.duration_s;

@@ -14,26 +14,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/arrivals.h"
+#include "core/stats.h"
 
 namespace specula {
 
-// ---- When each request is sent.
-
-struct ArrivalOptions {
-  int32_t num_requests = 100;
-  double request_rate = std::numeric_limits<double>::infinity();  // req/s; inf: every request at 0
-  double burstiness = 1.0;       // gamma shape of the gaps: 1 = Poisson, < 1 burstier, > 1 steadier
-  double burst_factor = 1.0;     // the rate is request_rate * burst_factor inside the burst window
-  double burst_start_s = 0.0;    // the window is [burst_start_s, burst_start_s + burst_duration_s)
-  double burst_duration_s = 0.0;
-  uint64_t seed = 0;
-};
-
-// Send times in seconds from the start, non-decreasing. The gaps are gamma(shape B, mean 1/R)
-// (vLLM's --burstiness), drawn in "operational time" and mapped through the integrated rate, so the
-// burst window raises the rate by its factor while keeping the same burstiness. Same seed, same
-// schedule. Expects validated options (rate > 0, burstiness > 0, factor > 0, durations >= 0).
-std::vector<double> ArrivalTimes(const ArrivalOptions& opt);
+// ---- When each request is sent: ArrivalTimes (core/arrivals.h).
 
 // ---- What is sent.
 
@@ -118,19 +104,9 @@ RunResult RunLoad(LoadClient& client, const std::vector<LoadRequest>& requests, 
 
 // ---- The summary, as vllm bench serve's.
 
-struct GoodputSlo {  // milliseconds; a request is good when it meets every one given
-  std::optional<double> ttft_ms, tpot_ms, e2el_ms;
-};
+// GoodputSlo, Stats, Percentile and Summarize(values): core/stats.h.
 // "ttft:500 tpot:50 e2el:2000" (space-separated key:value; any subset, each key at most once).
 absl::StatusOr<GoodputSlo> ParseGoodput(std::string_view spec);
-
-struct Stats {
-  double mean = 0, median = 0, p99 = 0;
-  int64_t count = 0;
-};
-// The q-th percentile (0..100) of sorted values, linearly interpolated (numpy's default).
-double Percentile(const std::vector<double>& sorted, double q);
-Stats Summarize(std::vector<double> values);
 
 struct BenchSummary {
   int32_t completed = 0, rejected = 0, failed = 0, good = 0;

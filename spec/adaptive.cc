@@ -1,19 +1,11 @@
 #include "spec/adaptive.h"
 
 #include <algorithm>
-#include <chrono>
 #include <utility>
 
 #include "spec/tuning.h"
 
 namespace specula {
-namespace {
-
-double SecondsSince(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<AdaptiveSpeculation>> AdaptiveSpeculation::Create(
     const AdaptiveConfig& config, const ForwardShape& target, std::optional<ForwardShape> draft_shape,
@@ -21,9 +13,9 @@ absl::StatusOr<std::unique_ptr<AdaptiveSpeculation>> AdaptiveSpeculation::Create
   std::unique_ptr<AdaptiveSpeculation> s(new AdaptiveSpeculation(config, target));
   s->target_meter_.measure = std::move(measure_target);
   s->draft_meter_.measure = std::move(measure_draft);
-  const auto t0 = std::chrono::steady_clock::now();
+  const double t0 = s->clock_->NowSeconds();
   if (auto st = s->Calibrate(draft_shape); !st.ok()) return st;
-  s->measure_seconds_ = SecondsSince(t0);
+  s->measure_seconds_ = s->clock_->NowSeconds() - t0;
   return s;
 }
 
@@ -77,9 +69,9 @@ bool AdaptiveSpeculation::MeasureNext(Meter* m) {
   if (m->done) return false;
   CostGrid grid = grid_;
   grid.max_tokens = 2 * m->tokens;
-  const auto t0 = std::chrono::steady_clock::now();
+  const double t0 = clock_->NowSeconds();
   auto points = m->measure(grid);
-  const double seconds = SecondsSince(t0);
+  const double seconds = clock_->NowSeconds() - t0;
   between_steps_seconds_ += seconds;
   measure_seconds_ += seconds;
   if (!points.ok() || points->empty() || points->back().tokens <= m->tokens) {

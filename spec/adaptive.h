@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "core/clock.h"
 #include "core/forward_work.h"
 #include "core/step.h"
 #include "spec/controller.h"
@@ -33,6 +34,9 @@ struct AdaptiveConfig {
   // whether step timings refine them: fixed costs make the choices reproducible (tests, cost studies).
   std::optional<std::vector<CostPoint>> target_cost, draft_cost;
   bool refine_cost = true;
+  // Times the measurements (null: the steady clock). The simulator's clock advances by the time a
+  // measurement would take, so that its choices are the engine's, and reproducible.
+  Clock* clock = nullptr;
 };
 
 // The step as it ran, for Observe.
@@ -79,7 +83,8 @@ class AdaptiveSpeculation {
     bool done = true;  // nothing more to measure (or the costs were given)
     MeasureCostFn measure;
   };
-  AdaptiveSpeculation(const AdaptiveConfig& config, const ForwardShape& target) : config_(config), target_(target) {}
+  AdaptiveSpeculation(const AdaptiveConfig& config, const ForwardShape& target)
+      : config_(config), target_(target), clock_(config.clock != nullptr ? config.clock : DefaultClock()) {}
   absl::Status Calibrate(std::optional<ForwardShape> draft_shape);
   // Measures m's next shape and gives the controller the larger table; false: nothing more to measure.
   bool MeasureNext(Meter* m);
@@ -88,6 +93,7 @@ class AdaptiveSpeculation {
 
   const AdaptiveConfig config_;
   const ForwardShape target_;
+  Clock* const clock_;
   std::unique_ptr<SpecController> controller_;
   CostGrid grid_;
   Meter target_meter_, draft_meter_;

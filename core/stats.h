@@ -1,0 +1,28 @@
+// Summary statistics of latencies, as `vllm bench serve` reports them: shared by the load
+// generator's summary and the serving simulator's, so that a prediction and a measurement are
+// reduced the same way.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace specula {
+
+struct Stats {
+  double mean = 0, median = 0, p90 = 0, p99 = 0;
+  int64_t count = 0;
+};
+// The q-th percentile (0..100) of sorted values, linearly interpolated (numpy's default).
+double Percentile(const std::vector<double>& sorted, double q);
+Stats Summarize(std::vector<double> values);
+
+struct GoodputSlo {  // milliseconds; a request is good when it meets every one given
+  std::optional<double> ttft_ms, tpot_ms, e2el_ms;
+  // TPOT is 0 for a one-token request: as vLLM, it meets any TPOT goal.
+  bool Met(double ttft_ms_, double tpot_ms_, double e2el_ms_) const {
+    return (!ttft_ms || ttft_ms_ <= *ttft_ms) && (!tpot_ms || tpot_ms_ <= *tpot_ms) && (!e2el_ms || e2el_ms_ <= *e2el_ms);
+  }
+};
+
+}  // namespace specula

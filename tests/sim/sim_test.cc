@@ -1,0 +1,208 @@
+// The serving simulator without a model: the step-time fit, the acceptance draws, queueing that
+// follows the arithmetic, admission under overload, routing, and byte-for-byte determinism.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "sim/fleet.h"
+#include "tests/test_util.h"
+
+namespace specula {
+namespace {
+
+// A made-up machine: 2 ms a step, 0.05 ms a token past the first 8, 0.01 ms a row, 1 us per
+// 100 positions, 0.02 ms a sequence.
+double Truth(const StepWork& w) {
+  return 2e-3 + 5e-5 * std::max(0.0, w.tokens - 8) + 1e-5 * w.rows + 1e-8 * w.positions + 2e-5 * w.seqs;
+}
+
+std::vector<StepSample> Grid() {
+  std::vector<StepSample> s;
+  for (double seqs : {1.0, 4.0, 16.0}) {
+    for (double per_seq : {1.0, 4.0, 32.0}) {
+      for (double context : {64.0, 1024.0}) {
+        const StepWork w{seqs, seqs * per_seq, seqs, seqs * AttendedPositions(context, per_seq)};
+        s.push_back({w, Truth(w)});
+      }
+    }
+  }
+  return s;
+}
+
+TEST(StepTimeModel, FitsAPiecewiseLinearMachine) {
+  auto m = StepTimeModel::Fit(Grid(), CostOrigin::kCalibrated, "grid");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->origin(), CostOrigin::kCalibrated);
+  for (const StepWork& w : {StepWork{2, 2, 2, 300}, StepWork{8, 64, 8, 9000}, StepWork{16, 512, 16, 40000}}) {
+    EXPECT_NEAR(m->Seconds(w), Truth(w), 0.02 * Truth(w)) << w.tokens;
+  }
+}
+
+TEST(StepTimeModel, RefusesTooFewOrBadSamples) {
+  auto one = StepTimeModel::Fit({{{1, 1, 1, 10}, 1e-3}}, CostOrigin::kCalibrated, "one.json");
+  EXPECT_NE(one.status().message().find("one.json: steps of at least 2 distinct token counts"), std::string::npos)
+      << one.status();
+  auto bad = StepTimeModel::Fit({{{1, 1, 1, 10}, -1}, {{1, 2, 1, 10}, 1e-3}}, CostOrigin::kCalibrated, "bad.json");
+  EXPECT_NE(bad.status().message().find("bad.json: step sample 0"), std::string::npos) << bad.status();
+}
+
+TEST(StepTimeModel, RooflineIsBandwidthBoundAtOneTokenAndComputeBoundAtMany) {
+  auto shape = NamedForwardShape("llama-3.1-8b");
+  auto h100 = NamedDevice("h100");
+  ASSERT_TRUE(shape.ok() && h100.ok());
+  const StepTimeModel m = RooflineModel(*shape, 2, 2, *h100);
+  EXPECT_EQ(m.origin(), CostOrigin::kRoofline);
+  // One token: 16 GB of weights at 0.8 x 3.35 TB/s is ~6 ms.
+  const double weights_s = ShapeParameters(*shape) * 2 / (3.35e12 * 0.8);
+  EXPECT_NEAR(m.Seconds({1, 1, 1, 1}), weights_s, 0.15 * weights_s);
+  // 8192 tokens: ~2 * 8e9 * 8192 FLOPs at 0.6 x 989 TFLOP/s, ~0.22 s; far past the bandwidth bound.
+  const double flops_s = ForwardFlops(*shape, 8192, 32, 8192 * 256.0) / (989e12 * 0.6);
+  EXPECT_NEAR(m.Seconds({32, 8192, 32, 8192 * 256.0}), flops_s, 0.15 * flops_s);
+  EXPECT_FALSE(NamedDevice("tpu").ok());
+  EXPECT_NE(NamedForwardShape("gpt-5").status().message().find("known: "), std::string::npos);
+}
+
+TEST(Acceptance, FixedAlphaGivesTheGeometricMean) {
+  auto a = PositionalAcceptance::Create({0.7});
+  ASSERT_TRUE(a.ok());
+  std::mt19937_64 rng(1);
+  double sum = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) sum += a->Accepted(i, 4, rng);
+  const double expected = 0.7 * (1 - std::pow(0.7, 4)) / (1 - 0.7);  // sum of 0.7^j, j = 1..4
+  EXPECT_NEAR(sum / n, expected, 0.01);
+  EXPECT_FALSE(PositionalAcceptance::Create({1.2}).ok());
+  // Per position: 0.8 of first drafts, 0.4 of second ones, so the second's conditional is 0.5.
+  auto p = PositionalAcceptance::FromPerPosition({0.8, 0.4});
+  ASSERT_TRUE(p.ok());
+  EXPECT_NEAR(p->conditional()[1], 0.5, 1e-12);
+}
+
+ReplicaConfig Cpu(int32_t max_seqs = 8) {
+  ReplicaConfig c;
+  c.scheduler.max_num_seqs = max_seqs;
+  c.scheduler.num_blocks = 4096;
+  c.target = *StepTimeModel::Fit(Grid(), CostOrigin::kCalibrated, "grid");
+  c.target_shape = *NamedForwardShape("smollm2-135m");
+  return c;
+}
+
+SyntheticWorkload Load(double rate, int32_t n, uint64_t seed = 7) {
+  SyntheticWorkload w;
+  w.arrivals.num_requests = n;
+  w.arrivals.request_rate = rate;
+  w.arrivals.seed = seed;
+  w.prompt_len = 64;
+  w.output_len = 32;
+  return w;
+}
+
+TEST(Simulate, ALightLoadIsServedAtItsRateWithTheStepTimesOfOneSequence) {
+  auto acc = PositionalAcceptance::Create({0.0});
+  FleetConfig f;
+  f.replica = Cpu();
+  const FleetResult r = Simulate(f, MakeRequests(Load(0.5, 40)), &*acc, {});
+  EXPECT_EQ(r.fleet.completed, 40);
+  EXPECT_EQ(r.fleet.refused, 0);
+  // Mostly alone: a decode step of one sequence at a short context.
+  const double decode_ms = 1e3 * f.replica.target.Seconds({1, 1, 1, 80});
+  EXPECT_NEAR(r.fleet.tpot_ms.median, decode_ms, 0.1 * decode_ms);
+  // No backlog: the run ends within a second of the last arrival.
+  EXPECT_GE(r.fleet.duration_s, r.replicas[0]->records().back().request.arrival_s);
+  EXPECT_LT(r.fleet.duration_s, r.replicas[0]->records().back().request.arrival_s + 1.0);
+  EXPECT_EQ(r.fleet.preemptions, 0);
+}
+
+TEST(Simulate, OverloadWithAdmissionRefusesAndKeepsTtftBounded) {
+  auto acc = PositionalAcceptance::Create({0.0});
+  FleetConfig f;
+  f.replica = Cpu(4);
+  const SimSummary open = Simulate(f, MakeRequests(Load(200, 400)), &*acc, {}).fleet;
+  f.replica.admission.max_queue_len = 8;
+  const SimSummary guarded = Simulate(f, MakeRequests(Load(200, 400)), &*acc, {}).fleet;
+  EXPECT_EQ(open.refused, 0);
+  EXPECT_GT(guarded.refused, 100);
+  EXPECT_EQ(guarded.refusals.at("queue_len"), guarded.refused);
+  EXPECT_LT(guarded.ttft_ms.p99, 0.2 * open.ttft_ms.p99);
+}
+
+TEST(Simulate, RoutingSpreadsLoadAndSessionsStick) {
+  auto acc = PositionalAcceptance::Create({0.0});
+  FleetConfig f;
+  f.replica = Cpu();
+  f.replicas = 4;
+  SyntheticWorkload w = Load(20, 400);
+  w.num_sessions = 3;  // sessions 0, 1, 2 on replicas 0, 1, 2: replica 3 gets nothing
+  w.prefix_reuse = 0.5;
+  f.routing = Routing::kSessionAffinity;
+  const FleetResult sticky = Simulate(f, MakeRequests(w), &*acc, {});
+  EXPECT_EQ(sticky.per_replica[3].requests, 0);
+  EXPECT_GT(sticky.per_replica[0].requests, 100);
+  // The session's half prompt comes from the prefix cache.
+  EXPECT_GT(sticky.replicas[0]->scheduler().blocks().hit_tokens(), 100 * 16);
+  f.routing = Routing::kRoundRobin;
+  const FleetResult even = Simulate(f, MakeRequests(w), &*acc, {});
+  for (const SimSummary& s : even.per_replica) EXPECT_EQ(s.requests, 100);
+}
+
+std::string Dump(const FleetResult& r) {
+  std::string out;
+  char buf[128];
+  for (const auto& rep : r.replicas) {
+    for (const RequestRecord& rec : rep->records()) {
+      std::snprintf(buf, sizeof buf, "%lld %a %a %d|", static_cast<long long>(rec.request.id), rec.first_token_s,
+                    rec.finish_s, rec.output_tokens);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+TEST(Simulate, TheSameSeedGivesTheSameRecordsByteForByte) {
+  auto acc = PositionalAcceptance::Create({0.8, 0.6}, 20);
+  FleetConfig f;
+  f.replica = Cpu(16);
+  f.replica.speculate = true;
+  f.replica.adaptive = true;
+  f.replica.scheduler.num_spec_tokens = 4;
+  f.replicas = 2;
+  f.seed = 3;
+  const auto requests = MakeRequests(Load(30, 300));
+  const std::string a = Dump(Simulate(f, requests, &*acc, {}));
+  const std::string b = Dump(Simulate(f, requests, &*acc, {}));
+  EXPECT_EQ(a, b);
+  f.seed = 4;
+  EXPECT_NE(a, Dump(Simulate(f, requests, &*acc, {})));
+}
+
+TEST(Simulate, GoodputCountsRequestsWithinEverySlo) {
+  auto acc = PositionalAcceptance::Create({0.0});
+  FleetConfig f;
+  f.replica = Cpu(4);
+  const auto requests = MakeRequests(Load(40, 200));
+  const FleetResult r = Simulate(f, requests, &*acc, {});
+  GoodputSlo slo;
+  slo.ttft_ms = r.fleet.ttft_ms.median;  // about half meet it
+  const FleetResult g = Simulate(f, requests, &*acc, slo);
+  EXPECT_NEAR(g.fleet.goodput, 0.5, 0.05);
+  EXPECT_NEAR(g.fleet.request_goodput, g.fleet.goodput * g.fleet.requests / g.fleet.duration_s, 1e-9);
+}
+
+TEST(LoadTrace, ReadsAnExperimentTraceAndNamesBadLines) {
+  const std::string dir = testing::MakeTempDir();
+  {
+    std::ofstream(dir + "/t.jsonl") << R"({"arrival_s": 0.5, "prompt_tokens": 10, "output_tokens": 4, "ttft_ms": 3})"
+                                    << "\n" << R"({"arrival_s": 0.1, "prompt_tokens": 7, "output_tokens": 2})" << "\n";
+    std::ofstream(dir + "/bad.jsonl") << R"({"arrival_s": 0.5, "prompt_tokens": "ten", "output_tokens": 4})" << "\n";
+  }
+  auto t = LoadTrace(dir + "/t.jsonl");
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->size(), 2u);
+  EXPECT_EQ((*t)[0].prompt_len, 7);  // sorted by arrival
+  auto bad = LoadTrace(dir + "/bad.jsonl");
+  EXPECT_NE(bad.status().message().find("bad.jsonl:1: field 'prompt_tokens'"), std::string::npos) << bad.status();
+}
+
+}  // namespace
+}  // namespace specula
