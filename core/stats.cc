@@ -2,6 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace specula {
 
@@ -24,6 +29,31 @@ Stats Summarize(std::vector<double> values) {
   s.p90 = Percentile(values, 90);
   s.p99 = Percentile(values, 99);
   return s;
+}
+
+absl::StatusOr<GoodputSlo> ParseGoodput(std::string_view spec) {
+  GoodputSlo slo;
+  int n = 0;
+  // Debian's Abseil has its own string_view: split a std::string.
+  const std::vector<std::string> items = absl::StrSplit(std::string(spec), absl::ByAnyChar(" \t,"), absl::SkipEmpty());
+  for (const std::string& item : items) {
+    const size_t colon = item.find(':');
+    const std::string key = item.substr(0, colon);
+    std::optional<double>* field = key == "ttft" ? &slo.ttft_ms : key == "tpot" ? &slo.tpot_ms
+                                 : key == "e2el" ? &slo.e2el_ms : nullptr;
+    if (colon == std::string_view::npos || field == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("'", item, "' is not KEY:MS with KEY ttft, tpot or e2el"));
+    }
+    double ms;
+    if (!absl::SimpleAtod(item.substr(colon + 1), &ms) || !std::isfinite(ms) || ms <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("'", item, "': the milliseconds must be a number > 0"));
+    }
+    if (field->has_value()) return absl::InvalidArgumentError(absl::StrCat("'", key, "' given twice"));
+    *field = ms;
+    ++n;
+  }
+  if (n == 0) return absl::InvalidArgumentError("no KEY:MS pairs (e.g. 'ttft:500 tpot:50')");
+  return slo;
 }
 
 }  // namespace specula

@@ -5,7 +5,10 @@
 
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 namespace specula {
 
@@ -24,5 +27,7 @@ struct GoodputSlo {  // milliseconds; a request is good when it meets every one 
     return (!ttft_ms || ttft_ms_ <= *ttft_ms) && (!tpot_ms || tpot_ms_ <= *tpot_ms) && (!e2el_ms || e2el_ms_ <= *e2el_ms);
   }
 };
+// "ttft:500 tpot:50 e2el:2000" (space- or comma-separated KEY:MS; any subset, each key at most once).
+absl::StatusOr<GoodputSlo> ParseGoodput(std::string_view spec);
 
 }  // namespace specula

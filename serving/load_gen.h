@@ -104,9 +104,7 @@ RunResult RunLoad(LoadClient& client, const std::vector<LoadRequest>& requests, 
 
 // ---- The summary, as vllm bench serve's.
 
-// GoodputSlo, Stats, Percentile and Summarize(values): core/stats.h.
-// "ttft:500 tpot:50 e2el:2000" (space-separated key:value; any subset, each key at most once).
-absl::StatusOr<GoodputSlo> ParseGoodput(std::string_view spec);
+// GoodputSlo, ParseGoodput, Stats, Percentile and Summarize(values): core/stats.h.
 
 struct BenchSummary {
   int32_t completed = 0, rejected = 0, failed = 0, good = 0;

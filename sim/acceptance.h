@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <unordered_map>
 #include <vector>
@@ -20,6 +21,8 @@ class AcceptanceModel {
   // The drafts accepted (0..k) when request `id` verifies k drafts.
   virtual int32_t Accepted(RequestId id, int32_t k, std::mt19937_64& rng) = 0;
   virtual void Forget(RequestId id) {}
+  // The same model with no request state: each simulation starts from one.
+  virtual std::unique_ptr<AcceptanceModel> Fresh() const = 0;
 };
 
 // Draft j (0-based) is accepted, given drafts 0..j-1 were, with probability conditional[j] (the
@@ -36,6 +39,11 @@ class PositionalAcceptance final : public AcceptanceModel {
 
   int32_t Accepted(RequestId id, int32_t k, std::mt19937_64& rng) override;
   void Forget(RequestId id) override { level_.erase(id); }
+  std::unique_ptr<AcceptanceModel> Fresh() const override {
+    auto a = std::make_unique<PositionalAcceptance>(*this);
+    a->level_.clear();
+    return a;
+  }
   const std::vector<double>& conditional() const { return conditional_; }
 
  private:

@@ -181,13 +181,7 @@ std::optional<double> Replica::Begin(double now_s) {
   }
   result_ = Draw(plan_);
   timing_ = StepTiming{};
-  StepWork work;
-  for (const ScheduledSeq& s : plan_.seqs) {
-    work.seqs += 1;
-    work.tokens += s.num_tokens;
-    work.rows += s.num_spec > 0 ? 1 + s.num_spec : 1;
-    work.positions += AttendedPositions(s.start_pos, s.num_tokens);
-  }
+  const StepWork work = PlanWork(plan_);
   timing_.tokens = work.tokens;
   timing_.rows = work.rows;
   timing_.positions = work.positions;

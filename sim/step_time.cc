@@ -62,6 +62,20 @@ std::vector<double> LeastSquares(const std::vector<std::vector<double>>& a, cons
 
 }  // namespace
 
+StepWork PlanWork(const StepPlan& plan, const std::vector<int32_t>& drafts) {
+  StepWork w;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
+    const int32_t k = drafts.empty() ? s.num_spec : std::min(drafts[i], s.num_spec);
+    const int32_t tokens = s.num_tokens - s.num_spec + k;
+    w.seqs += 1;
+    w.tokens += tokens;
+    w.rows += s.num_spec > 0 ? 1 + k : 1;
+    w.positions += AttendedPositions(s.start_pos, tokens);
+  }
+  return w;
+}
+
 const char* CostOriginName(CostOrigin o) {
   switch (o) {
     case CostOrigin::kMeasured: return "measured";

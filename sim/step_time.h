@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/forward_work.h"
+#include "core/step.h"
 
 namespace specula {
 
@@ -26,6 +27,12 @@ namespace specula {
 struct StepWork {
   double seqs = 0, tokens = 0, rows = 0, positions = 0;
 };
+
+// A step plan's target forward as the engine runs it: every scheduled token, one logits row per
+// sequence (1 + k for a verification of k drafts), and the positions attended. `drafts` gives the
+// drafts a sequence actually carried where a proposer gave fewer than the plan's slots ([seqs];
+// empty: the plan's num_spec).
+StepWork PlanWork(const StepPlan& plan, const std::vector<int32_t>& drafts = {});
 
 enum class CostOrigin { kMeasured, kCalibrated, kRoofline };
 // "measured" (tables measured on that hardware), "calibrated" (a profile measured here by

@@ -31,6 +31,7 @@ namespace {
 constexpr char kUsage[] = R"(usage: specula experiment run SPEC.textproto --out DIR [--force] [--no-progress]
                              [--tensor-parallel-size N [--collective-timeout-s S]]
        specula experiment report DIR [--out report.md] [--target-qps 10,100,1000] [--cost-per-hour 2.5]
+       specula experiment calibrate --model PATH [engine flags] --out FILE   (see calibrate --help)
 
 run: sweeps the batching and speculation parameters of an experiment spec (experiments/experiment.proto,
 as textproto; examples in experiments/specs/). Every point and repeat appends one JSON line to
@@ -159,6 +160,7 @@ absl::Status RunExperimentCommand(int argc, char** argv) {
     if (sub.empty()) return absl::InvalidArgumentError("experiment needs a subcommand: run or report");
     return absl::OkStatus();
   }
+  if (sub == "calibrate") return RunCalibrate(argc - 1, argv + 1);
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--help") {
       std::cout << kUsage;
@@ -167,7 +169,7 @@ absl::Status RunExperimentCommand(int argc, char** argv) {
   }
   if (sub == "run") return Run(argc - 1, argv + 1);
   if (sub == "report") return Report(argc - 1, argv + 1);
-  return absl::InvalidArgumentError(absl::StrCat("experiment: unknown subcommand '", sub, "' (run or report)"));
+  return absl::InvalidArgumentError(absl::StrCat("experiment: unknown subcommand '", sub, "' (run, report or calibrate)"));
 }
 
 }  // namespace specula

@@ -1,4 +1,5 @@
-// `specula experiment run SPEC --out DIR` and `specula experiment report DIR` (experiments/).
+// `specula experiment run SPEC --out DIR`, `specula experiment report DIR` and `specula experiment
+// calibrate` (experiments/).
 #pragma once
 
 #include "absl/status/status.h"
@@ -7,5 +8,7 @@ namespace specula {
 
 // Interrupted runs (Ctrl-C) return CancelledError: main exits 130.
 absl::Status RunExperimentCommand(int argc, char** argv);
+// `specula experiment calibrate` (tools/experiment_calibrate.cc).
+absl::Status RunCalibrate(int argc, char** argv);
 
 }  // namespace specula

@@ -4,6 +4,7 @@
 //   specula bench-serve --endpoint URL ...   (tools/bench_serve.cc)
 //   specula experiment run SPEC --out DIR | report DIR   (tools/experiment.cc)
 //   specula make-model  --shape NAME|--config config.json --out DIR ...
+//   specula simulate    --cost FILE | --device NAME --shape NAME ...   (tools/simulate.cc)
 
 #include <dlfcn.h>
 #include <unistd.h>
@@ -29,6 +30,7 @@
 #include "model/model_config.h"
 #include "tools/command_exit.h"
 #include "tools/generate.h"
+#include "tools/simulate.h"
 
 namespace specula {
 namespace {
@@ -43,6 +45,7 @@ commands:
   bench-serve  load-test a running server (gRPC or HTTP): latency percentiles, throughput, goodput
   experiment   run an experiment spec (a sweep of batching and speculation) and report it
   make-model   write a random-weight HF model of a named real shape
+  simulate     simulate serving replicas (the real scheduler and speculation on modelled step times)
   help         show this message
 
 Run 'specula <command> --help' for a command's flags.
@@ -136,6 +139,8 @@ int main(int argc, char** argv) {
   absl::Status st;
   if (cmd == "generate") {
     st = specula::RunGenerate(argc - 2, argv + 2);
+  } else if (cmd == "simulate") {
+    st = specula::RunSimulate(argc - 2, argv + 2);
   } else if (cmd == "make-model") {
     st = specula::RunMakeModel(argc - 2, argv + 2);
   } else {

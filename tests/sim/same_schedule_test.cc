@@ -26,6 +26,7 @@ class ReplayAcceptance final : public AcceptanceModel {
     EXPECT_NE(it, accepted.end()) << "request " << id << " verified drafts in the simulator only";
     return it == accepted.end() ? 0 : std::min(it->second, k);
   }
+  std::unique_ptr<AcceptanceModel> Fresh() const override { return std::make_unique<ReplayAcceptance>(); }
 };
 
 std::unique_ptr<LlamaModel> Load(const std::string& dir) {

@@ -1,0 +1,33 @@
+// `specula experiment calibrate`: a short measured profile of this machine for the serving
+// simulator. Whole engine steps (the forward and the host work around it: scheduling, sampling or
+// verification, outputs) are timed over a grid of batch sizes, contexts and tokens per sequence:
+// prefill chunks, plain decode steps, and verification steps of k drafts each (drafts that are
+// simply the last token, so that verification does its full work). With a draft model, its own
+// steps are profiled the same way. The result is a step-cost file (sim/cost_file.h) that
+// `specula simulate --cost` and `specula plan --cost` read.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/engine_setup.h"
+#include "nlohmann/json.hpp"
+
+namespace specula::experiments {
+
+struct CalibrateOptions {
+  std::vector<int32_t> batches = {1, 2, 4, 8, 16, 32};
+  std::vector<int32_t> contexts = {32, 256, 1024};
+  std::vector<int32_t> ks = {1, 2, 4};  // drafts per sequence of the verification steps
+  int32_t decode_steps = 6;             // timed steps per shape (after one untimed)
+  int64_t max_shape_tokens = 16384;     // a shape's batch x context at most
+  std::function<void(int32_t done, int32_t total)> progress;
+};
+
+// The step-cost file's JSON for the loaded engine's target (and its draft model, if the engine's
+// speculation method is "draft"). Errors: a shape the engine refuses (its error, naming the shape).
+absl::StatusOr<nlohmann::json> Calibrate(LoadedEngine& e, const CalibrateOptions& options);
+
+}  // namespace specula::experiments

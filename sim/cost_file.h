@@ -1,0 +1,51 @@
+// Step-cost files for the simulator, in the step-cost cache's format ("specula.step_cost.v1",
+// docs/architecture.md "The step-cost cache"):
+//
+//   {"format": "specula.step_cost.v1", "identity": {...}, "tables": {...},      the cache's part
+//    "shape": {"dim": ..., ...},                                                 the model's shape
+//    "steps": [{"seqs", "tokens", "rows", "positions", "seconds", "kind"}],     whole engine steps
+//    "scheduler": {"max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks", "max_model_len"},
+//    "draft": {"identity", "shape", "steps"}}                                    a draft model's, if any
+//
+// `specula experiment calibrate` writes "steps" (measured whole steps, host work included); a
+// cache file has only "tables" (forwards of 1, 2, 4, ... tokens over up to `batch` sequences at a
+// short context), which are read as steps of that shape. Either fits a StepTimeModel.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/forward_work.h"
+#include "scheduler/scheduler.h"
+#include "sim/step_time.h"
+
+namespace specula {
+
+struct ModelCost {
+  ForwardShape shape;
+  StepTimeModel model;
+  int32_t num_samples = 0;
+};
+
+struct StepCostFile {
+  ModelCost target;
+  std::optional<ModelCost> draft;
+  std::optional<SchedulerConfig> scheduler;  // the calibration engine's (num_blocks sized for its machine)
+  std::string description;                   // path, identity's model and cpu
+};
+
+// Errors name the file and the field: unreadable, not JSON, another format, no steps or tables, no
+// shape (a cache file: pass `shape_if_missing`).
+absl::StatusOr<StepCostFile> LoadStepCostFile(const std::string& path,
+                                              std::optional<ForwardShape> shape_if_missing = std::nullopt);
+
+// A ForwardShape as JSON fields and back (the file's "shape").
+std::string ShapeJson(const ForwardShape& s);
+
+// The H100 and H200 decode steps measured by the GPU benchmarks (docs/gpu.md: llama-3.2-1b shape,
+// bf16, context 512), with longer steps (prefill, verification) from the roofline of the device
+// scaled to meet the measured points. Errors: no measured table for that device and shape.
+absl::StatusOr<StepTimeModel> MeasuredDeviceModel(const std::string& device, const std::string& shape);
+
+}  // namespace specula

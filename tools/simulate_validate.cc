@@ -1,0 +1,215 @@
+// `specula simulate --validate DIR`: an ONLINE experiment's own workload replayed through the
+// simulator, point by point, beside what each point measured.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/status_macros.h"
+#include "tools/sim_flags.h"
+#include "tools/simulate.h"
+
+namespace specula {
+namespace {
+
+using json = nlohmann::json;
+
+// The metrics compared: a measured run's JSON path and the simulator's flat key.
+const std::vector<std::pair<std::vector<const char*>, const char*>>& Metrics() {
+  static const std::vector<std::pair<std::vector<const char*>, const char*>> m = {
+      {{"ttft_ms", "p50"}, "ttft_p50_ms"}, {{"ttft_ms", "p99"}, "ttft_p99_ms"}, {{"tpot_ms", "p50"}, "tpot_p50_ms"},
+      {{"tpot_ms", "p99"}, "tpot_p99_ms"}, {{"output_tok_s"}, "output_tok_s"},   {{"goodput"}, "goodput"},
+      {{"rejected"}, "refused"}};
+  return m;
+}
+
+absl::StatusOr<json> ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  json j = json::parse(in, nullptr, false);
+  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": not JSON"));
+  return j;
+}
+
+// results.jsonl's lines grouped by point key, in the order the keys first appear.
+absl::StatusOr<std::vector<std::vector<json>>> ReadPoints(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::vector<std::vector<json>> points;
+  std::map<std::string, size_t> index;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.contains("key") || !j.contains("point")) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": not a results line"));
+    }
+    auto [it, added] = index.emplace(j["key"].get<std::string>(), points.size());
+    if (added) points.emplace_back();
+    points[it->second].push_back(std::move(j));
+  }
+  if (points.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no results"));
+  return points;
+}
+
+double At(const json& j, const std::vector<const char*>& path) {
+  const json* p = &j;
+  for (const char* k : path) {
+    if (!p->is_object() || !p->contains(k)) return NAN;
+    p = &(*p)[k];
+  }
+  return p->is_number() ? p->get<double>() : NAN;
+}
+
+// The mean over the repeats, and their range.
+json Measured(const std::vector<json>& runs) {
+  json m, lo, hi;
+  for (const auto& [path, key] : Metrics()) {
+    double sum = 0, mn = INFINITY, mx = -INFINITY;
+    int n = 0;
+    for (const json& r : runs) {
+      const double v = At(r, path);
+      if (std::isnan(v)) continue;
+      sum += v;
+      mn = std::min(mn, v);
+      mx = std::max(mx, v);
+      ++n;
+    }
+    m[key] = n ? json(sum / n) : json();
+    lo[key] = n ? json(mn) : json();
+    hi[key] = n ? json(mx) : json();
+  }
+  m["repeats"] = runs.size();
+  m["min"] = lo;
+  m["max"] = hi;
+  return m;
+}
+
+// The acceptance per position averaged over the repeats (the point's own measurement).
+std::vector<double> MeasuredAcceptance(const std::vector<json>& runs) {
+  std::vector<double> sum;
+  int n = 0;
+  for (const json& r : runs) {
+    if (!r.contains("spec") || !r["spec"].is_object() || !r["spec"].contains("acceptance_per_position")) continue;
+    const json& p = r["spec"]["acceptance_per_position"];
+    sum.resize(std::max(sum.size(), p.size()), 0.0);
+    for (size_t i = 0; i < p.size(); ++i) sum[i] += p[i].get<double>();
+    ++n;
+  }
+  for (double& v : sum) v /= std::max(n, 1);
+  return sum;
+}
+
+// The point's replica and workload on top of the flags' setup.
+absl::Status Configure(const json& run, const std::vector<json>& runs, const std::string& dir, bool acceptance_given,
+                       SimSetup* s, std::vector<SimRequest>* requests) {
+  const json& p = runs.front()["point"];
+  const json& w = run["spec"]["workload"];
+  ReplicaConfig& r = s->replica;
+  auto num = [](const json& j, const char* k, double d) { return j.contains(k) && j[k].is_number() ? j[k].get<double>() : d; };
+  r.scheduler.max_num_seqs = static_cast<int32_t>(num(p, "max_num_seqs", r.scheduler.max_num_seqs));
+  r.scheduler.max_num_batched_tokens = static_cast<int32_t>(num(p, "max_num_batched_tokens", r.scheduler.max_num_batched_tokens));
+  if (runs.front().contains("scheduler")) r.scheduler.num_blocks = static_cast<int32_t>(num(runs.front()["scheduler"], "num_blocks", r.scheduler.num_blocks));
+  const std::string method = p.value("spec_method", "none");
+  const int32_t k = static_cast<int32_t>(num(p, "num_spec_tokens", 4));
+  r.speculate = method != "none" && !p["spec_method"].is_null();
+  r.adaptive = r.speculate && k == 0;
+  const int32_t max_k = static_cast<int32_t>(num(run["spec"], "max_spec_tokens", 0));
+  r.scheduler.num_spec_tokens = !r.speculate ? 0 : r.adaptive ? (max_k > 0 ? max_k : 8) : k;
+  if (method != "draft") r.draft_shape.reset();
+  if (r.speculate && !acceptance_given) {
+    auto a = PositionalAcceptance::FromPerPosition(MeasuredAcceptance(runs));
+    if (!a.ok()) return a.status();
+    s->acceptance = std::make_unique<PositionalAcceptance>(*std::move(a));
+  }
+  s->spec_label = !r.speculate ? "none" : absl::StrCat(method, r.adaptive ? " auto" : absl::StrCat(" k=", k));
+  if (runs.front().contains("trace") && runs.front()["trace"].is_string()) {
+    auto t = LoadTrace(dir + "/" + runs.front()["trace"].get<std::string>());
+    if (!t.ok()) return t.status();
+    *requests = *std::move(t);
+    return absl::OkStatus();
+  }
+  if (!w.contains("synthetic") || !w["synthetic"].is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": a prompts-file workload needs traces (the spec's record_trace) to replay"));
+  }
+  SyntheticWorkload sw;
+  sw.prompt_len = static_cast<int32_t>(num(w["synthetic"], "input_len", 128));
+  sw.output_len = static_cast<int32_t>(num(w["synthetic"], "output_len", 128));
+  ArrivalOptions& a = sw.arrivals;
+  a.num_requests = static_cast<int32_t>(num(w, "num_requests", 64));
+  if (a.num_requests == 0) a.num_requests = 64;
+  uint64_t seed = 0;
+  if (w.contains("seed")) {
+    if (w["seed"].is_string()) (void)absl::SimpleAtoi(w["seed"].get<std::string>(), &seed);
+    if (w["seed"].is_number()) seed = w["seed"].get<uint64_t>();
+  }
+  a.seed = seed;
+  a.request_rate = p["request_rate"].is_number() ? p["request_rate"].get<double>() : INFINITY;
+  a.burstiness = num(p, "burstiness", 1);
+  a.burst_factor = num(p, "burst_factor", 1);
+  a.burst_start_s = num(run["spec"], "burst_start_s", 0);
+  a.burst_duration_s = num(run["spec"], "burst_duration_s", 0);
+  *requests = MakeRequests(sw);
+  return absl::OkStatus();
+}
+
+GoodputSlo SloOf(const json& run) {
+  GoodputSlo slo;
+  const json s = run.value("slo", json::object());
+  if (s.contains("ttft_ms")) slo.ttft_ms = s["ttft_ms"].get<double>();
+  if (s.contains("tpot_ms")) slo.tpot_ms = s["tpot_ms"].get<double>();
+  if (s.contains("e2el_ms")) slo.e2el_ms = s["e2el_ms"].get<double>();
+  return slo;
+}
+
+void PrintPoint(const json& point) {
+  std::printf("%s\n", point["params"].dump().c_str());
+  std::printf("  %-14s %12s %12s %9s %21s\n", "metric", "measured", "predicted", "error", "measured range");
+  for (const auto& [path, key] : Metrics()) {
+    const json& m = point["measured"][key];
+    const json& p = point["predicted"][key];
+    if (m.is_null() || p.is_null()) continue;
+    const double mv = m.get<double>(), pv = p.get<double>();
+    const std::string err = mv != 0 ? absl::StrFormat("%+.1f%%", 100 * (pv - mv) / mv) : "-";
+    std::printf("  %-14s %12.2f %12.2f %9s   [%8.2f, %8.2f]\n", key, mv, pv, err.c_str(),
+                point["measured"]["min"][key].get<double>(), point["measured"]["max"][key].get<double>());
+  }
+}
+
+}  // namespace
+
+absl::Status RunValidate(const Flags& flags) {
+  const std::string dir = flags.values.at("validate");
+  ASSIGN_OR_RETURN(json run, ReadJson(dir + "/run.json"));
+  if (run.value("mode", "") != "ONLINE") {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": an ONLINE experiment is needed (run.json says ", run.value("mode", "?"), ")"));
+  }
+  ASSIGN_OR_RETURN(auto points, ReadPoints(dir + "/results.jsonl"));
+  json out = {{"points", json::array()}};
+  for (const std::vector<json>& runs : points) {
+    ASSIGN_OR_RETURN(SimSetup setup, SimSetupFromFlags(flags));
+    std::vector<SimRequest> requests;
+    RETURN_IF_ERROR(Configure(run, runs, dir, flags.values.count("acceptance") > 0, &setup, &requests));
+    FleetConfig fc;
+    fc.replica = setup.replica;
+    fc.seed = setup.seed;
+    const FleetResult r = Simulate(fc, requests, setup.acceptance.get(), SloOf(run));
+    json predicted = SimSummaryJson(r.fleet);
+    predicted["goodput"] = r.fleet.goodput;
+    out["points"].push_back({{"params", runs.front()["point"]}, {"measured", Measured(runs)}, {"predicted", predicted}});
+    out["cost"] = {{"origin", CostOriginName(setup.replica.target.origin())}, {"description", setup.replica.target.description()}};
+  }
+  if (flags.switches.count("json")) {
+    std::cout << out.dump(1) << "\n";
+    return absl::OkStatus();
+  }
+  std::printf("[simulate] validating against %s; step times: %s, %s\n", dir.c_str(),
+              out["cost"]["origin"].get<std::string>().c_str(), out["cost"]["description"].get<std::string>().c_str());
+  for (const json& p : out["points"]) PrintPoint(p);
+  return absl::OkStatus();
+}
+
+}  // namespace specula
