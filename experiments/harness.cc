@@ -6,16 +6,19 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <mutex>
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "core/mapped_file.h"
+#include "core/status_macros.h"
 #include "experiments/runner.h"
 
 #ifndef SPECULA_SOURCE_DIR
@@ -213,7 +216,22 @@ absl::StatusOr<std::set<std::pair<std::string, int>>> ReadDoneRuns(const std::st
   return done;
 }
 
-absl::Status RunExperiment(const LoadedSpec& spec, const HarnessOptions& opt) {
+std::string TraceFileName(const std::string& key, int repeat) {
+  std::string name;
+  for (char c : key) name += absl::ascii_isalnum(c) || (c != 0 && std::strchr("._,=+-", c) != nullptr) ? c : '_';
+  if (name.empty() || name[0] == '.') name.insert(0, "_");  // never hidden, never "." or ".."
+  if (name.size() > 200) {  // a file name holds 255 bytes (with ".tmp"): the head, and the whole key's hash
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+    name = absl::StrCat(name.substr(0, 180), "-", absl::Hex(h, absl::kZeroPad16));
+  }
+  return absl::StrCat(name, "-r", repeat, ".jsonl");
+}
+
+namespace {
+
+// Creates DIR and checks that it holds this spec's results (or none); with `force`, drops them.
+absl::Status PrepareOutDir(const LoadedSpec& spec, const HarnessOptions& opt) {
   const std::string& dir = opt.out_dir;
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot create the output directory"));
@@ -235,7 +253,38 @@ absl::Status RunExperiment(const LoadedSpec& spec, const HarnessOptions& opt) {
                                                       "directory. Pass --force to discard it, or choose another --out"));
   }
   if (opt.force) ::unlink(results_path.c_str());
+  if (spec.spec.record_trace() && ::mkdir((dir + "/traces").c_str(), 0755) != 0 && errno != EEXIST) {
+    return absl::PermissionDeniedError(absl::StrCat(dir, "/traces: cannot create the traces directory"));
+  }
+  return absl::OkStatus();
+}
 
+// One run of one point: its results line (with "trace", the trace's path relative to DIR, when the
+// spec records traces; the runner wrote the trace whole before returning).
+absl::StatusOr<nlohmann::json> RunOne(const LoadedSpec& spec, const Point& p, int repeat, const HarnessOptions& opt,
+                                      Progress& progress) {
+  RunHooks hooks;
+  hooks.stop = opt.stop;
+  hooks.on_progress = [&](int32_t d, int32_t n) { progress.Requests(d, n); };
+  hooks.group = opt.group;
+  hooks.before_load = opt.before_load;
+  const std::string trace = spec.spec.record_trace() ? "traces/" + TraceFileName(p.Key(), repeat) : "";
+  if (!trace.empty()) hooks.trace_path = opt.out_dir + "/" + trace;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto m = RunPoint(spec, p, hooks);
+  if (!m.ok()) return m.status();
+  nlohmann::json line = {{"key", p.Key()}, {"repeat", repeat}, {"point", p.Json()}};
+  line.update(*m);
+  if (!trace.empty()) line["trace"] = trace;
+  line["elapsed_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return line;
+}
+
+}  // namespace
+
+absl::Status RunExperiment(const LoadedSpec& spec, const HarnessOptions& opt) {
+  RETURN_IF_ERROR(PrepareOutDir(spec, opt));
+  const std::string run_path = opt.out_dir + "/run.json", results_path = opt.out_dir + "/results.jsonl";
   const std::vector<Point> points = ExpandSweep(spec.spec);
   const int repeats = spec.spec.repeats();
   bool dropped = false;
@@ -263,33 +312,24 @@ absl::Status RunExperiment(const LoadedSpec& spec, const HarnessOptions& opt) {
       if (done->count({p.Key(), r})) continue;
       progress.Start(run_index, absl::StrCat("| point ", pi + 1, "/", points.size(), " (", Brief(p), ") repeat ", r + 1,
                                              "/", repeats));
-      RunHooks hooks;
-      hooks.stop = opt.stop;
-      hooks.on_progress = [&](int32_t d, int32_t n) { progress.Requests(d, n); };
-      hooks.group = opt.group;
-      hooks.before_load = opt.before_load;
-      const auto t0 = std::chrono::steady_clock::now();
-      auto m = RunPoint(spec, p, hooks);
-      if (absl::IsCancelled(m.status()) || (opt.stop && opt.stop->load())) {
+      auto line = RunOne(spec, p, r, opt, progress);
+      if (absl::IsCancelled(line.status()) || (opt.stop && opt.stop->load())) {
         if (::isatty(2)) std::fputs("\n", stderr);
         return absl::CancelledError(absl::StrCat("interrupted: ", results_path, " holds ", finished, " of ", total,
                                                  " runs; run the same command again to resume"));
       }
-      if (!m.ok()) {
-        return absl::Status(m.status().code(), absl::StrCat("point ", p.Key(), " repeat ", r, ": ", m.status().message()));
+      if (!line.ok()) {
+        return absl::Status(line.status().code(), absl::StrCat("point ", p.Key(), " repeat ", r, ": ", line.status().message()));
       }
-      nlohmann::json line = {{"key", p.Key()}, {"repeat", r}, {"point", p.Json()}};
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      line.update(*m);
-      line["elapsed_s"] = seconds;
-      if (auto st = WriteFileSynced(results_path, line.dump() + "\n", true); !st.ok()) return st;
+      if (auto st = WriteFileSynced(results_path, line->dump() + "\n", true); !st.ok()) return st;
       ++finished;
-      progress.Finished(seconds, absl::StrFormat("%.0f out tok/s, P99 TPOT %.2f ms", (*m)["output_tok_s"].get<double>(),
-                                                 (*m)["tpot_ms"]["p99"].get<double>()));
+      progress.Finished((*line)["elapsed_s"].get<double>(),
+                        absl::StrFormat("%.0f out tok/s, P99 TPOT %.2f ms", (*line)["output_tok_s"].get<double>(),
+                                        (*line)["tpot_ms"]["p99"].get<double>()));
     }
   }
   std::fprintf(stderr, "[experiment] done: %d runs in %s; report: specula experiment report %s\n", total,
-               results_path.c_str(), dir.c_str());
+               results_path.c_str(), opt.out_dir.c_str());
   return absl::OkStatus();
 }
 

@@ -5,6 +5,8 @@
 // an interrupted sweep (Ctrl-C, a kill, a crash) leaves only whole lines, but for at most a torn last
 // line that the next run drops. Rerunning the same spec runs only the (point, repeat) pairs that
 // have no line; a different spec in the same DIR is refused unless `force`, which starts over.
+// With the spec's record_trace, each run first writes DIR/traces/TraceFileName(key, repeat), whole,
+// and its line names it under "trace" (relative to DIR).
 #pragma once
 
 #include <atomic>
@@ -40,5 +42,9 @@ absl::Status RunExperiment(const LoadedSpec& spec, const HarnessOptions& opt);
 // The (key, repeat) pairs that results.jsonl at `path` holds (none if it does not exist). A torn
 // last line (no newline at its end) is cut off the file; `*dropped` says whether one was.
 absl::StatusOr<std::set<std::pair<std::string, int>>> ReadDoneRuns(const std::string& path, bool* dropped);
+
+// The trace file of a run: "<key>-r<repeat>.jsonl", the key's characters other than letters, digits
+// and ._,=+- written as '_'; a name that would be long keeps its head and adds the key's hash.
+std::string TraceFileName(const std::string& key, int repeat);
 
 }  // namespace specula::experiments

@@ -166,9 +166,11 @@ def results_section(points):
     dims = list(rows[0]["params"]) if rows else []
     head = [d for d in dims if d in ("temperature", "max_num_seqs")]  # the label goes where spec_method is
     show_completed = any(not results.completed_all(p) for p in points)
+    show_goodput = any(r["goodput"] is not None for r in rows)  # results from before goodput have none
     headers = head + ["speculation"] + dims[len(head):]
     headers += ["output tok/s", "total tok/s", "TTFT P50", "TTFT P99", "TPOT P50", "TPOT P99", "E2E P50",
-                "E2E P99", "mean acc. len", "peak KV", "preemptions"] + (["completed"] if show_completed else [])
+                "E2E P99", "mean acc. len", "peak KV", "preemptions"] + (["goodput"] if show_goodput else [])
+    headers += ["completed"] if show_completed else []
     table = []
     for r in rows:
         params = [fmt_value(r["params"][d]) for d in dims]
@@ -178,10 +180,16 @@ def results_section(points):
         cells += [fmt(r["mean_acceptance_length"], ".2f"),
                   fmt(None if r["peak_kv_usage"] is None else 100 * r["peak_kv_usage"], ".0f", "%"),
                   fmt_value(r["preemptions"])]
+        if show_goodput:
+            cells.append(fmt(None if r["goodput"] is None else 100 * r["goodput"], ".0f", "%"))
         if show_completed:
             cells.append(f"{fmt_value(r['completed'])}/{fmt_value(r['num_requests'])}")
         table.append(cells)
-    lines = ["## All results", "", "Latencies in ms.", "", md_table(headers, table), ""]
+    note = "Latencies in ms."
+    if show_goodput:
+        note += (" Goodput: the share of requests that completed within every SLO bound, each request on its "
+                 "own (with no bound, the share that completed).")
+    lines = ["## All results", "", note, "", md_table(headers, table), ""]
     if show_completed:
         lines += ["\"completed\" is the median over repeats; a point where any repeat left a request "
                   "uncompleted (rejected or failed) counts for no capacity.", ""]
@@ -192,10 +200,10 @@ def capacity_section(points, mode, slo, target_qps, cost_per_hour):
     lines = ["## Capacity plan", ""]
     if mode == "ONLINE":
         options = results.sustainable_qps(points, slo)
-        lines += [f"A configuration (a point less its request_rate and burstiness) sustains an offered request "
-                  f"rate when every request of every repeat completed (none rejected or failed) and its P99 "
-                  f"latencies are within the SLO ({describe_slo(slo) if slo else 'no bound is set'}) at every "
-                  f"burstiness tried. Its replica QPS is the highest rate it "
+        lines += [f"A configuration (a point less its request_rate, burstiness and burst_factor) sustains an "
+                  f"offered request rate when every request of every repeat completed (none rejected or failed) "
+                  f"and its P99 latencies are within the SLO ({describe_slo(slo) if slo else 'no bound is set'}) "
+                  f"at every burstiness and burst factor tried. Its replica QPS is the highest rate it "
                   f"sustains; \"inf\" rates are ignored."]
     else:
         options = results.offline_qps(points, slo)

@@ -22,11 +22,17 @@ and DIR/results.jsonl, one JSON object per line, one per (point, repeat):
                "temperature": 0.0, "max_num_batched_tokens": 2048, "kv_cache_dtype": "bf16",
                "quantization": "none",
                "request_rate": null,        // ONLINE: req/s (a number; may be the string "inf"); OFFLINE: null
-               "burstiness": null},         // ONLINE: number; OFFLINE: null
+               "burstiness": null,          // ONLINE: number; OFFLINE: null
+               "burst_factor": null,        // ONLINE: the rate's factor inside the burst window; OFFLINE: null
+               "burst_start_s": null, "burst_duration_s": null},  // ONLINE: the spec's burst window
      "num_requests": 64, "completed": 64, "rejected": 0, "failed": 0,
      "duration_s": 4.2, "request_throughput": 15.2, "output_tok_s": 1950.0, "total_tok_s": 2300.0,
      "input_tokens": 1500, "output_tokens": 8192,
      "ttft_ms": {"mean": 10.0, "p50": 9.0, "p99": 30.0}, "tpot_ms": {...}, "e2e_ms": {...},
+     "goodput": 0.95,             // the share of num_requests that completed within every SLO bound,
+                                  // each request on its own (absent in older results)
+     "request_goodput": 14.4,     // those requests per second of duration_s
+     "trace": "traces/<key>-r0.jsonl",  // with the spec's record_trace only: one line per request
      "spec": {"drafts": 100, "draft_tokens": 400, "accepted_tokens": 250, "mean_acceptance_length": 3.5,
               "acceptance_per_position": [0.9, 0.7, 0.5, 0.4]},  // accepted at position i / drafts;
                                                                   // [] without speculation; spec may be null
@@ -47,9 +53,10 @@ import sys
 
 # The swept parameters of a point, in the order tables show them.
 PARAM_ORDER = ("temperature", "max_num_seqs", "spec_method", "num_spec_tokens", "max_num_batched_tokens",
-               "kv_cache_dtype", "quantization", "request_rate", "burstiness")
+               "kv_cache_dtype", "quantization", "request_rate", "burstiness", "burst_factor")
 SPEC_DIMS = ("spec_method", "num_spec_tokens")  # shown together as the label
-LOAD_DIMS = ("request_rate", "burstiness")      # the load offered to a configuration, not the configuration
+# The load offered to a configuration, not the configuration.
+LOAD_DIMS = ("request_rate", "burstiness", "burst_factor", "burst_start_s", "burst_duration_s")
 METHOD_ORDER = {"none": 0, "draft": 1, "ngram": 2}
 NOT_AVAILABLE = "—"
 
@@ -85,7 +92,8 @@ def load_run(directory):
 
 
 NUMBER_FIELDS = ("num_requests", "completed", "rejected", "failed", "duration_s", "request_throughput",
-                 "output_tok_s", "total_tok_s", "input_tokens", "output_tokens", "peak_kv_usage", "preemptions")
+                 "output_tok_s", "total_tok_s", "input_tokens", "output_tokens", "peak_kv_usage", "preemptions",
+                 "goodput", "request_goodput")
 LATENCY_FIELDS = ("ttft_ms", "tpot_ms", "e2e_ms")
 
 
@@ -353,7 +361,7 @@ def full_results_rows(points):
                "output_tok_s_range": p.get("range", {}).get("output_tok_s"),
                "mean_acceptance_length": mean_acceptance_length(p), "peak_kv_usage": p.get("peak_kv_usage"),
                "preemptions": p.get("preemptions"), "completed": p.get("completed"),
-               "num_requests": p.get("num_requests"), "repeats": p["repeats"]}
+               "num_requests": p.get("num_requests"), "goodput": p.get("goodput"), "repeats": p["repeats"]}
         for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
             for which in ("p50", "p99"):
                 row[f"{name[:-3]}_{which}_ms"] = stat(p, name, which)
@@ -420,9 +428,9 @@ def _options(candidates, dims):
 
 
 def sustainable_qps(points, slo):
-    """ONLINE: for each configuration (a point less request_rate and burstiness), the highest offered
-    request_rate it sustains: at that rate every request of every repeat completed and the P99
-    TTFT/TPOT/E2E are within the SLO, at every burstiness tried. "inf" rates are ignored.
+    """ONLINE: for each configuration (a point less its LOAD_DIMS), the highest offered request_rate it
+    sustains: at that rate every request of every repeat completed and the P99 TTFT/TPOT/E2E are
+    within the SLO, at every burstiness and burst factor tried. "inf" rates are ignored.
 
     Returns [{"qps", "point" (the run at that rate), "config"}], best first; qps None when the
     configuration sustains no rate (its point is then its lowest-rate one)."""

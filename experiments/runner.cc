@@ -1,6 +1,10 @@
 #include "experiments/runner.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -94,7 +98,18 @@ EngineStats Since(const EngineStats& before, EngineStats s) {
 
 nlohmann::json StatsJson(const Stats& s) { return {{"mean", s.mean}, {"p50", s.median}, {"p99", s.p99}}; }
 
-// The JSON of a run from the load generator's summary, and, in process, the engine's counters.
+// The spec's SLO as bench-serve's goodput bounds (0 = no bound), so that goodput is counted by the
+// load generator's Summarize, as `bench-serve --goodput` counts it.
+GoodputSlo SpecSlo(const v1::Slo& slo) {
+  GoodputSlo g;
+  if (slo.ttft_ms() > 0) g.ttft_ms = slo.ttft_ms();
+  if (slo.tpot_ms() > 0) g.tpot_ms = slo.tpot_ms();
+  if (slo.e2el_ms() > 0) g.e2el_ms = slo.e2el_ms();
+  return g;
+}
+
+// The JSON of a run from the load generator's summary (with the spec's SLO), and, in process, the
+// engine's counters.
 nlohmann::json Measurements(const BenchSummary& b, int32_t num_requests, const EngineStats* stats, bool adaptive,
                             double peak_kv, int64_t preemptions, const std::vector<std::vector<TokenId>>* outputs) {
   nlohmann::json j;
@@ -112,6 +127,8 @@ nlohmann::json Measurements(const BenchSummary& b, int32_t num_requests, const E
   j["ttft_ms"] = StatsJson(b.ttft_ms);
   j["tpot_ms"] = StatsJson(b.tpot_ms);
   j["e2e_ms"] = StatsJson(b.e2el_ms);
+  j["goodput"] = num_requests > 0 ? static_cast<double>(b.good) / num_requests : 0.0;
+  j["request_goodput"] = b.request_goodput;
   j["spec"] = nullptr;
   j["k_histogram"] = nullptr;
   j["drafts_cannot_pay"] = nullptr;
@@ -138,8 +155,9 @@ nlohmann::json Measurements(const BenchSummary& b, int32_t num_requests, const E
 
 // Offline: every request added at t = 0, the engine stepped until all finish.
 absl::StatusOr<nlohmann::json> RunOffline(LoadedEngine& e, const SchedulerConfig& sc, const SpecConfig& spec_cfg,
-                                          const std::vector<LoadRequest>& requests, const v1::Workload& w,
+                                          const std::vector<LoadRequest>& requests, const Experiment& spec,
                                           double temperature, const RunHooks& hooks) {
+  const v1::Workload& w = spec.workload();
   Engine engine(e.model.get(), e.tokenizer.get(), sc, spec_cfg);
   if (auto st = engine.Validate(); !st.ok()) return st;
   if (auto st = WarmUp(engine, sc.block_size); !st.ok()) return st;
@@ -185,7 +203,7 @@ absl::StatusOr<nlohmann::json> RunOffline(LoadedEngine& e, const SchedulerConfig
     r.outcome = o.error.empty() ? Outcome::kOk : Outcome::kFailed;
     r.error = o.error;
     r.send_s = (o.arrival_ms - start_ms) / 1e3;
-    r.ttft_s = o.tokens.empty() ? o.finish_ms - o.arrival_ms : o.ttft_ms() / 1e3;
+    r.ttft_s = (o.tokens.empty() ? o.finish_ms - o.arrival_ms : o.ttft_ms()) / 1e3;
     r.e2e_s = (o.finish_ms - o.arrival_ms) / 1e3;
     r.prompt_tokens = o.prompt_tokens;
     r.output_tokens = static_cast<int32_t>(o.tokens.size());
@@ -195,7 +213,7 @@ absl::StatusOr<nlohmann::json> RunOffline(LoadedEngine& e, const SchedulerConfig
   }
   const double peak = static_cast<double>(peak_blocks) / engine.scheduler().blocks().num_blocks();
   const EngineStats stats = Since(warm, engine.stats());
-  return Measurements(Summarize(run, {}), n, &stats, spec_cfg.adaptive, peak, preemptions, &tokens);
+  return Measurements(Summarize(run, SpecSlo(spec.slo())), n, &stats, spec_cfg.adaptive, peak, preemptions, &tokens);
 }
 
 // A load client that submits straight to the serving core (no sockets), for online runs in process.
@@ -285,14 +303,43 @@ ArrivalOptions Arrivals(const v1::Workload& w, const Point& p) {
   a.num_requests = w.num_requests();
   a.request_rate = *p.request_rate;
   a.burstiness = p.burstiness.value_or(1.0);
+  a.burst_factor = p.burst_factor.value_or(1.0);
+  a.burst_start_s = p.burst_start_s;
+  a.burst_duration_s = p.burst_duration_s;
   a.seed = w.seed();
   return a;
 }
 
+// Writes `data` to `path` whole: a temporary file beside it, synced, then renamed over it.
+absl::Status WriteWhole(const std::string& path, const std::string& data) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot write the trace"));
+  size_t off = 0;
+  while (off < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+    if (n <= 0) break;
+    off += static_cast<size_t>(n);
+  }
+  const bool ok = off == data.size() && ::fsync(fd) == 0;
+  ::close(fd);
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return absl::InternalError(absl::StrCat(path, ": writing the trace failed"));
+  }
+  return absl::OkStatus();
+}
+
+// The trace of an online run, where the hooks ask for one.
+absl::Status MaybeWriteTrace(const RunHooks& hooks, const RunResult& run) {
+  return hooks.trace_path.empty() ? absl::OkStatus() : WriteWhole(hooks.trace_path, TraceJsonl(run));
+}
+
 // Online in process: the serving core over the point's engine, loaded by the load generator.
 absl::StatusOr<nlohmann::json> RunOnline(LoadedEngine& e, const SchedulerConfig& sc, const SpecConfig& spec_cfg,
-                                         const std::vector<LoadRequest>& requests, const v1::Workload& w,
+                                         const std::vector<LoadRequest>& requests, const Experiment& spec,
                                          const Point& p, const RunHooks& hooks) {
+  const v1::Workload& w = spec.workload();
   Engine engine(e.model.get(), e.tokenizer.get(), sc, spec_cfg);
   if (auto st = engine.Validate(); !st.ok()) return st;
   if (auto st = WarmUp(engine, sc.block_size); !st.ok()) return st;  // before the loop thread owns it
@@ -331,7 +378,8 @@ absl::StatusOr<nlohmann::json> RunOnline(LoadedEngine& e, const SchedulerConfig&
   }
   const double peak = snap.kv_blocks_total ? static_cast<double>(snap.kv_blocks_peak) / snap.kv_blocks_total : 0.0;
   const EngineStats stats = Since(warm, snap.stats);
-  return Measurements(Summarize(run, {}), w.num_requests(), &stats, spec_cfg.adaptive, peak,
+  RETURN_IF_ERROR(MaybeWriteTrace(hooks, run));
+  return Measurements(Summarize(run, SpecSlo(spec.slo())), w.num_requests(), &stats, spec_cfg.adaptive, peak,
                       snap.num_preemptions - warm_preemptions, &tokens);
 }
 
@@ -347,12 +395,14 @@ absl::StatusOr<nlohmann::json> RunRemote(const LoadedSpec& s, const Point& p, co
   ro.on_progress = hooks.on_progress;
   const RunResult run = RunLoad(**client, requests, ArrivalTimes(Arrivals(w, p)), ro);
   if (hooks.stop && hooks.stop->load()) return absl::CancelledError("interrupted");
-  return Measurements(Summarize(run, {}), w.num_requests(), nullptr, false, 0, 0, nullptr);
+  RETURN_IF_ERROR(MaybeWriteTrace(hooks, run));
+  return Measurements(Summarize(run, SpecSlo(s.spec.slo())), w.num_requests(), nullptr, false, 0, 0, nullptr);
 }
 
 }  // namespace
 
 absl::StatusOr<nlohmann::json> RunPoint(const LoadedSpec& s, const Point& p, const RunHooks& hooks) {
+  if (!p.online && !hooks.trace_path.empty()) return absl::InvalidArgumentError("record_trace needs mode: ONLINE");
   if (p.remote) return RunRemote(s, p, hooks);
   EngineOptions options = PointOptions(s.spec, p);
   if (hooks.group != nullptr) options.target.tensor_parallel_size = hooks.group->size();
@@ -363,8 +413,27 @@ absl::StatusOr<nlohmann::json> RunPoint(const LoadedSpec& s, const Point& p, con
   if (!sc.ok()) return sc.status();
   const SpecConfig spec_cfg = e.spec_config();
   const std::vector<LoadRequest> requests = Workload(s, e.model->config().vocab_size);
-  if (p.online) return RunOnline(e, *sc, spec_cfg, requests, s.spec.workload(), p, hooks);
-  return RunOffline(e, *sc, spec_cfg, requests, s.spec.workload(), p.temperature, hooks);
+  if (p.online) return RunOnline(e, *sc, spec_cfg, requests, s.spec, p, hooks);
+  return RunOffline(e, *sc, spec_cfg, requests, s.spec, p.temperature, hooks);
+}
+
+std::string TraceJsonl(const RunResult& run) {
+  using Line = nlohmann::ordered_json;  // keys in the order written: arrival first
+  std::string out;
+  for (const RequestResult& r : run.requests) {
+    const bool ok = r.outcome == Outcome::kOk;
+    Line j;
+    j["arrival_s"] = r.send_s;
+    j["prompt_tokens"] = r.prompt_tokens;
+    j["output_tokens"] = r.output_tokens;
+    j["ttft_ms"] = r.output_tokens > 0 ? Line(r.ttft_s * 1e3) : Line();
+    j["e2e_ms"] = ok ? Line(r.e2e_s * 1e3) : Line();
+    j["finish_s"] = ok ? Line(r.send_s + r.e2e_s) : Line();
+    j["ok"] = ok;
+    if (!ok) j["error"] = r.error.empty() ? (r.outcome == Outcome::kRejected ? "rejected" : "failed") : r.error;
+    out += j.dump() + "\n";
+  }
+  return out;
 }
 
 }  // namespace specula::experiments

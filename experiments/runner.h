@@ -15,6 +15,7 @@
 #include "engine/options.h"
 #include "experiments/spec.h"
 #include "nlohmann/json.hpp"
+#include "serving/load_gen.h"
 
 namespace specula::experiments {
 
@@ -26,6 +27,9 @@ struct RunHooks {
   // sends them to the other ranks, which load the same engine); an error fails the run.
   std::shared_ptr<Communicator> group;
   std::function<absl::Status(const EngineOptions&)> before_load;
+  // ONLINE (the spec's record_trace): where the run writes its per-request trace (TraceJsonl), whole
+  // (a temporary file renamed) before RunPoint returns; its directory must exist. Empty: no trace.
+  std::string trace_path;
 };
 
 // The measurements of one run (results.jsonl's fields after "key", "repeat" and "point"):
@@ -33,7 +37,15 @@ struct RunHooks {
 // input_tokens, output_tokens, ttft_ms / tpot_ms / e2e_ms {mean, p50, p99}, spec {drafts,
 // draft_tokens, accepted_tokens, mean_acceptance_length, acceptance_per_position}, k_histogram
 // (auto only), peak_kv_usage, preemptions, steps, and output_hash: a hash of every request's tokens
-// in order, equal for equal outputs (null against an endpoint, whose tokens are not seen here).
+// in order, equal for equal outputs (null against an endpoint, whose tokens are not seen here);
+// goodput (the share of num_requests that completed within every bound of the spec's slo, each
+// request on its own; with no bound, the completed share; OFFLINE, TTFT includes the wait in the
+// queue) and request_goodput (those per second).
 absl::StatusOr<nlohmann::json> RunPoint(const LoadedSpec& spec, const Point& point, const RunHooks& hooks);
+
+// A run's trace, one JSON line per request in arrival order: {"arrival_s": the send time from the
+// run's start, "prompt_tokens", "output_tokens", "ttft_ms" (null when no token came), "e2e_ms" and
+// "finish_s" = arrival_s + e2e (null unless it completed), "ok"}, plus "error" when not ok.
+std::string TraceJsonl(const RunResult& run);
 
 }  // namespace specula::experiments

@@ -241,7 +241,8 @@ absl::Status ValidateSweep(const Locator& at, const Experiment& s) {
                             {"kv_cache_dtype", sw.kv_cache_dtype_size()}, {"quantization", sw.quantization_size()}}) {
       if (n > 0) {
         return bad({"sweep", field}, absl::StrCat("sweep.", field, ": the server at endpoint fixes it (its own flags); ",
-                                                  "with an endpoint the sweep varies temperature, request_rate and burstiness only"));
+                                                  "with an endpoint the sweep varies temperature, request_rate, burstiness and ",
+                                                  "burst_factor only"));
       }
     }
   }
@@ -261,7 +262,8 @@ absl::Status ValidateSweep(const Locator& at, const Experiment& s) {
                   CheckStrings(at, "kv_cache_dtype", sw.kv_cache_dtype(), {"f32", "bf16"}),
                   CheckStrings(at, "quantization", sw.quantization(), {"none", "int8"}),
                   CheckRange(at, "request_rate", sw.request_rate(), 1e-6, INFINITY),
-                  CheckRange(at, "burstiness", sw.burstiness(), 1e-3, 1e3)}) {
+                  CheckRange(at, "burstiness", sw.burstiness(), 1e-3, 1e3),
+                  CheckRange(at, "burst_factor", sw.burst_factor(), 1e-3, 1e3)}) {
     if (!st.ok()) return st;
   }
   for (int i = 0; i < sw.spec_method_size(); ++i) {
@@ -278,9 +280,44 @@ absl::Status ValidateSweep(const Locator& at, const Experiment& s) {
   return absl::OkStatus();
 }
 
+// The burst window and sweep.burst_factor (whose values ValidateSweep bounded), and record_trace:
+// the fields of ONLINE runs that a serving simulator learns from.
+absl::Status ValidateBursts(const Locator& at, const Experiment& s) {
+  const bool online = s.mode() == v1::ONLINE;
+  const v1::Sweep& sw = s.sweep();
+  for (auto [field, v] : {std::pair{"burst_start_s", s.burst_start_s()}, {"burst_duration_s", s.burst_duration_s()}}) {
+    if (!(v >= 0 && std::isfinite(v))) return Bad(at, {field}, absl::StrCat(field, ": ", Num(v), " is not a time >= 0"));
+  }
+  bool bursts = false;
+  for (int i = 0; i < sw.burst_factor_size(); ++i) {
+    const double f = sw.burst_factor(i);
+    if (f == 1) continue;
+    bursts = true;
+    const std::string what = absl::StrCat("sweep.burst_factor[", i, "]: ", Num(f));
+    if (!online) return Bad(at, {"sweep", "burst_factor"}, absl::StrCat(what, " needs mode: ONLINE"), i);
+    if (s.burst_duration_s() <= 0) {
+      return Bad(at, {"sweep", "burst_factor"}, absl::StrCat(what, " needs a burst window: burst_duration_s > 0"), i);
+    }
+    // Every request arrives at t = 0 at an infinite rate: no window could hold a burst.
+    for (int j = 0; j < sw.request_rate_size(); ++j) {
+      if (std::isinf(sw.request_rate(j))) {
+        return Bad(at, {"sweep", "request_rate"},
+                   absl::StrCat("sweep.request_rate[", j, "]: inf: ", what, " needs finite rates"), j);
+      }
+    }
+  }
+  if (!bursts && (s.burst_start_s() > 0 || s.burst_duration_s() > 0)) {
+    const char* field = s.burst_duration_s() > 0 ? "burst_duration_s" : "burst_start_s";
+    return Bad(at, {field}, absl::StrCat(field, ": the burst window needs sweep.burst_factor with a value other than 1"));
+  }
+  if (s.record_trace() && !online) return Bad(at, {"record_trace"}, "record_trace needs mode: ONLINE");
+  return absl::OkStatus();
+}
+
 absl::Status Validate(const Locator& at, Experiment& s, const std::string& spec_path, std::vector<LoadRequest>* prompts) {
   if (auto st = ValidateInputs(at, s, spec_path, prompts); !st.ok()) return st;
-  return ValidateSweep(at, s);
+  if (auto st = ValidateSweep(at, s); !st.ok()) return st;
+  return ValidateBursts(at, s);
 }
 
 void FillDefaults(Experiment& s, const std::string& spec_path) {
@@ -359,6 +396,7 @@ std::string Point::Key() const {
   }
   if (request_rate) parts.push_back(absl::StrCat("request_rate=", Num(*request_rate)));
   if (burstiness) parts.push_back(absl::StrCat("burstiness=", Num(*burstiness)));
+  if (burst_factor && *burst_factor != 1) parts.push_back(absl::StrCat("burst_factor=", Num(*burst_factor)));
   return absl::StrJoin(parts, ",");
 }
 
@@ -375,6 +413,10 @@ nlohmann::json Point::Json() const {
   j["quantization"] = engine(quantization);
   j["request_rate"] = !request_rate ? nlohmann::json() : std::isinf(*request_rate) ? nlohmann::json("inf") : nlohmann::json(*request_rate);
   j["burstiness"] = burstiness ? nlohmann::json(*burstiness) : nlohmann::json();
+  // With the spec's workload.seed and num_requests: ArrivalTimes replays the run's arrivals.
+  j["burst_factor"] = burst_factor ? nlohmann::json(*burst_factor) : nlohmann::json();
+  j["burst_start_s"] = online ? nlohmann::json(burst_start_s) : nlohmann::json();
+  j["burst_duration_s"] = online ? nlohmann::json(burst_duration_s) : nlohmann::json();
   return j;
 }
 
@@ -389,6 +431,10 @@ std::vector<Point> ExpandSweep(const Experiment& spec) {
   Point base;  // its defaults stand for the dimensions the spec leaves empty
   base.online = spec.mode() == v1::ONLINE;
   base.remote = !spec.endpoint().empty();
+  if (base.online) {
+    base.burst_start_s = spec.burst_start_s();
+    base.burst_duration_s = spec.burst_duration_s();
+  }
   std::vector<Point> points = {base};
   // Every point so far times each value of one dimension, in order: the first dimension crossed
   // varies slowest.
@@ -412,9 +458,10 @@ std::vector<Point> ExpandSweep(const Experiment& spec) {
   cross(sw.quantization(), [](Point& p, const std::string& v) { p.quantization = v; });
   if (base.online) {
     cross(sw.request_rate(), [](Point& p, double v) { p.request_rate = v; });
-    google::protobuf::RepeatedField<double> poisson;
-    poisson.Add(1.0);
-    cross(sw.burstiness().empty() ? poisson : sw.burstiness(), [](Point& p, double v) { p.burstiness = v; });
+    google::protobuf::RepeatedField<double> one;  // Poisson gaps; no burst
+    one.Add(1.0);
+    cross(sw.burstiness().empty() ? one : sw.burstiness(), [](Point& p, double v) { p.burstiness = v; });
+    cross(sw.burst_factor().empty() ? one : sw.burst_factor(), [](Point& p, double v) { p.burst_factor = v; });
   }
   // "none" with any k, and engine settings against an endpoint, collapse to one point each.
   std::vector<Point> unique;

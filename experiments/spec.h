@@ -42,8 +42,11 @@ struct Point {
   int32_t max_num_batched_tokens = 2048;
   std::string kv_cache_dtype = "bf16", quantization = "none";
   std::optional<double> request_rate, burstiness;  // online only
+  std::optional<double> burst_factor;              // online only; 1 = no burst
+  double burst_start_s = 0, burst_duration_s = 0;  // the spec's burst window (online)
 
-  // Canonical and unique within a sweep: "max_num_seqs=8,spec_method=draft,num_spec_tokens=4,...".
+  // Canonical and unique within a sweep: "max_num_seqs=8,spec_method=draft,num_spec_tokens=4,...";
+  // burst_factor appears only when it is not 1, so that keys of specs without bursts stay as they were.
   std::string Key() const;
   // The parameters as results.jsonl's "point" object.
   nlohmann::json Json() const;
@@ -52,7 +55,7 @@ struct Point {
 };
 
 // The cartesian product of the sweep, each combination once: spec_method "none" ignores k, and a
-// spec with an endpoint varies only temperature, request_rate and burstiness.
+// spec with an endpoint varies only temperature, request_rate, burstiness and burst_factor.
 std::vector<Point> ExpandSweep(const Experiment& spec);
 
 // The spec as JSON, with the proto's field names (for run.json).

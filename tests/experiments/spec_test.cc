@@ -119,6 +119,74 @@ TEST_F(SpecTest, ValidationErrorsNameLineAndColumn) {
   ExpectError(Spec("slo {\n  ttft_ms: -5\n}\n"), 6, 3, "slo.ttft_ms");
 }
 
+// Bursts and traces: sweep.burst_factor, the window and record_trace, each refused by name.
+TEST_F(SpecTest, BurstAndTraceErrorsNameTheirField) {
+  const std::string online = "mode: ONLINE\n";
+  ExpectError(Spec(online + "sweep { request_rate: [4] burst_factor: [0] }\n"), 6, 42,
+              "sweep.burst_factor[0]: 0 is not in [0.001, 1000]");
+  ExpectError(Spec(online + "sweep { request_rate: [4] burst_factor: [2, nan] }\n"), 6, 45, "sweep.burst_factor[1]: nan");
+  ExpectError(Spec("sweep { burst_factor: [1, 5] }\n"), 5, 27, "sweep.burst_factor[1]: 5 needs mode: ONLINE");
+  ExpectError(Spec(online + "sweep { request_rate: [4] burst_factor: [5] }\n"), 6, 42,
+              "sweep.burst_factor[0]: 5 needs a burst window: burst_duration_s > 0");
+  ExpectError(Spec(online + "burst_duration_s: 2\nsweep { request_rate: [4, inf] burst_factor: [5] }\n"), 7, 27,
+              "sweep.request_rate[1]: inf: sweep.burst_factor[0]: 5 needs finite rates");
+  ExpectError(Spec(online + "burst_start_s: -1\nsweep { request_rate: [4] }\n"), 6, 1, "burst_start_s: -1 is not a time >= 0");
+  ExpectError(Spec(online + "burst_duration_s: inf\nsweep { request_rate: [4] }\n"), 6, 1,
+              "burst_duration_s: inf is not a time >= 0");
+  ExpectError(Spec(online + "burst_duration_s: 2\nsweep { request_rate: [4] burst_factor: [1] }\n"), 6, 1,
+              "burst_duration_s: the burst window needs sweep.burst_factor with a value other than 1");
+  ExpectError(Spec("sweep { max_num_seqs: [8] }\nrecord_trace: true\n"), 6, 1, "record_trace needs mode: ONLINE");
+  // No burst is no error: OFFLINE with burst_factor [1] runs as without it.
+  EXPECT_TRUE(Parse(Spec("sweep { burst_factor: [1] }\n")).ok());
+}
+
+// A burst sweep against an endpoint: burst_factor 1 keeps the key it had without bursts, and every
+// point records the window, so that its arrivals replay.
+TEST_F(SpecTest, BurstFactorIsASweepDimensionWithTheWindowInEveryPoint) {
+  auto s = Parse(Spec("mode: ONLINE\nendpoint: \"http://127.0.0.1:1\"\nburst_start_s: 1.5\nburst_duration_s: 2\n"
+                      "record_trace: true\nsweep { request_rate: [4] burst_factor: [1, 5] }\n"));
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::vector<Point> points = ExpandSweep(s->spec);
+  ASSERT_EQ(points.size(), 2u);
+  EXPECT_EQ(points[0].Key(), "temperature=0,request_rate=4,burstiness=1");
+  EXPECT_EQ(points[1].Key(), "temperature=0,request_rate=4,burstiness=1,burst_factor=5");
+  const nlohmann::json j = points[1].Json();
+  EXPECT_EQ(j["burst_factor"], 5.0);
+  EXPECT_EQ(j["burst_start_s"], 1.5);
+  EXPECT_EQ(j["burst_duration_s"], 2.0);
+  EXPECT_EQ(points[0].Json()["burst_factor"], 1.0);
+  auto offline = Parse(Spec("sweep { max_num_seqs: [8] }\n"));
+  ASSERT_TRUE(offline.ok());
+  EXPECT_TRUE(ExpandSweep(offline->spec)[0].Json()["burst_factor"].is_null());
+}
+
+// The example spec: ONLINE, a rate sweep with and without a burst, traces recorded.
+TEST_F(SpecTest, TheOnlineBurstsSpecParses) {
+  auto s = LoadSpec(std::string(SPECULA_SOURCE_DIR) + "/experiments/specs/online-bursts.textproto");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->spec.record_trace());
+  std::set<double> factors;
+  for (const Point& p : ExpandSweep(s->spec)) factors.insert(*p.burst_factor);
+  EXPECT_EQ(factors, (std::set<double>{1, 5}));
+}
+
+TEST_F(SpecTest, TraceFileNamesAreSafeAndDeterministic) {
+  EXPECT_EQ(TraceFileName("temperature=0,request_rate=4,burstiness=1", 2), "temperature=0,request_rate=4,burstiness=1-r2.jsonl");
+  EXPECT_EQ(TraceFileName("a/b c", 0), "a_b_c-r0.jsonl");
+  EXPECT_EQ(TraceFileName("..", 0), "_..-r0.jsonl");
+  // An in-process key is used as it is.
+  auto s = Parse(Spec("mode: ONLINE\nsweep { max_num_seqs: [1024] temperature: [0.75] request_rate: [12.5] "
+                      "burstiness: [0.5] burst_factor: [2.5] }\nburst_duration_s: 1\n"));
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::string key = ExpandSweep(s->spec)[0].Key();
+  EXPECT_EQ(TraceFileName(key, 0), key + "-r0.jsonl");
+  const std::string long_key(300, 'k');
+  const std::string name = TraceFileName(long_key, 1);
+  EXPECT_LE(name.size(), 220u);
+  EXPECT_EQ(name, TraceFileName(long_key, 1));
+  EXPECT_NE(name, TraceFileName(long_key + "x", 1));  // the hash tells keys with one head apart
+}
+
 TEST_F(SpecTest, ADraftMethodWithoutADraftModelNamesTheField) {
   const std::string no_draft = "model { path: \"" + kModels + "/stories260K.bin\" }\n"
                                "workload { prompts_file: \"prompts.jsonl\" }\n"

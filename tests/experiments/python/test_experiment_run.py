@@ -1,6 +1,7 @@
 """`specula experiment run` and `report` as real processes: resume after a kill and after Ctrl-C,
 a changed spec refused, identical tokens from the same spec and seed, online runs in process and
-against a real `specula serve`, and the quickstart spec with its report (the bounded CI run).
+against a real `specula serve` (with their per-request traces and goodput), and the quickstart spec
+with its report (the bounded CI run).
 
 Environment: SPECULA_BINARY, SPECULA_SOURCE_DIR, SPECULA_MODELS (as the serving tests).
 """
@@ -35,6 +36,12 @@ def results(out):
 def count_lines(path):
     with open(path) as f:
         return f.read().count("\n")
+
+
+def trace_lines(out, row):
+    """The run's trace (record_trace), which its results line names relative to DIR."""
+    with open(os.path.join(out, row["trace"])) as f:
+        return [json.loads(line) for line in f]
 
 
 def run(*args, **kw):
@@ -177,16 +184,23 @@ class ExperimentRunTest(unittest.TestCase):
     def test_online_in_process_matches_offline_tokens(self):
         common = 'max_num_seqs: [8] spec_method: ["none", "draft"] num_spec_tokens: [2, 0]'
         off = self.write_spec(spec_text(common), "off.textproto")
-        on = self.write_spec(spec_text(common + ' request_rate: [50, inf] burstiness: [1, 0.5]', extra="mode: ONLINE\n"),
-                             "on.textproto")
+        on = self.write_spec(spec_text(common + ' request_rate: [50, inf] burstiness: [1, 0.5]',
+                                       extra="mode: ONLINE\nrecord_trace: true\n"), "on.textproto")
         for spec, out in ((off, "off"), (on, "on")):
             r = run("run", spec, "--out", os.path.join(self.tmp, out))
             self.assertEqual(r.returncode, 0, r.stderr)
         offline = results(os.path.join(self.tmp, "off"))
         online = results(os.path.join(self.tmp, "on"))
         self.assertEqual(len(online), 3 * 2 * 2)
+        self.assertTrue(all(j["goodput"] == 1 and "trace" not in j for j in offline))  # no SLO: the completed share
         for j in online:
             self.assertEqual(j["completed"], 16, j)
+            self.assertEqual(j["goodput"], 1, j)
+            self.assertEqual(j["trace"], f'traces/{j["key"]}-r0.jsonl')
+            trace = trace_lines(os.path.join(self.tmp, "on"), j)
+            self.assertEqual(len(trace), 16)
+            self.assertEqual(sum(t["output_tokens"] for t in trace), j["output_tokens"])
+            self.assertTrue(all(t["ok"] and t["finish_s"] >= t["arrival_s"] for t in trace))
             self.assertGreater(j["ttft_ms"]["p99"], 0)
             self.assertEqual(j["output_hash"], offline[0]["output_hash"], j["key"])  # greedy: same tokens
             if j["point"]["num_spec_tokens"] == 0:
@@ -199,7 +213,8 @@ class ExperimentRunTest(unittest.TestCase):
     def test_online_against_a_real_server(self):
         with Serve("--max-num-seqs", "8") as s:
             spec = self.write_spec(spec_text('request_rate: [40] temperature: [0, 0.5]',
-                                             extra=f'mode: ONLINE\nendpoint: "grpc://{s.grpc_target}"\n'))
+                                             extra=f'mode: ONLINE\nendpoint: "grpc://{s.grpc_target}"\n'
+                                                   'record_trace: true\n'))
             out = os.path.join(self.tmp, "out")
             r = run("run", spec, "--out", out)
             self.assertEqual(r.returncode, 0, r.stderr)
@@ -209,6 +224,9 @@ class ExperimentRunTest(unittest.TestCase):
             self.assertEqual(j["completed"], 16, j)
             self.assertIsNone(j["point"]["max_num_seqs"])  # the server's, not recorded as swept
             self.assertGreater(j["output_tokens"], 0)
+            trace = trace_lines(out, j)
+            self.assertEqual([t["ok"] for t in trace], [True] * 16)
+            self.assertEqual(sum(t["output_tokens"] for t in trace), j["output_tokens"])
 
     def test_quickstart_spec_runs_and_its_report_renders(self):
         out = os.path.join(self.tmp, "quickstart")

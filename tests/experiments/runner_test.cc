@@ -1,0 +1,126 @@
+// The runner in process on the tiny model: an ONLINE point with a burst window and record_trace
+// writes one trace line per request at the arrivals that ArrivalTimes gives for the same options,
+// and counts goodput per request against the spec's SLO.
+#include "experiments/runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace specula::experiments {
+namespace {
+
+const std::string kModels = SPECULA_TEST_MODELS;
+
+std::vector<nlohmann::json> ReadLines(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// 24 requests at 10 req/s, 50 req/s in [0.5, 0.7) s. Requests alternate between 1 and 8 output
+// tokens (ignore_eos). The TPOT bound of 0.1 us is one that no request of 8 tokens meets, while a
+// request of one token has no TPOT and meets it: exactly half of the requests are good.
+constexpr int kRequests = 24;
+constexpr double kRate = 10, kBurstFactor = 5, kBurstStart = 0.5, kBurstDuration = 0.2, kTpotBoundMs = 1e-4;
+constexpr uint64_t kSeed = 5;
+
+class RunnerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir();
+    std::ofstream(dir_ + "/prompts.jsonl") << "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1}\n"
+                                              "{\"prompt\": \"The cat sat on the\", \"max_tokens\": 8}\n";
+  }
+  absl::StatusOr<LoadedSpec> Spec(const std::string& rest) const {
+    return ParseSpec(dir_ + "/spec.textproto",
+                     "model { path: \"" + kModels + "/stories260K.bin\" tokenizer: \"" + kModels + "/tok512.bin\" }\n"
+                     "workload { prompts_file: \"prompts.jsonl\" num_requests: 24 max_tokens: 8 seed: 5 ignore_eos: true }\n" +
+                         rest);
+  }
+  std::string dir_;
+};
+
+TEST_F(RunnerTest, OnlineBurstRecordsTheTraceAndGoodput) {
+  auto spec = Spec("mode: ONLINE\nsweep { request_rate: [10] burst_factor: [5] }\n"
+                   "burst_start_s: 0.5\nburst_duration_s: 0.2\nrecord_trace: true\n"
+                   "slo { ttft_ms: 60000 tpot_ms: 0.0001 e2el_ms: 60000 }\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const std::vector<Point> points = ExpandSweep(spec->spec);
+  ASSERT_EQ(points.size(), 1u);
+  EXPECT_EQ(points[0].Json()["burst_factor"], kBurstFactor);
+  EXPECT_EQ(points[0].Json()["burst_start_s"], kBurstStart);
+  RunHooks hooks;
+  hooks.trace_path = dir_ + "/trace.jsonl";
+  auto m = RunPoint(*spec, points[0], hooks);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ((*m)["completed"], kRequests) << m->dump();
+
+  // The arrivals the point's options give; without the burst they differ by far more than 50 ms,
+  // so a runner that dropped the window fails below.
+  ArrivalOptions a{.num_requests = kRequests, .request_rate = kRate, .burstiness = 1, .burst_factor = kBurstFactor,
+                   .burst_start_s = kBurstStart, .burst_duration_s = kBurstDuration, .seed = kSeed};
+  const std::vector<double> arrivals = ArrivalTimes(a);
+  a.burst_factor = 1;
+  const std::vector<double> steady = ArrivalTimes(a);
+  EXPECT_GT(steady.back() - arrivals.back(), 0.3);
+
+  const std::vector<nlohmann::json> trace = ReadLines(hooks.trace_path);
+  ASSERT_EQ(trace.size(), static_cast<size_t>(kRequests));
+  int good = 0;
+  int64_t output_tokens = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    const nlohmann::json& t = trace[i];
+    SCOPED_TRACE(t.dump());
+    EXPECT_NEAR(t["arrival_s"].get<double>(), arrivals[i], 0.05);  // the send time is measured
+    EXPECT_EQ(t["output_tokens"], i % 2 == 0 ? 1 : 8);
+    EXPECT_GT(t["prompt_tokens"].get<int>(), 0);
+    ASSERT_TRUE(t["ok"].get<bool>());
+    EXPECT_FALSE(t.contains("error"));
+    const double ttft = t["ttft_ms"], e2e = t["e2e_ms"];
+    const int out = t["output_tokens"];
+    EXPECT_NEAR(t["finish_s"].get<double>(), t["arrival_s"].get<double>() + e2e / 1e3, 1e-9);
+    // The SLO per request, as the spec states it: one output token has no TPOT.
+    const bool tpot_ok = out <= 1 || (e2e - ttft) / (out - 1) <= kTpotBoundMs;
+    good += ttft <= 60000 && e2e <= 60000 && tpot_ok;
+    output_tokens += out;
+  }
+  EXPECT_EQ(good, kRequests / 2);
+  EXPECT_EQ((*m)["output_tokens"], output_tokens);
+  const double goodput = (*m)["goodput"];
+  EXPECT_GE(goodput, 0.0);
+  EXPECT_LE(goodput, 1.0);
+  EXPECT_DOUBLE_EQ(goodput, static_cast<double>(good) / kRequests);
+  EXPECT_NEAR((*m)["request_goodput"].get<double>(), good / (*m)["duration_s"].get<double>(), 1e-9);
+  // Written whole: no temporary file left beside it.
+  EXPECT_FALSE(std::ifstream(hooks.trace_path + ".tmp").good());
+}
+
+TEST_F(RunnerTest, WithoutAnSloGoodputIsTheCompletedShare) {
+  auto spec = Spec("mode: ONLINE\nsweep { request_rate: [inf] }\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto m = RunPoint(*spec, ExpandSweep(spec->spec)[0], RunHooks{});
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)["completed"], kRequests);
+  EXPECT_EQ((*m)["goodput"], 1.0);
+  EXPECT_FALSE(m->contains("trace"));
+}
+
+TEST_F(RunnerTest, AnOfflineRunRefusesATrace) {
+  auto spec = Spec("mode: OFFLINE\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  RunHooks hooks;
+  hooks.trace_path = dir_ + "/trace.jsonl";
+  auto m = RunPoint(*spec, ExpandSweep(spec->spec)[0], hooks);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("record_trace needs mode: ONLINE"), std::string::npos) << m.status();
+}
+
+}  // namespace
+}  // namespace specula::experiments
