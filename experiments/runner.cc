@@ -413,8 +413,16 @@ absl::StatusOr<nlohmann::json> RunPoint(const LoadedSpec& s, const Point& p, con
   if (!sc.ok()) return sc.status();
   const SpecConfig spec_cfg = e.spec_config();
   const std::vector<LoadRequest> requests = Workload(s, e.model->config().vocab_size);
-  if (p.online) return RunOnline(e, *sc, spec_cfg, requests, s.spec, p, hooks);
-  return RunOffline(e, *sc, spec_cfg, requests, s.spec, p.temperature, hooks);
+  auto m = p.online ? RunOnline(e, *sc, spec_cfg, requests, s.spec, p, hooks)
+                    : RunOffline(e, *sc, spec_cfg, requests, s.spec, p.temperature, hooks);
+  // The replica as it ran (the KV pool is sized from this machine's memory): what a simulator
+  // replaying the run needs (specula simulate --validate).
+  if (m.ok()) {
+    (*m)["scheduler"] = {{"max_num_seqs", sc->max_num_seqs}, {"max_num_batched_tokens", sc->max_num_batched_tokens},
+                         {"block_size", sc->block_size}, {"num_blocks", sc->num_blocks},
+                         {"max_model_len", sc->max_model_len}, {"num_spec_tokens", sc->num_spec_tokens}};
+  }
+  return m;
 }
 
 std::string TraceJsonl(const RunResult& run) {

@@ -8,6 +8,8 @@ namespace specula {
 namespace {
 
 constexpr double kMaxBurst = 20;
+constexpr double kMinRate = 1e-4;        // req/s per replica: below it a candidate is infeasible
+constexpr double kMaxReplicas = 1e9;
 
 struct Runner {
   const PlanCandidate& c;
@@ -50,14 +52,13 @@ struct Runner {
       return p.meets;
     };
     double lo = 0, hi = 0, rate = 0.05;
-    while (rate < 1e6) {
-      if (!probe(rate)) {
-        hi = rate;
-        break;
-      }
-      lo = rate;
-      rate *= 1.5;
+    while (rate >= kMinRate && !probe(rate)) {  // down to a rate that meets them, if any does
+      hi = rate;
+      rate /= 4;
     }
+    if (rate < kMinRate) return 0;  // not even one request at a time meets the SLOs
+    lo = rate;
+    while (hi == 0 && (rate *= 1.5) < 1e6) (probe(rate) ? lo : hi) = rate;
     while (hi > 0 && hi - lo > 0.01 * hi) {
       const double mid = std::sqrt(std::max(lo, hi / 1.5) * hi);
       (probe(mid) ? lo : hi) = mid;
@@ -90,9 +91,15 @@ CandidatePlan PlanOne(const PlanCandidate& c, const PlanWorkload& w, const PlanS
   for (double q : qps) {
     CandidatePlan::AtQps a;
     a.qps = q;
-    if (p.capacity > 0) {
+    if (p.capacity > 0 && q / p.capacity <= kMaxReplicas) {
+      // The share of the capacity's replica count is simulated too; near the knee one run can miss
+      // where the search's run met the SLOs, and then a few more replicas are added until it meets.
       a.replicas = static_cast<int64_t>(std::ceil(q / p.capacity - 1e-9));
       a.at_share = r.Run(q / a.replicas);
+      for (int tries = 0; tries < 10 && !MeetsSlo(a.at_share, slo); ++tries) {
+        a.replicas += std::max<int64_t>(1, a.replicas / 100);
+        a.at_share = r.Run(q / a.replicas);
+      }
       const double tokens_per_s = q * (a.at_share.completed > 0 ? a.at_share.output_tok_s / a.at_share.request_throughput : 0);
       a.cost_per_mtok = tokens_per_s > 0 ? a.replicas * c.price_per_hour / 3600 / tokens_per_s * 1e6 : 0;
       a.headroom = a.replicas * p.capacity / q - 1;

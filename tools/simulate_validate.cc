@@ -112,7 +112,12 @@ absl::Status Configure(const json& run, const std::vector<json>& runs, const std
   auto num = [](const json& j, const char* k, double d) { return j.contains(k) && j[k].is_number() ? j[k].get<double>() : d; };
   r.scheduler.max_num_seqs = static_cast<int32_t>(num(p, "max_num_seqs", r.scheduler.max_num_seqs));
   r.scheduler.max_num_batched_tokens = static_cast<int32_t>(num(p, "max_num_batched_tokens", r.scheduler.max_num_batched_tokens));
-  if (runs.front().contains("scheduler")) r.scheduler.num_blocks = static_cast<int32_t>(num(runs.front()["scheduler"], "num_blocks", r.scheduler.num_blocks));
+  if (runs.front().contains("scheduler")) {  // the replica as it ran
+    const json& sc = runs.front()["scheduler"];
+    r.scheduler.num_blocks = static_cast<int32_t>(num(sc, "num_blocks", r.scheduler.num_blocks));
+    r.scheduler.block_size = static_cast<int32_t>(num(sc, "block_size", r.scheduler.block_size));
+    r.scheduler.max_model_len = static_cast<int32_t>(num(sc, "max_model_len", r.scheduler.max_model_len));
+  }
   const std::string method = p.value("spec_method", "none");
   const int32_t k = static_cast<int32_t>(num(p, "num_spec_tokens", 4));
   r.speculate = method != "none" && !p["spec_method"].is_null();

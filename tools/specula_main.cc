@@ -5,6 +5,7 @@
 //   specula experiment run SPEC --out DIR | report DIR   (tools/experiment.cc)
 //   specula make-model  --shape NAME|--config config.json --out DIR ...
 //   specula simulate    --cost FILE | --device NAME --shape NAME ...   (tools/simulate.cc)
+//   specula plan        --qps LIST --candidates FILE ...                (tools/plan.cc)
 
 #include <dlfcn.h>
 #include <unistd.h>
@@ -30,6 +31,7 @@
 #include "model/model_config.h"
 #include "tools/command_exit.h"
 #include "tools/generate.h"
+#include "tools/plan.h"
 #include "tools/simulate.h"
 
 namespace specula {
@@ -46,6 +48,7 @@ commands:
   experiment   run an experiment spec (a sweep of batching and speculation) and report it
   make-model   write a random-weight HF model of a named real shape
   simulate     simulate serving replicas (the real scheduler and speculation on modelled step times)
+  plan         the cheapest fleet that meets latency SLOs at a target load, from simulations
   help         show this message
 
 Run 'specula <command> --help' for a command's flags.
@@ -139,6 +142,8 @@ int main(int argc, char** argv) {
   absl::Status st;
   if (cmd == "generate") {
     st = specula::RunGenerate(argc - 2, argv + 2);
+  } else if (cmd == "plan") {
+    st = specula::RunPlan(argc - 2, argv + 2);
   } else if (cmd == "simulate") {
     st = specula::RunSimulate(argc - 2, argv + 2);
   } else if (cmd == "make-model") {

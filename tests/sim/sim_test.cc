@@ -6,6 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "sim/fleet.h"
+#include "sim/planner.h"
 #include "tests/test_util.h"
 
 namespace specula {
@@ -202,6 +203,56 @@ TEST(LoadTrace, ReadsAnExperimentTraceAndNamesBadLines) {
   EXPECT_EQ((*t)[0].prompt_len, 7);  // sorted by arrival
   auto bad = LoadTrace(dir + "/bad.jsonl");
   EXPECT_NE(bad.status().message().find("bad.jsonl:1: field 'prompt_tokens'"), std::string::npos) << bad.status();
+}
+
+}  // namespace
+}  // namespace specula
+
+namespace specula {
+namespace {
+
+// A plan over a roofline CPU replica and an H100 one: the CPU cannot prefill 512 tokens within the
+// TTFT bound at any rate, the H100's capacity sets its replicas, and its fleet meets the SLOs at
+// its share of the load.
+TEST(Plan, FindsTheCapacityAndTheCheapestFleet) {
+  PlanCandidate cpu;
+  cpu.name = "cpu";
+  cpu.replica.scheduler.max_num_seqs = 32;
+  cpu.replica.scheduler.num_blocks = 50000;
+  cpu.replica.target_shape = *NamedForwardShape("smollm2-135m");
+  cpu.replica.target = RooflineModel(cpu.replica.target_shape, 0.6, 2, *NamedDevice("cpu-avx512-2core"));
+  cpu.acceptance = std::make_shared<PositionalAcceptance>(*PositionalAcceptance::Create({0.0}));
+  cpu.price_per_hour = 0.1;
+  PlanWorkload w;
+  w.requests.prompt_len = 512;
+  w.requests.output_len = 256;
+  w.requests.arrivals.burst_factor = 5;
+  w.requests.arrivals.burst_start_s = 30;
+  w.requests.arrivals.burst_duration_s = 5;
+  w.duration_s = 10;
+  PlanSlo slo;
+  slo.ttft_p99_ms = 500;
+  slo.per_request.ttft_ms = 500;
+  PlanCandidate gpu = cpu;
+  gpu.name = "h100";
+  gpu.replica.scheduler.max_num_seqs = 128;
+  gpu.replica.target_shape = *NamedForwardShape("llama-3.1-8b");
+  gpu.replica.target = RooflineModel(gpu.replica.target_shape, 2, 2, *NamedDevice("h100"));
+  gpu.price_per_hour = 4;
+  const Plan plan = MakePlan({cpu, gpu}, w, slo, {2000});
+  ASSERT_EQ(plan.candidates.size(), 2u);
+  EXPECT_EQ(plan.candidates[0].capacity, 0);
+  EXPECT_EQ(plan.candidates[0].at[0].replicas, 0);
+  const CandidatePlan& c = plan.candidates[1];
+  EXPECT_GT(c.capacity, 1);
+  EXPECT_EQ(c.at[0].replicas, static_cast<int64_t>(std::ceil(2000 / c.capacity - 1e-9)));
+  EXPECT_TRUE(MeetsSlo(c.at[0].at_share, slo));
+  EXPECT_GE(c.at[0].headroom, 0);
+  EXPECT_EQ(plan.cheapest[0], 1);
+  // Above the capacity the SLOs fail; at it they hold (the search's bracket).
+  bool above_fails = false;
+  for (const LoadPoint& p : c.curve) above_fails = above_fails || (p.rate > c.capacity && !p.meets);
+  EXPECT_TRUE(above_fails);
 }
 
 }  // namespace
