@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <map>
 #include <cstdio>
 #include <mutex>
 #include <thread>
@@ -331,8 +332,8 @@ absl::Status WriteWhole(const std::string& path, const std::string& data) {
 }
 
 // The trace of an online run, where the hooks ask for one.
-absl::Status MaybeWriteTrace(const RunHooks& hooks, const RunResult& run) {
-  return hooks.trace_path.empty() ? absl::OkStatus() : WriteWhole(hooks.trace_path, TraceJsonl(run));
+absl::Status MaybeWriteTrace(const RunHooks& hooks, const RunResult& run, const std::vector<LoadRequest>& requests) {
+  return hooks.trace_path.empty() ? absl::OkStatus() : WriteWhole(hooks.trace_path, TraceJsonl(run, requests));
 }
 
 // Online in process: the serving core over the point's engine, loaded by the load generator.
@@ -349,6 +350,9 @@ absl::StatusOr<nlohmann::json> RunOnline(LoadedEngine& e, const SchedulerConfig&
   so.model_name = "experiment";
   so.default_max_tokens = w.max_tokens();
   so.add_bos = e.add_bos;
+  so.admission.max_queue_len = spec.admission().max_queue_len();
+  so.admission.max_queue_delay_ms = spec.admission().max_queue_delay_ms();
+  so.admission.ttft_slo_ms = spec.admission().ttft_slo_ms();
   RunResult run;
   EngineSnapshot snap;
   std::vector<std::vector<TokenId>> tokens;
@@ -378,7 +382,7 @@ absl::StatusOr<nlohmann::json> RunOnline(LoadedEngine& e, const SchedulerConfig&
   }
   const double peak = snap.kv_blocks_total ? static_cast<double>(snap.kv_blocks_peak) / snap.kv_blocks_total : 0.0;
   const EngineStats stats = Since(warm, snap.stats);
-  RETURN_IF_ERROR(MaybeWriteTrace(hooks, run));
+  RETURN_IF_ERROR(MaybeWriteTrace(hooks, run, requests));
   return Measurements(Summarize(run, SpecSlo(spec.slo())), w.num_requests(), &stats, spec_cfg.adaptive, peak,
                       snap.num_preemptions - warm_preemptions, &tokens);
 }
@@ -395,7 +399,7 @@ absl::StatusOr<nlohmann::json> RunRemote(const LoadedSpec& s, const Point& p, co
   ro.on_progress = hooks.on_progress;
   const RunResult run = RunLoad(**client, requests, ArrivalTimes(Arrivals(w, p)), ro);
   if (hooks.stop && hooks.stop->load()) return absl::CancelledError("interrupted");
-  RETURN_IF_ERROR(MaybeWriteTrace(hooks, run));
+  RETURN_IF_ERROR(MaybeWriteTrace(hooks, run, requests));
   return Measurements(Summarize(run, SpecSlo(s.spec.slo())), w.num_requests(), nullptr, false, 0, 0, nullptr);
 }
 
@@ -425,13 +429,18 @@ absl::StatusOr<nlohmann::json> RunPoint(const LoadedSpec& s, const Point& p, con
   return m;
 }
 
-std::string TraceJsonl(const RunResult& run) {
+std::string TraceJsonl(const RunResult& run, const std::vector<LoadRequest>& requests) {
   using Line = nlohmann::ordered_json;  // keys in the order written: arrival first
+  std::map<std::pair<std::string, std::vector<int32_t>>, size_t> first;  // a prompt's first request
   std::string out;
-  for (const RequestResult& r : run.requests) {
+  for (size_t i = 0; i < run.requests.size(); ++i) {
+    const RequestResult& r = run.requests[i];
     const bool ok = r.outcome == Outcome::kOk;
     Line j;
     j["arrival_s"] = r.send_s;
+    if (i < requests.size()) {
+      j["prompt_id"] = first.try_emplace({requests[i].prompt, requests[i].prompt_token_ids}, i).first->second;
+    }
     j["prompt_tokens"] = r.prompt_tokens;
     j["output_tokens"] = r.output_tokens;
     j["ttft_ms"] = r.output_tokens > 0 ? Line(r.ttft_s * 1e3) : Line();

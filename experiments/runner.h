@@ -44,8 +44,10 @@ struct RunHooks {
 absl::StatusOr<nlohmann::json> RunPoint(const LoadedSpec& spec, const Point& point, const RunHooks& hooks);
 
 // A run's trace, one JSON line per request in arrival order: {"arrival_s": the send time from the
-// run's start, "prompt_tokens", "output_tokens", "ttft_ms" (null when no token came), "e2e_ms" and
-// "finish_s" = arrival_s + e2e (null unless it completed), "ok"}, plus "error" when not ok.
-std::string TraceJsonl(const RunResult& run);
+// run's start, "prompt_id": the first request with the same prompt (a repeated prompt is what the
+// prefix cache serves), "prompt_tokens", "output_tokens", "ttft_ms" (null when no token came),
+// "e2e_ms" and "finish_s" = arrival_s + e2e (null unless it completed), "ok"}, plus "error" when
+// not ok. `requests`: what was sent, in the same order.
+std::string TraceJsonl(const RunResult& run, const std::vector<LoadRequest>& requests);
 
 }  // namespace specula::experiments

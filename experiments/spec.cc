@@ -314,9 +314,26 @@ absl::Status ValidateBursts(const Locator& at, const Experiment& s) {
   return absl::OkStatus();
 }
 
+// Admission control: the in-process server's, so ONLINE without an endpoint (a remote server has its own).
+absl::Status ValidateAdmission(const Locator& at, const Experiment& s) {
+  if (!s.has_admission()) return absl::OkStatus();
+  const v1::Admission& a = s.admission();
+  if (s.mode() != v1::ONLINE || !s.endpoint().empty()) {
+    return Bad(at, {"admission"}, "admission needs mode: ONLINE in process (an endpoint's server has its own)");
+  }
+  if (a.max_queue_len() < 0) return Bad(at, {"admission", "max_queue_len"}, "admission.max_queue_len: must be >= 0");
+  for (auto [field, v] : {std::pair{"max_queue_delay_ms", a.max_queue_delay_ms()}, {"ttft_slo_ms", a.ttft_slo_ms()}}) {
+    if (!(v >= 0 && std::isfinite(v))) {
+      return Bad(at, {"admission", field}, absl::StrCat("admission.", field, ": ", Num(v), " must be >= 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Validate(const Locator& at, Experiment& s, const std::string& spec_path, std::vector<LoadRequest>* prompts) {
   if (auto st = ValidateInputs(at, s, spec_path, prompts); !st.ok()) return st;
   if (auto st = ValidateSweep(at, s); !st.ok()) return st;
+  if (auto st = ValidateAdmission(at, s); !st.ok()) return st;
   return ValidateBursts(at, s);
 }
 

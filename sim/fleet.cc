@@ -73,6 +73,10 @@ absl::StatusOr<std::vector<SimRequest>> LoadTrace(const std::string& path) {
     r.arrival_s = j["arrival_s"].get<double>();
     r.prompt_len = std::max(1, j["prompt_tokens"].get<int32_t>());
     r.output_len = std::max(1, j["output_tokens"].get<int32_t>());
+    if (j.contains("prompt_id")) {
+      if (!j["prompt_id"].is_number_integer()) return bad("field 'prompt_id' must be an integer");
+      r.prompt_id = j["prompt_id"].get<int64_t>();
+    }
     if (j.contains("session")) {
       if (!j["session"].is_number_integer()) return bad("field 'session' must be an integer");
       r.session = j["session"].get<int64_t>();

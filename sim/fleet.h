@@ -32,8 +32,9 @@ struct SyntheticWorkload {
   double prefix_reuse = 0;
 };
 std::vector<SimRequest> MakeRequests(const SyntheticWorkload& w);
-// A trace: JSONL of {"arrival_s", "prompt_tokens", "output_tokens"[, "session"]} (an experiment's
-// traces/*.jsonl have these). Errors name the line and the field.
+// A trace: JSONL of {"arrival_s", "prompt_tokens", "output_tokens"[, "prompt_id"][, "session"]}
+// (an experiment's traces/*.jsonl have these; equal prompt_ids are the same prompt, which the
+// prefix cache serves). Errors name the line and the field.
 absl::StatusOr<std::vector<SimRequest>> LoadTrace(const std::string& path);
 
 struct FleetConfig {

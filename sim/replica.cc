@@ -61,6 +61,11 @@ Replica::Replica(ReplicaConfig config, AcceptanceModel* acceptance, uint64_t see
 std::vector<TokenId> Replica::Prompt(const SimRequest& r) {
   std::uniform_int_distribution<TokenId> id(kFirstId, kIdRange - 1);
   std::vector<TokenId> p;
+  if (r.prompt_id >= 0) {  // the same tokens for every request of this prompt, on any replica
+    std::mt19937_64 same(0x51ed5eedull ^ (static_cast<uint64_t>(r.prompt_id) * 0x9e3779b97f4a7c15ull));
+    for (int32_t i = 0; i < r.prompt_len; ++i) p.push_back(id(same));
+    return p;
+  }
   p.reserve(r.prompt_len);
   if (r.session >= 0 && r.shared_prefix > 0) {
     const std::vector<TokenId>& before = sessions_[r.session];

@@ -34,6 +34,7 @@ struct SimRequest {
   int32_t prompt_len = 0, output_len = 0;
   int64_t session = -1;       // -1: none (routing by session affinity needs one)
   int32_t shared_prefix = 0;  // leading prompt tokens equal to the session's earlier prompts
+  int64_t prompt_id = -1;     // requests with the same id send the same prompt (-1: a prompt of its own)
   int32_t priority = 0;
 };
 

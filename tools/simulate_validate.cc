@@ -112,6 +112,12 @@ absl::Status Configure(const json& run, const std::vector<json>& runs, const std
   auto num = [](const json& j, const char* k, double d) { return j.contains(k) && j[k].is_number() ? j[k].get<double>() : d; };
   r.scheduler.max_num_seqs = static_cast<int32_t>(num(p, "max_num_seqs", r.scheduler.max_num_seqs));
   r.scheduler.max_num_batched_tokens = static_cast<int32_t>(num(p, "max_num_batched_tokens", r.scheduler.max_num_batched_tokens));
+  if (run["spec"].contains("admission")) {  // the server's admission control
+    const json& a = run["spec"]["admission"];
+    r.admission.max_queue_len = static_cast<int32_t>(num(a, "max_queue_len", 0));
+    r.admission.max_queue_delay_ms = num(a, "max_queue_delay_ms", 0);
+    r.admission.ttft_slo_ms = num(a, "ttft_slo_ms", 0);
+  }
   if (runs.front().contains("scheduler")) {  // the replica as it ran
     const json& sc = runs.front()["scheduler"];
     r.scheduler.num_blocks = static_cast<int32_t>(num(sc, "num_blocks", r.scheduler.num_blocks));
