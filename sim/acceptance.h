@@ -18,6 +18,8 @@ namespace specula {
 class AcceptanceModel {
  public:
   virtual ~AcceptanceModel() = default;
+  // The drafts a proposer gives when asked for k (an n-gram or suffix lookup can find none).
+  virtual int32_t Proposed(RequestId id, int32_t k, std::mt19937_64& rng) { return k; }
   // The drafts accepted (0..k) when request `id` verifies k drafts.
   virtual int32_t Accepted(RequestId id, int32_t k, std::mt19937_64& rng) = 0;
   virtual void Forget(RequestId id) {}
@@ -38,6 +40,11 @@ class PositionalAcceptance final : public AcceptanceModel {
   static absl::StatusOr<PositionalAcceptance> FromPerPosition(const std::vector<double>& per_position, double spread_c = 0);
 
   int32_t Accepted(RequestId id, int32_t k, std::mt19937_64& rng) override;
+  // A proposer without a model finds drafts with probability `rate` (1: always, as a draft model).
+  void set_proposal_rate(double rate) { proposal_rate_ = rate; }
+  int32_t Proposed(RequestId id, int32_t k, std::mt19937_64& rng) override {
+    return proposal_rate_ >= 1 || std::uniform_real_distribution<double>(0.0, 1.0)(rng) < proposal_rate_ ? k : 0;
+  }
   void Forget(RequestId id) override { level_.erase(id); }
   std::unique_ptr<AcceptanceModel> Fresh() const override {
     auto a = std::make_unique<PositionalAcceptance>(*this);
@@ -48,7 +55,7 @@ class PositionalAcceptance final : public AcceptanceModel {
 
  private:
   std::vector<double> conditional_;
-  double mean_ = 0, spread_c_ = 0;
+  double mean_ = 0, spread_c_ = 0, proposal_rate_ = 1;
   std::unordered_map<RequestId, double> level_;  // u / m per request
 };
 

@@ -153,15 +153,16 @@ double Replica::DraftSeconds(const StepPlan& plan, absl::Span<const SpecCandidat
   return seconds;
 }
 
-StepResult Replica::Draw(const StepPlan& plan) {
+StepResult Replica::Draw(const StepPlan& plan, const std::vector<int32_t>& drafts) {
   std::uniform_int_distribution<TokenId> id(kFirstId, kIdRange - 1);
   StepResult r;
-  for (const ScheduledSeq& s : plan.seqs) {
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
     if (!s.samples) continue;
-    const int32_t accepted = s.num_spec > 0 ? acceptance_->Accepted(s.id, s.num_spec, rng_) : 0;
+    const int32_t accepted = drafts[i] > 0 ? acceptance_->Accepted(s.id, drafts[i], rng_) : 0;
     std::vector<TokenId> tokens(accepted + 1);
     for (TokenId& t : tokens) t = id(rng_);
-    r.outputs.push_back({s.id, std::move(tokens), s.num_spec});
+    r.outputs.push_back({s.id, std::move(tokens), drafts[i]});
   }
   return r;
 }
@@ -184,9 +185,13 @@ std::optional<double> Replica::Begin(double now_s) {
   for (const SpecCandidate& c : candidates_) {
     ++k_histogram_[std::min<size_t>(plan_.seqs[c.plan_index].num_spec, k_histogram_.size() - 1)];
   }
-  result_ = Draw(plan_);
+  std::vector<int32_t> drafts(plan_.seqs.size(), 0);  // [plan]: what the proposer gave each sequence
+  for (size_t i = 0; i < plan_.seqs.size(); ++i) {
+    if (plan_.seqs[i].num_spec > 0) drafts[i] = acceptance_->Proposed(plan_.seqs[i].id, plan_.seqs[i].num_spec, rng_);
+  }
+  result_ = Draw(plan_, drafts);
   timing_ = StepTiming{};
-  const StepWork work = PlanWork(plan_);
+  const StepWork work = PlanWork(plan_, drafts);
   timing_.tokens = work.tokens;
   timing_.rows = work.rows;
   timing_.positions = work.positions;

@@ -109,7 +109,7 @@ class Replica {
   void AddPending();
   std::vector<SpecCandidate> Candidates(const StepPlan& plan);
   double DraftSeconds(const StepPlan& plan, absl::Span<const SpecCandidate> c);
-  StepResult Draw(const StepPlan& plan);
+  StepResult Draw(const StepPlan& plan, const std::vector<int32_t>& drafts);
   void Complete(RequestId id, double end_s);
 
   ReplicaConfig config_;

@@ -103,6 +103,18 @@ std::vector<double> MeasuredAcceptance(const std::vector<json>& runs) {
   return sum;
 }
 
+// How often a proposer without a model found drafts when the controller asked for some: the
+// verifications that carried drafts over the sequence-steps given k > 0 (the runs' k histogram).
+double ProposalRate(const std::vector<json>& runs) {
+  double verified = 0, asked = 0;
+  for (const json& r : runs) {
+    if (!r.contains("k_histogram") || !r["k_histogram"].is_array() || !r["spec"].is_object()) continue;
+    for (size_t k = 1; k < r["k_histogram"].size(); ++k) asked += r["k_histogram"][k].get<double>();
+    verified += r["spec"].value("drafts", 0.0);
+  }
+  return asked > 0 ? std::min(1.0, verified / asked) : 1.0;
+}
+
 // The point's replica and workload on top of the flags' setup.
 absl::Status Configure(const json& run, const std::vector<json>& runs, const std::string& dir, bool acceptance_given,
                        SimSetup* s, std::vector<SimRequest>* requests) {
@@ -134,6 +146,7 @@ absl::Status Configure(const json& run, const std::vector<json>& runs, const std
   if (r.speculate && !acceptance_given) {
     auto a = PositionalAcceptance::FromPerPosition(MeasuredAcceptance(runs));
     if (!a.ok()) return a.status();
+    if (method != "draft") a->set_proposal_rate(ProposalRate(runs));
     s->acceptance = std::make_unique<PositionalAcceptance>(*std::move(a));
   }
   s->spec_label = !r.speculate ? "none" : absl::StrCat(method, r.adaptive ? " auto" : absl::StrCat(" k=", k));

