@@ -45,7 +45,7 @@ mode: $2
 sweep { max_num_seqs: [16] $3 }
 repeats: ${5:-1}
 slo { ttft_ms: $slo }
-$4
+${4:-}
 EOF
 }
 

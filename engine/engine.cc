@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <omp.h>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -64,6 +65,8 @@ absl::Status Engine::Validate() const {
   }
   return absl::OkStatus();
 }
+
+void Engine::HandOffThreads() { omp_pause_resource_all(omp_pause_soft); }
 
 double Engine::NowMs() const {
   return (clock_->NowSeconds() - start_s_) * 1000.0;

@@ -1,11 +1,15 @@
 #include "experiments/calibrate.h"
 
+#include <atomic>
 #include <chrono>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/dtype.h"
 #include "core/status_macros.h"
 #include "engine/engine.h"
+#include "serving/server.h"
 #include "model/forward_cost.h"
 #include "sim/cost_file.h"
 #include "sim/step_time.h"
@@ -31,9 +35,33 @@ struct Shape {
   int32_t batch = 1, context = 32;
 };
 
-// One engine over `shape`: its prefill's steps, then decode_steps timed steps (after one untimed)
-// with each number of drafts in `ks` (0 first: plain decodes). Appends {seqs, tokens, rows,
-// positions, seconds, kind} per timed step.
+// Sends `batch` requests of `context` random prompt tokens through the server, each consumed by a
+// thread of its own as an in-process client (or a front end) consumes its stream, and waits for them.
+void SendAndConsume(Server& server, Shape shape, int32_t vocab, int32_t max_tokens, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::thread> clients;
+  for (int32_t i = 0; i < shape.batch; ++i) {
+    ServeRequest r;
+    for (int32_t t = 0; t < shape.context; ++t) r.prompt_token_ids.push_back(3 + static_cast<TokenId>(rng() % (vocab - 3)));
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    r.seed = i;
+    auto admitted = server.Submit(r);
+    if (!admitted.ok()) continue;  // the engine's refusal shows as a shape without steps
+    clients.emplace_back([stream = admitted->stream] {
+      while (auto d = stream->Next(std::chrono::milliseconds(60000))) {
+        if (d->finished) break;
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+}
+
+// One engine over `shape` behind the serving core (its loop thread, the streams and their
+// consumers: the host work and contention a served step has): the shape's prefill steps, then
+// decode_steps timed steps (after one untimed) with each number of drafts in `ks` (0 first: plain
+// decodes). A step's time is the period from the previous step's end to its own, so that it holds
+// everything between steps too. Appends {seqs, tokens, rows, positions, seconds, kind} per step.
 absl::Status ProfileShape(LoadedEngine& e, SchedulerConfig sc, Shape shape, const std::vector<int32_t>& ks,
                           int32_t decode_steps, json* steps) {
   RepeatProposer proposer;
@@ -45,54 +73,50 @@ absl::Status ProfileShape(LoadedEngine& e, SchedulerConfig sc, Shape shape, cons
   sc.enable_prefix_caching = false;
   Engine engine(e.model.get(), e.tokenizer.get(), sc, spec);
   RETURN_IF_ERROR(engine.Validate());
-  std::mt19937 rng(static_cast<uint32_t>(shape.batch * 7919 + shape.context));
-  const int32_t vocab = e.model->config().vocab_size;
-  const int32_t total_steps = static_cast<int32_t>(ks.size()) * (decode_steps + 1);
-  // The shape's prompts twice: once untimed with one output token (the engine's first steps touch
-  // its threads and the KV memory the shape uses, which a serving engine has long touched), then
-  // the profile.
-  for (int pass = 0; pass < 2; ++pass) {
-    for (int32_t i = 0; i < shape.batch; ++i) {
-      Request r;
-      r.id = pass * shape.batch + i;
-      for (int32_t t = 0; t < shape.context; ++t) r.prompt.push_back(3 + static_cast<TokenId>(rng() % (vocab - 3)));
-      r.max_tokens = pass == 0 ? 1 : total_steps * (k_max + 1) + 2;
-      r.ignore_eos = true;
-      RETURN_IF_ERROR(engine.AddRequest(std::move(r)));
-    }
-    if (pass == 0) {
-      while (engine.HasUnfinished()) engine.Step();
-    }
-  }
-  StepWork work;
-  std::string kind;
+  // On the loop's thread: each step's work and period, and the drafts' phases. `profiling` is set
+  // between the warm-up and the profile, while the loop is idle.
+  std::atomic<bool> profiling{false};
+  bool timing = false;  // a previous step's end to measure from
+  auto last = std::chrono::steady_clock::now();
+  size_t phase = 0;
+  int32_t in_phase = 0;
   engine.set_step_observer([&](const StepPlan& p, const StepResult& result) {
+    const auto now = std::chrono::steady_clock::now();
     std::vector<int32_t> drafts(p.seqs.size(), 0);  // what RepeatProposer gave: the result's num_drafts
     for (size_t i = 0, o = 0; i < p.seqs.size(); ++i) {
       if (p.seqs[i].samples && o < result.outputs.size()) drafts[i] = result.outputs[o++].num_drafts;
     }
-    work = PlanWork(p, drafts);
-    const bool prefill = work.tokens > work.rows || std::any_of(p.seqs.begin(), p.seqs.end(), [](const ScheduledSeq& s) { return !s.samples; });
-    kind = prefill ? "prefill" : work.rows > work.seqs ? "verify" : "decode";
-  });
-  auto step = [&](bool record) {
-    const auto t0 = std::chrono::steady_clock::now();
-    engine.Step();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (record) {
-      steps->push_back({{"seqs", work.seqs}, {"tokens", work.tokens}, {"rows", work.rows}, {"positions", work.positions},
-                        {"seconds", s}, {"kind", kind}});
+    const StepWork w = PlanWork(p, drafts);
+    const bool prefill = w.tokens > w.rows || std::any_of(p.seqs.begin(), p.seqs.end(), [](const ScheduledSeq& s) { return !s.samples; });
+    const char* kind = prefill ? "prefill" : w.rows > w.seqs ? "verify" : "decode";
+    // Timed: every prefill step but the first (its period began before the requests came), and the
+    // decode steps of a phase but its first (drafts from the step before it).
+    if (!profiling) return;
+    const bool first_of_phase = !prefill && in_phase++ == 0;
+    if (timing && !first_of_phase) {
+      steps->push_back({{"seqs", w.seqs}, {"tokens", w.tokens}, {"rows", w.rows}, {"positions", w.positions},
+                        {"seconds", std::chrono::duration<double>(now - last).count()}, {"kind", kind}});
     }
-  };
-  while (engine.HasUnfinished() && kind != "decode" && kind != "verify") step(true);  // the prefill, chunk by chunk
-  if (!steps->empty() && steps->back()["kind"] != "prefill") steps->erase(steps->size() - 1);  // its first decode: untimed
-  for (int32_t k : ks) {
-    proposer.k_ = k;
-    step(false);
-    for (int32_t i = 0; i < decode_steps && engine.HasUnfinished(); ++i) step(true);
-  }
-  for (int32_t i = 0; i < shape.batch; ++i) engine.Abort(shape.batch + i);
-  while (engine.HasUnfinished()) engine.Step();
+    timing = true;
+    last = now;
+    if (!prefill && in_phase > decode_steps && phase + 1 < ks.size()) {
+      proposer.k_ = ks[++phase];  // the next step drafts this many
+      in_phase = 0;
+    }
+  });
+  ServeOptions so;
+  so.model_name = "calibrate";
+  Server server(&engine, e.tokenizer.get(), e.model->config(), so);
+  const int32_t vocab = e.model->config().vocab_size;
+  const uint32_t seed = static_cast<uint32_t>(shape.batch * 7919 + shape.context);
+  // Once untimed with one output token (the engine's first steps touch its threads and the KV memory
+  // the shape uses, which a serving engine has long touched), then the profile.
+  SendAndConsume(server, shape, vocab, 1, seed);
+  server.WaitIdle(std::chrono::milliseconds(60000));
+  profiling = true;
+  const int32_t max_tokens = static_cast<int32_t>(ks.size()) * (decode_steps + 1) * (k_max + 1) + 2;
+  SendAndConsume(server, shape, vocab, std::min(max_tokens, sc.max_model_len - shape.context - 1), seed + 1);
+  server.WaitIdle(std::chrono::milliseconds(60000));
   return absl::OkStatus();
 }
 
@@ -113,7 +137,14 @@ absl::StatusOr<json> ProfileModel(LoadedEngine& e, const CalibrateOptions& o, bo
       if (o.progress) o.progress(++*done, total);
     }
   }
+  // The forwards adaptive speculation measures at startup (its cost cache's table), so that a
+  // simulated controller starts from the tables the engine's does.
+  CostGrid grid{std::min(sc.max_num_seqs, 8), sc.block_size, 30.0, 512};
+  ASSIGN_OR_RETURN(std::vector<CostPoint> forwards, MeasureForwardCost(*e.model, grid));
+  json table = json::array();
+  for (const CostPoint& p : forwards) table.push_back({{"tokens", p.tokens}, {"flops", p.flops}, {"seconds", p.seconds}});
   json out;
+  out["tables"] = {{absl::StrCat("kv=", DTypeName(e.model->kv_dtype()), " batch=", grid.batch, " block=", grid.block_size), table}};
   out["shape"] = json::parse(ShapeJson(ShapeOf(e.model->config())));
   out["steps"] = steps;
   out["scheduler"] = {{"max_num_seqs", sc.max_num_seqs}, {"max_num_batched_tokens", sc.max_num_batched_tokens},

@@ -1,10 +1,13 @@
 // `specula experiment calibrate`: a short measured profile of this machine for the serving
-// simulator. Whole engine steps (the forward and the host work around it: scheduling, sampling or
-// verification, outputs) are timed over a grid of batch sizes, contexts and tokens per sequence:
+// simulator. Served steps are timed over a grid of batch sizes, contexts and tokens per sequence:
 // prefill chunks, plain decode steps, and verification steps of k drafts each (drafts that are
-// simply the last token, so that verification does its full work). With a draft model, its own
-// steps are profiled the same way. The result is a step-cost file (sim/cost_file.h) that
-// `specula simulate --cost` and `specula plan --cost` read.
+// simply the last token, so that verification does its full work). Each runs behind the serving
+// core with a consumer thread per stream, as a served request has, and a step's time is the period
+// from one step's end to the next: the forward, the host work around it (scheduling, sampling or
+// verification, outputs, the streams) and the threads that wake for each delta, which on a small
+// machine take cores from the forward. With a draft model, its own steps are profiled the same way.
+// The result is a step-cost file (sim/cost_file.h) that `specula simulate --cost` and `specula plan
+// --cost` read, with the forward table adaptive speculation's cost cache holds.
 #pragma once
 
 #include <cstdint>

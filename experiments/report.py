@@ -12,9 +12,12 @@ with a warning.
 The input, DIR/run.json and DIR/results.jsonl, is described in results.py.
 """
 import argparse
+import json
 import math
 import os
+import subprocess
 import sys
+import tempfile
 
 try:
     from experiments import plots, results
@@ -230,6 +233,84 @@ def capacity_section(points, mode, slo, target_qps, cost_per_hour):
     return lines
 
 
+def _binary():
+    return os.environ.get("SPECULA_BINARY") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                                            "build", "release", "specula")
+
+
+def _acceptance(directory, key):
+    """A point's acceptance by position, averaged over its repeats (results.jsonl's raw lines)."""
+    sums, n = [], 0
+    for r in results.load_results(os.path.join(directory, "results.jsonl")):
+        per = (r.get("spec") or {}).get("acceptance_per_position") if r["key"] == key else None
+        if per:
+            sums = [a + b for a, b in zip(sums + [0.0] * (len(per) - len(sums)), per)]
+            n += 1
+    return [v / n for v in sums] if n else []
+
+
+def _candidates(directory, points, calibration, cost_per_hour):
+    """One `specula plan` candidate per configuration (a point less its load), from the calibration."""
+    seen, out = set(), []
+    for p in points:
+        key = results.config_key(p, ("request_rate", "burstiness", "burst_factor", "burst_start_s", "burst_duration_s"))
+        if key in seen or results.param(p, "max_num_seqs") is None:
+            continue
+        seen.add(key)
+        flags = f"--cost {calibration} --max-num-seqs {results.param(p, 'max_num_seqs')}"
+        if results.param(p, "max_num_batched_tokens"):
+            flags += f" --max-num-batched-tokens {results.param(p, 'max_num_batched_tokens')}"
+        method, k = results.param(p, "spec_method"), results.param(p, "num_spec_tokens")
+        accept = _acceptance(directory, p["key"])
+        if method not in (None, "none") and accept:
+            flags += f" --spec-method {method} --num-spec-tokens {'auto' if k == 0 else k} --acceptance "
+            flags += ",".join(f"{a:.4f}" for a in accept)
+        elif method not in (None, "none"):
+            continue  # no acceptance measured: nothing to simulate speculation with
+        out.append({"name": f"{p['label']} seqs={results.param(p, 'max_num_seqs')}", "flags": flags, "price_per_hour": cost_per_hour})
+    return out
+
+
+def simulated_capacity_section(directory, points, slo, target_qps, cost_per_hour, calibration):
+    """The capacity plan from `specula plan` on a calibration of this machine: each configuration's
+    sustainable rate searched in the simulator rather than read off the rates the runs tried."""
+    if not calibration:
+        return []
+    done = [p for p in points if p.get("completed")]
+    if not done:
+        return []
+    prompt = max(1, round(sum(p.get("input_tokens") or 0 for p in done) / sum(p["completed"] for p in done)))
+    output = max(1, round(sum(p.get("output_tokens") or 0 for p in done) / sum(p["completed"] for p in done)))
+    cands = _candidates(directory, points, calibration, cost_per_hour)
+    if not cands:
+        return []
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(cands, f)
+    args = [_binary(), "plan", "--qps", ",".join(f"{q:g}" for q in target_qps), "--candidates", f.name,
+            "--input-len", str(prompt), "--output-len", str(output), "--json"]
+    if slo.get("ttft_ms"):
+        args += ["--slo-ttft-p99-ms", f"{slo['ttft_ms']:g}"]
+    if slo.get("tpot_ms"):
+        args += ["--slo-tpot-p99-ms", f"{slo['tpot_ms']:g}"]
+    r = subprocess.run(args, capture_output=True, text=True)
+    os.unlink(f.name)
+    if r.returncode != 0:
+        raise results.ReportError(f"the simulated capacity plan failed: {r.stderr.strip()}")
+    plan = json.loads(r.stdout)
+    rows = []
+    for qi, q in enumerate(plan["qps"]):
+        for ci, c in enumerate(plan["candidates"]):
+            a = c["at"][qi]
+            mark = " (cheapest)" if plan["cheapest"][qi] == ci else ""
+            rows.append([fmt_value(q), c["name"] + mark, f"{c['capacity_rps']:.3g}",
+                         a["replicas"] if a["replicas"] else "none", fmt_money(a["cost_per_mtok"] or None)])
+    return ["### From the calibration (simulated)", "",
+            f"`specula plan` with the step times calibrated in `{calibration}` (calibrated, this machine), each "
+            f"configuration's measured acceptance, {prompt} prompt and {output} output tokens per request: "
+            f"{plan['note']}.", "",
+            md_table(["target QPS", "configuration", "replica QPS", "replicas", "$ per M output tokens"], rows), ""]
+
+
 def render_report(run, points, mode, slo, target_qps, cost_per_hour, made_plots):
     name = run.get("name") or "unnamed experiment"
     lines = [f"# Experiment report: {name}", "", "## Assumptions", "",
@@ -238,16 +319,24 @@ def render_report(run, points, mode, slo, target_qps, cost_per_hour, made_plots)
     lines += best_section(points)
     lines += results_section(points)
     lines += capacity_section(points, mode, slo, target_qps, cost_per_hour)
+    lines += simulated_capacity_section(run.get("_dir", ""), points, slo, target_qps, cost_per_hour,
+                                        run.get("_calibration"))
     return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------- main
 
-def write_report(directory, out=None, target_qps=DEFAULT_TARGET_QPS, cost_per_hour=DEFAULT_COST_PER_HOUR):
-    """Reads DIR, writes the report and its plots; returns the report's path."""
+def write_report(directory, out=None, target_qps=DEFAULT_TARGET_QPS, cost_per_hour=DEFAULT_COST_PER_HOUR,
+                 calibration=None):
+    """Reads DIR, writes the report and its plots; returns the report's path. With a calibration
+    (`specula experiment calibrate`; DIR/calibration.json is used when present), the capacity plan
+    is also simulated from it."""
     if not os.path.isdir(directory):
         raise results.ReportError(f"{directory}: no such directory")
     run = results.load_run(directory)
+    default_cal = os.path.join(directory, "calibration.json")
+    run["_dir"] = directory
+    run["_calibration"] = calibration or (default_cal if os.path.exists(default_cal) else None)
     points = results.aggregate(results.load_results(os.path.join(directory, "results.jsonl")))
     mode = str(run.get("mode") or results.param(points[0], "mode") or "OFFLINE").upper()
     mode = "ONLINE" if mode == "ONLINE" else "OFFLINE"  # MODE_UNSPECIFIED is OFFLINE
@@ -305,13 +394,16 @@ def parse_args(argv):
     parser.add_argument("--cost-per-hour", metavar="DOLLARS", type=parse_cost, default=DEFAULT_COST_PER_HOUR,
                         help="cost of one replica for an hour, for the cost per million output tokens "
                              "(default 2.5)")
+    parser.add_argument("--calibration", metavar="FILE",
+                        help="a step-cost file from `specula experiment calibrate` (default DIR/calibration.json "
+                             "if present): the capacity plan is then also simulated from it (`specula plan`)")
     return parser.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
     try:
-        path = write_report(args.dir, args.out, args.target_qps, args.cost_per_hour)
+        path = write_report(args.dir, args.out, args.target_qps, args.cost_per_hour, args.calibration)
     except results.ReportError as e:
         print(f"report: error: {e}", file=sys.stderr)
         return 2

@@ -35,8 +35,10 @@ void RequestStream::Push(RequestDelta d) {
   if (listener) listener();
 }
 
-EngineLoop::EngineLoop(Engine* engine, LoopHooks hooks)
-    : engine_(engine), hooks_(std::move(hooks)), thread_([this] { Run(); }) {}
+EngineLoop::EngineLoop(Engine* engine, LoopHooks hooks) : engine_(engine), hooks_(std::move(hooks)) {
+  engine_->HandOffThreads();  // the engine's forwards run on the loop's thread from now on
+  thread_ = std::thread([this] { Run(); });
+}
 
 EngineLoop::~EngineLoop() { Stop(); }
 

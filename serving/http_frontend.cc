@@ -1,5 +1,6 @@
 #include "serving/http_frontend.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -22,13 +23,15 @@ void SendError(HttpExchange& ex, const absl::Status& st) {
   ex.Respond(status, "application/json", ErrorJson(st, status));
 }
 
-// One call's answer. The generation's listener drains it on the engine loop's thread after each
-// delta (and once on the handler's thread if events were already waiting): each step turns events
-// into bytes and queues them to the connection, never waiting on the client.
+// One call's answer. The generation's listener (on the engine loop's thread, after each delta)
+// hands the drain to the HTTP handler pool, so that turning events into JSON and bytes overlaps the
+// next step instead of delaying it; the drain queues the bytes to the connection, never waiting on
+// the client.
 struct Reply {
   std::shared_ptr<HttpExchange> ex;
   std::unique_ptr<OpenAiResponder> responder;
   bool stream = false;
+  std::atomic<bool> drain_due{false};  // a drain is queued: later deltas ride on it
   std::mutex mu;                    // one drain at a time, so events leave in order
   std::shared_ptr<Generation> gen;  // guarded by mu; dropped once answered (it holds the listener
                                     // that holds this, and dropping it cancels what still runs)
@@ -90,7 +93,13 @@ void HttpFrontend::Impl::Handle(HttpRequest req, const std::shared_ptr<HttpExcha
     if (auto g = weak.lock()) g->Cancel();
   });
   if (parsed->stream) ex->StartStream(200, "text/event-stream");
-  gen->SetListener([reply] { reply->Drain(); });
+  gen->SetListener([reply] {
+    if (reply->drain_due.exchange(true)) return;
+    reply->ex->Defer([reply] {
+      reply->drain_due = false;  // before draining: a delta that comes during the drain queues another
+      reply->Drain();
+    });
+  });
 }
 
 std::vector<HttpRoute> HttpFrontend::Impl::Routes() {

@@ -83,8 +83,10 @@ class SessionBase : public std::enable_shared_from_this<SessionBase> {
 
 class ExchangeImpl final : public HttpExchange {
  public:
-  ExchangeImpl(std::shared_ptr<Gate> gate, std::weak_ptr<SessionBase> session, uint64_t request, bool keep_alive)
-      : gate_(std::move(gate)), session_(std::move(session)), request_(request), keep_alive_(keep_alive) {}
+  ExchangeImpl(std::shared_ptr<Gate> gate, std::weak_ptr<SessionBase> session, uint64_t request, bool keep_alive,
+               asio::thread_pool* workers)
+      : gate_(std::move(gate)), session_(std::move(session)), request_(request), keep_alive_(keep_alive),
+        workers_(workers) {}
 
   // A handler that never answered: the client still gets a response rather than a hung connection.
   ~ExchangeImpl() override {
@@ -142,6 +144,11 @@ class ExchangeImpl final : public HttpExchange {
 
   bool peer_gone() const override { return gone_; }
 
+  void Defer(std::function<void()> f) override {
+    std::lock_guard<std::mutex> g(gate_->mu);  // the pool is joined only after the gate closes
+    if (!gate_->stopped) asio::post(*workers_, std::move(f));
+  }
+
   // From the session's strand: the peer went away (or the connection broke) before the end.
   void PeerGone() {
     std::function<void()> f;
@@ -170,6 +177,7 @@ class ExchangeImpl final : public HttpExchange {
   const std::weak_ptr<SessionBase> session_;
   const uint64_t request_;  // the connection's request number: a late call never reaches the next request
   const bool keep_alive_;
+  asio::thread_pool* const workers_;  // the server's handler pool
   std::mutex mu_;
   State state_ = kNew;                 // guarded by mu_
   std::atomic<bool> gone_{false};      // written under mu_
@@ -407,7 +415,7 @@ class Session final : public SessionBase {
     close_after_ = !keep_alive;
     state_ = kPending;
     SetDeadline(Clock::time_point::max());  // the handler takes its time; the read watches for a close
-    auto ex = std::make_shared<ExchangeImpl>(core_->gate, weak_from_this(), request_, keep_alive);
+    auto ex = std::make_shared<ExchangeImpl>(core_->gate, weak_from_this(), request_, keep_alive, &*core_->workers);
     exchange_ = ex;
     const HttpHandler* handler = handler_;
     asio::post(*core_->workers, [handler, req = std::move(req), ex = std::move(ex)]() mutable {

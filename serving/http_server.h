@@ -57,6 +57,10 @@ class HttpExchange {
   // response ended: on an io thread, so keep it short; at once if that already happened.
   virtual void OnClose(std::function<void()> f) = 0;
   virtual bool peer_gone() const = 0;
+  // Runs `f` soon on the server's handler pool, never on the caller's thread: how a caller on a
+  // thread that must not wait (the engine loop) hands off work such as formatting a response.
+  // Dropped once the server stops.
+  virtual void Defer(std::function<void()> f) = 0;
 };
 
 using HttpHandler = std::function<void(HttpRequest, std::shared_ptr<HttpExchange>)>;

@@ -92,6 +92,15 @@ absl::StatusOr<ModelCost> ParseModel(const json& j, const std::string& where, st
                 absl::InvalidArgumentError(absl::StrCat(where, ": neither \"steps\" nor \"tables\" to fit step times to")));
   if (!samples.ok()) return samples.status();
   m.num_samples = static_cast<int32_t>(samples->size());
+  if (j.contains("steps") && j.contains("tables") && j["tables"].is_object()) {
+    for (const auto& [name, points] : j["tables"].items()) {  // the last table: one per file as written
+      std::vector<CostPoint> f;
+      for (const json& p : points) {
+        f.push_back({p.value("flops", 0.0), p.value("seconds", 0.0), p.value("tokens", 0)});
+      }
+      if (!f.empty()) m.forwards = f;
+    }
+  }
   std::string model = j.contains("identity") && j["identity"].is_object() ? j["identity"].value("model", "") : "";
   auto fitted = StepTimeModel::Fit(*samples, origin, absl::StrCat(where, model.empty() ? "" : " (", model, model.empty() ? "" : ")"));
   if (!fitted.ok()) return fitted.status();

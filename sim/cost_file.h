@@ -26,6 +26,9 @@ struct ModelCost {
   ForwardShape shape;
   StepTimeModel model;
   int32_t num_samples = 0;
+  // The cache's forward table (the largest batch's), when the file has one beside its steps: the
+  // adaptive controller's startup table, as the engine reads it from its cost cache.
+  std::optional<std::vector<CostPoint>> forwards;
 };
 
 struct StepCostFile {

@@ -91,9 +91,11 @@ absl::Status CostFromFlags(const Flags& f, SimSetup* s, std::optional<int32_t>* 
     if (!file.ok()) return absl::Status(file.status().code(), absl::StrCat("--cost: ", file.status().message()));
     r.target_shape = file->target.shape;
     r.target = file->target.model;
+    r.target_cost = file->target.forwards;
     if (file->draft) {
       r.draft_shape = file->draft->shape;
       r.draft = file->draft->model;
+      r.draft_cost = file->draft->forwards;
     }
     if (file->scheduler) {
       r.scheduler.num_blocks = file->scheduler->num_blocks;

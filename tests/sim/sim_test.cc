@@ -6,6 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "sim/fleet.h"
+#include "sim/cost_file.h"
 #include "sim/planner.h"
 #include "tests/test_util.h"
 
@@ -253,6 +254,49 @@ TEST(Plan, FindsTheCapacityAndTheCheapestFleet) {
   bool above_fails = false;
   for (const LoadPoint& p : c.curve) above_fails = above_fails || (p.rate > c.capacity && !p.meets);
   EXPECT_TRUE(above_fails);
+}
+
+}  // namespace
+}  // namespace specula
+
+namespace specula {
+namespace {
+
+// A calibration file (as `experiment calibrate` writes it) and a cache file read back; bad ones
+// are refused naming the file and the field.
+TEST(StepCostFile, ReadsCalibrationsAndCacheFilesAndNamesWhatIsWrong) {
+  const std::string dir = testing::MakeTempDir();
+  const std::string shape = ShapeJson(*NamedForwardShape("smollm2-135m"));
+  std::string steps = "[";
+  for (const StepSample& s : Grid()) {
+    steps += (steps.size() > 1 ? "," : "") + std::string("{\"seqs\":") + std::to_string(s.work.seqs) +
+             ",\"tokens\":" + std::to_string(s.work.tokens) + ",\"rows\":" + std::to_string(s.work.rows) +
+             ",\"positions\":" + std::to_string(s.work.positions) + ",\"seconds\":" + std::to_string(s.seconds) + "}";
+  }
+  steps += "]";
+  const std::string table = R"({"kv=bf16 batch=8 block=16": [{"tokens": 1, "flops": 1e8, "seconds": 0.002},
+                                                          {"tokens": 2, "flops": 2e8, "seconds": 0.0021}]})";
+  {
+    std::ofstream(dir + "/cal.json") << R"({"format": "specula.step_cost.v1", "shape": )" << shape << R"(, "steps": )"
+                                     << steps << R"(, "tables": )" << table
+                                     << R"(, "scheduler": {"num_blocks": 777, "max_model_len": 2048},
+                                        "draft": {"shape": )" << shape << R"(, "steps": )" << steps << "}}";
+    std::ofstream(dir + "/cache.json") << R"({"format": "specula.step_cost.v1", "tables": )" << table << "}";
+    std::ofstream(dir + "/old.json") << R"({"format": "specula.step_cost.v0", "tables": {}})";
+  }
+  auto cal = LoadStepCostFile(dir + "/cal.json");
+  ASSERT_TRUE(cal.ok()) << cal.status();
+  EXPECT_EQ(cal->target.model.origin(), CostOrigin::kCalibrated);
+  const StepWork w{8, 64, 8, 9000};
+  EXPECT_NEAR(cal->target.model.Seconds(w), Truth(w), 0.02 * Truth(w));
+  ASSERT_TRUE(cal->target.forwards.has_value());
+  EXPECT_EQ(cal->target.forwards->size(), 2u);
+  ASSERT_TRUE(cal->scheduler.has_value());
+  EXPECT_EQ(cal->scheduler->num_blocks, 777);
+  EXPECT_TRUE(cal->draft.has_value());
+  EXPECT_NE(LoadStepCostFile(dir + "/cache.json").status().message().find("no \"shape\""), std::string::npos);
+  EXPECT_TRUE(LoadStepCostFile(dir + "/cache.json", *NamedForwardShape("smollm2-135m")).ok());
+  EXPECT_NE(LoadStepCostFile(dir + "/old.json").status().message().find("old.json: \"format\""), std::string::npos);
 }
 
 }  // namespace

@@ -1,0 +1,117 @@
+"""`specula simulate`, `specula plan` and `specula experiment calibrate` as real processes: the same
+seed prints the same bytes, errors name their flag, a calibration feeds the simulator, a small
+ONLINE experiment is validated (CI's small validation: the prediction within a loose bound of what
+ran), and a plan writes its report with plots.
+
+Environment: SPECULA_BINARY, SPECULA_SOURCE_DIR, SPECULA_MODELS (as the serving tests).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+SOURCE = os.environ.get("SPECULA_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "../../..")))
+sys.path.insert(0, os.path.join(SOURCE, "tests/serving/python"))
+from serving_util import BINARY, TARGET, TOKENIZER  # noqa: E402
+
+ROOFLINE = ["--device", "h100", "--shape", "llama-3.1-8b", "--input-len", "256", "--output-len", "64"]
+
+
+def specula(*args, timeout=600):
+    return subprocess.run([BINARY, *args], capture_output=True, text=True, timeout=timeout)
+
+
+class SimulateCliTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="specula_sim_")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_same_seed_same_bytes_and_another_seed_differs(self):
+        args = ["simulate", *ROOFLINE, "--request-rate", "20", "--num-prompts", "400", "--spec-method", "draft",
+                "--draft-shape", "llama-3.2-1b", "--acceptance", "0.8,0.6", "--acceptance-spread", "10", "--json"]
+        a, b = specula(*args, "--seed", "3"), specula(*args, "--seed", "3")
+        self.assertEqual(a.returncode, 0, a.stderr)
+        self.assertEqual(a.stdout, b.stdout)
+        self.assertNotEqual(a.stdout, specula(*args, "--seed", "4").stdout)
+        out = json.loads(a.stdout)
+        self.assertEqual(out["cost"]["origin"], "roofline")
+        self.assertEqual(out["fleet"]["completed"], 400)
+        self.assertGreater(out["fleet"]["mean_k"], 0)
+
+    def test_errors_name_their_flag(self):
+        for args, message in [
+            (["simulate", "--request-rate", "1"], "--cost FILE, or by --device"),
+            (["simulate", *ROOFLINE, "--routing", "random"], "routing 'random'"),
+            (["simulate", *ROOFLINE, "--spec-method", "ngram"], "--spec-method needs --acceptance"),
+            (["simulate", "--device", "tpu", "--shape", "llama-3.1-8b"], "--device: unknown device 'tpu'"),
+            (["simulate", "--cost", "/nonexistent.json"], "--cost: /nonexistent.json: cannot open"),
+            (["plan", *ROOFLINE], "plan needs --qps"),
+        ]:
+            r = specula(*args)
+            self.assertEqual(r.returncode, 1, args)
+            self.assertIn(message, r.stderr, args)
+
+    def test_calibration_feeds_the_simulator_and_validates_an_online_run(self):
+        cost = os.path.join(self.tmp, "cost.json")
+        r = specula("experiment", "calibrate", "--model", TARGET, "--tokenizer", TOKENIZER, "--out", cost,
+                    "--batches", "1,4,16", "--contexts", "32,128", "--ks", "2", "--steps", "3", "--no-progress")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(cost) as f:
+            kinds = {s["kind"] for s in json.load(f)["steps"]}
+        self.assertEqual(kinds, {"prefill", "decode", "verify"})
+        sim = specula("simulate", "--cost", cost, "--request-rate", "50", "--num-prompts", "60", "--input-len", "32",
+                      "--output-len", "32", "--max-num-seqs", "16")
+        self.assertEqual(sim.returncode, 0, sim.stderr)
+        self.assertIn("step times: calibrated", sim.stdout)
+        # A small ONLINE experiment, replayed through the simulator.
+        spec = os.path.join(self.tmp, "online.textproto")
+        with open(spec, "w") as f:
+            f.write(f'name: "v"\nmodel {{ path: "{TARGET}" tokenizer: "{TOKENIZER}" }}\n'
+                    'workload { synthetic { input_len: 32 output_len: 32 } num_requests: 60 seed: 2 }\n'
+                    'mode: ONLINE\nsweep { max_num_seqs: [16] request_rate: [20, 60] }\nrecord_trace: true\n'
+                    'slo { ttft_ms: 1000 }\n')
+        out = os.path.join(self.tmp, "online")
+        r = specula("experiment", "run", spec, "--out", out, "--no-progress")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        v = specula("simulate", "--validate", out, "--cost", cost, "--json")
+        self.assertEqual(v.returncode, 0, v.stderr)
+        points = json.loads(v.stdout)["points"]
+        self.assertEqual(len(points), 2)
+        for p in points:
+            for key in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "output_tok_s", "goodput"):
+                self.assertIn(key, p["measured"])
+                self.assertIn(key, p["predicted"])
+            m, s = p["measured"]["output_tok_s"], p["predicted"]["output_tok_s"]
+            # Below capacity both follow the arrivals: a loose bound that a broken replay (lengths,
+            # arrivals or step times off by a factor) does not meet.
+            self.assertLess(abs(s - m) / m, 0.35, p)
+            self.assertEqual(p["predicted"]["completed"], 60)
+
+    def test_plan_writes_the_report_and_prefers_the_cheaper_fleet(self):
+        cands = os.path.join(self.tmp, "c.json")
+        with open(cands, "w") as f:
+            json.dump([{"name": "h100", "price_per_hour": 4.0,
+                        "flags": "--device h100 --shape llama-3.1-8b --max-num-seqs 128"},
+                       {"name": "h100-pricey", "price_per_hour": 40.0,
+                        "flags": "--device h100 --shape llama-3.1-8b --max-num-seqs 128"}], f)
+        out = os.path.join(self.tmp, "plan")
+        r = specula("plan", "--qps", "200,2000", "--candidates", cands, "--input-len", "256", "--output-len", "64",
+                    "--slo-ttft-p99-ms", "300", "--sim-duration-s", "20", "--out", out, "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        plan = json.loads(r.stdout)
+        self.assertEqual(plan["cheapest"], [0, 0])
+        a = plan["candidates"][0]["at"]
+        self.assertGreater(a[1]["replicas"], a[0]["replicas"])
+        self.assertIn("one replica simulated at its share", plan["note"])
+        self.assertIn("roofline", plan["candidates"][0]["source"])
+        for name in ("plan.json", "plan.md", "plan_p99_vs_load.png", "plan_replicas_vs_qps.png", "plan_cost_vs_slo.png"):
+            self.assertTrue(os.path.exists(os.path.join(out, name)), name)
+
+
+if __name__ == "__main__":
+    unittest.main()
