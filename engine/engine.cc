@@ -121,7 +121,7 @@ std::vector<RequestDelta> Engine::Step() {
     FailStep(plan, result.status());
     return outputs_.TakeDeltas();
   }
-  if (step_observer_) step_observer_(plan, *result);
+  if (step_observer_) step_observer_(plan, *result, start);
   if (speculation_ != nullptr) {
     ran->timing.seconds = clock_->NowSeconds() - start;
     speculation_->Observe(plan, candidates, *result, ran->timing);

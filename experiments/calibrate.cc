@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/clock.h"
 #include "core/dtype.h"
 #include "core/status_macros.h"
 #include "engine/engine.h"
@@ -76,12 +77,11 @@ absl::Status ProfileShape(LoadedEngine& e, SchedulerConfig sc, Shape shape, cons
   // On the loop's thread: each step's work and period, and the drafts' phases. `profiling` is set
   // between the warm-up and the profile, while the loop is idle.
   std::atomic<bool> profiling{false};
-  bool timing = false;  // a previous step's end to measure from
-  auto last = std::chrono::steady_clock::now();
+  double last = 0;  // the previous step's end (the engine's clock: the steady one)
   size_t phase = 0;
   int32_t in_phase = 0;
-  engine.set_step_observer([&](const StepPlan& p, const StepResult& result) {
-    const auto now = std::chrono::steady_clock::now();
+  engine.set_step_observer([&](const StepPlan& p, const StepResult& result, double start_s) {
+    const double now = DefaultClock()->NowSeconds();
     std::vector<int32_t> drafts(p.seqs.size(), 0);  // what RepeatProposer gave: the result's num_drafts
     for (size_t i = 0, o = 0; i < p.seqs.size(); ++i) {
       if (p.seqs[i].samples && o < result.outputs.size()) drafts[i] = result.outputs[o++].num_drafts;
@@ -89,15 +89,14 @@ absl::Status ProfileShape(LoadedEngine& e, SchedulerConfig sc, Shape shape, cons
     const StepWork w = PlanWork(p, drafts);
     const bool prefill = w.tokens > w.rows || std::any_of(p.seqs.begin(), p.seqs.end(), [](const ScheduledSeq& s) { return !s.samples; });
     const char* kind = prefill ? "prefill" : w.rows > w.seqs ? "verify" : "decode";
-    // Timed: every prefill step but the first (its period began before the requests came), and the
-    // decode steps of a phase but its first (drafts from the step before it).
+    // Timed: every step but a phase's first decode (drafts from the step before it); a step that
+    // began after the loop idled is timed from its start, not from the step before.
     if (!profiling) return;
     const bool first_of_phase = !prefill && in_phase++ == 0;
-    if (timing && !first_of_phase) {
+    if (!first_of_phase) {
       steps->push_back({{"seqs", w.seqs}, {"tokens", w.tokens}, {"rows", w.rows}, {"positions", w.positions},
-                        {"seconds", std::chrono::duration<double>(now - last).count()}, {"kind", kind}});
+                        {"seconds", now - std::max(last, start_s)}, {"kind", kind}});
     }
-    timing = true;
     last = now;
     if (!prefill && in_phase > decode_steps && phase + 1 < ks.size()) {
       proposer.k_ = ks[++phase];  // the next step drafts this many

@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <fstream>
+#include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -35,6 +37,25 @@ absl::StatusOr<ForwardShape> ParseShape(const json& j, const std::string& where)
   return s;
 }
 
+// Repeated steps of one shape (sequences, tokens, rows, and positions within a factor of 2) as one
+// sample: their median time at their mean positions. A served step's time has a long tail (the threads that wake for its deltas, the
+// machine's other work), which a least-squares fit of every step would carry into every prediction.
+std::vector<StepSample> Medians(const std::vector<StepSample>& samples) {
+  std::map<std::tuple<double, double, double, double>, std::vector<StepSample>> by_shape;
+  for (const StepSample& s : samples) {
+    by_shape[{s.work.seqs, s.work.tokens, s.work.rows, std::floor(std::log2(s.work.positions + 1))}].push_back(s);
+  }
+  std::vector<StepSample> out;
+  for (auto& [shape, v] : by_shape) {
+    std::sort(v.begin(), v.end(), [](const StepSample& a, const StepSample& b) { return a.seconds < b.seconds; });
+    StepSample m = v[v.size() / 2];
+    m.work.positions = 0;
+    for (const StepSample& s : v) m.work.positions += s.work.positions / v.size();
+    out.push_back(m);
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<StepSample>> ParseSteps(const json& steps, const std::string& where) {
   std::vector<StepSample> out;
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -49,7 +70,7 @@ absl::StatusOr<std::vector<StepSample>> ParseSteps(const json& steps, const std:
     }
     out.push_back(s);
   }
-  return out;
+  return Medians(out);
 }
 
 // A cache table ("kv=bf16 batch=8 block=16": forwards of n tokens over min(n, batch) sequences at

@@ -106,8 +106,14 @@ absl::StatusOr<StepTimeModel> StepTimeModel::Fit(const std::vector<StepSample>& 
         absl::StrCat(description, ": steps of at least 2 distinct token counts are needed to fit a step-time model, got ",
                      knots.size()));
   }
+  // Knots at powers of 2 across the measured range (not at every token count measured: a hinge at
+  // each of a hundred counts overfits, with bumps of 100x between close counts).
   StepTimeModel m;
-  m.knots_.assign(knots.begin(), knots.end());
+  for (double k = 1; k < *knots.rbegin(); k *= 2) {
+    if (k >= *knots.begin()) m.knots_.push_back(k);
+  }
+  m.knots_.push_back(*knots.rbegin());
+  if (m.knots_.size() < 2) m.knots_.insert(m.knots_.begin(), *knots.begin());
   m.origin_ = origin;
   m.description_ = std::move(description);
   std::vector<std::vector<double>> a;  // [samples][basis]

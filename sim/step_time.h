@@ -5,9 +5,9 @@
 //
 //   seconds = T(tokens) + a * rows + b * positions + c * seqs
 //
-// T is piecewise linear in the step's tokens, with a knot at each token count the samples have: a
-// step is bound by reading the weights at a few tokens and by arithmetic at many, and where it
-// turns depends on the machine. rows price the classifier and the host's work per logits row
+// T is piecewise linear in the step's tokens, with knots at the powers of 2 within the samples'
+// range: a step is bound by reading the weights at a few tokens and by arithmetic at many, and
+// where it turns depends on the machine. rows price the classifier and the host's work per logits row
 // (sampling, verification); positions price attention, which grows with the context, not the
 // tokens; seqs the per-sequence host work (block tables, outputs).
 #pragma once

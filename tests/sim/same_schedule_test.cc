@@ -75,7 +75,7 @@ TEST(SameSchedule, EngineAndSimulatorAgreeStepByStep) {
   StepPlan engine_plan;
   StepResult engine_result;
   bool stepped = false;
-  engine.set_step_observer([&](const StepPlan& p, const StepResult& r) {
+  engine.set_step_observer([&](const StepPlan& p, const StepResult& r, double) {
     engine_plan = p;
     engine_result = r;
     stepped = true;
