@@ -96,9 +96,8 @@ class Engine {
   double NowMs() const;
   // The calling thread hands the engine's steps to another thread from now on: it releases the
   // OpenMP worker threads it started (the forwards it ran: loading, warm-up, cost measurement). Left
-  // idle, they still count against the cores: libgomp then stops its workers spinning between
-  // parallel regions, and every region of every step waits on a futex wake (on 2 cores, an ONLINE
-  // run's steps took 2.6x their time, at 1.05 cores busy and 12,000 context switches a second).
+  // idle, they still count against the cores, so libgomp stops its workers spinning between
+  // parallel regions and every region of every step waits on a futex wake.
   void HandOffThreads();
   // Called in every step that ran, with its plan (k chosen), its result and when it began (the
   // clock's seconds), before the scheduler's update: how a test compares the engine's schedule with

@@ -36,6 +36,19 @@ def capacity_at(c, ttft_bound):
     return best
 
 
+def finish(fig, ax, path, xlabel, ylabel, title):
+    """Log-log axes, labels, legend; writes the PNG."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_load(plan, out):
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for c in plan["candidates"]:
@@ -43,15 +56,8 @@ def plot_load(plan, out):
         ax.plot(rates, [p["ttft_ms"]["p99"] for p in c["curve"]], marker="o", label=label(c))
     if plan["slo"]["ttft_p99_ms"] > 0:
         ax.axhline(plan["slo"]["ttft_p99_ms"], color="grey", linestyle="--", label="P99 TTFT bound")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("requests/s per replica")
-    ax.set_ylabel("P99 TTFT (ms)")
-    ax.set_title("P99 TTFT against load, one replica")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "plan_p99_vs_load.png"), dpi=110)
-    plt.close(fig)
+    finish(fig, ax, os.path.join(out, "plan_p99_vs_load.png"), "requests/s per replica", "P99 TTFT (ms)",
+           "P99 TTFT against load, one replica")
 
 
 def plot_replicas(plan, out):
@@ -64,15 +70,8 @@ def plot_replicas(plan, out):
         ax.plot(qs, [math.ceil(q / c["capacity_rps"]) for q in qs], label=label(c))
     for q in plan["qps"]:
         ax.axvline(q, color="grey", linestyle=":")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("target load (requests/s)")
-    ax.set_ylabel("replicas")
-    ax.set_title("Replicas against load")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "plan_replicas_vs_qps.png"), dpi=110)
-    plt.close(fig)
+    finish(fig, ax, os.path.join(out, "plan_replicas_vs_qps.png"), "target load (requests/s)", "replicas",
+           "Replicas against load")
 
 
 def plot_cost(plan, out):
@@ -87,15 +86,8 @@ def plot_cost(plan, out):
                 xs.append(b)
                 ys.append(c["price_per_hour"] / 3600 / (cap * tokens) * 1e6)
         ax.plot(xs, ys, marker=".", label=label(c))
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("P99 TTFT bound (ms)")
-    ax.set_ylabel("cost per million output tokens")
-    ax.set_title("Cost against the TTFT SLO (full replicas)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "plan_cost_vs_slo.png"), dpi=110)
-    plt.close(fig)
+    finish(fig, ax, os.path.join(out, "plan_cost_vs_slo.png"), "P99 TTFT bound (ms)", "cost per million output tokens",
+           "Cost against the TTFT SLO (full replicas)")
 
 
 def markdown(plan):

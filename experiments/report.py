@@ -238,10 +238,10 @@ def _binary():
                                                             "build", "release", "specula")
 
 
-def _acceptance(directory, key):
+def _acceptance(records, key):
     """A point's acceptance by position, averaged over its repeats (results.jsonl's raw lines)."""
     sums, n = [], 0
-    for r in results.load_results(os.path.join(directory, "results.jsonl")):
+    for r in records:
         per = (r.get("spec") or {}).get("acceptance_per_position") if r["key"] == key else None
         if per:
             sums = [a + b for a, b in zip(sums + [0.0] * (len(per) - len(sums)), per)]
@@ -252,6 +252,7 @@ def _acceptance(directory, key):
 def _candidates(directory, points, calibration, cost_per_hour):
     """One `specula plan` candidate per configuration (a point less its load), from the calibration."""
     seen, out = set(), []
+    records = results.load_results(os.path.join(directory, "results.jsonl"))
     for p in points:
         key = results.config_key(p, ("request_rate", "burstiness", "burst_factor", "burst_start_s", "burst_duration_s"))
         if key in seen or results.param(p, "max_num_seqs") is None:
@@ -261,7 +262,7 @@ def _candidates(directory, points, calibration, cost_per_hour):
         if results.param(p, "max_num_batched_tokens"):
             flags += f" --max-num-batched-tokens {results.param(p, 'max_num_batched_tokens')}"
         method, k = results.param(p, "spec_method"), results.param(p, "num_spec_tokens")
-        accept = _acceptance(directory, p["key"])
+        accept = _acceptance(records, p["key"])
         if method not in (None, "none") and accept:
             flags += f" --spec-method {method} --num-spec-tokens {'auto' if k == 0 else k} --acceptance "
             flags += ",".join(f"{a:.4f}" for a in accept)

@@ -126,7 +126,7 @@ std::vector<SpecCandidate> Replica::Candidates(const StepPlan& plan) {
   return c;
 }
 
-double Replica::DraftSeconds(const StepPlan& plan, absl::Span<const SpecCandidate> c) {
+double Replica::RunDraft(const StepPlan& plan, absl::Span<const SpecCandidate> c) {
   double seconds = 0;
   if (!config_.draft_shape) {
     for (const SpecCandidate& x : c) seconds += plan.seqs[x.plan_index].num_spec > 0 ? config_.propose_seconds_per_seq : 0;
@@ -195,7 +195,7 @@ std::optional<double> Replica::Begin(double now_s) {
   timing_.tokens = work.tokens;
   timing_.rows = work.rows;
   timing_.positions = work.positions;
-  timing_.propose_seconds = DraftSeconds(plan_, candidates_);
+  timing_.propose_seconds = RunDraft(plan_, candidates_);
   step_seconds_ = config_.target.Seconds(work) + timing_.propose_seconds;
   if (speculation_ != nullptr) {
     timing_.seconds = step_seconds_;

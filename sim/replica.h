@@ -108,7 +108,9 @@ class Replica {
   std::vector<TokenId> Prompt(const SimRequest& r);
   void AddPending();
   std::vector<SpecCandidate> Candidates(const StepPlan& plan);
-  double DraftSeconds(const StepPlan& plan, absl::Span<const SpecCandidate> c);
+  // The draft's forwards for the plan's chosen k (advancing each sequence's draft KV), or a proposer
+  // without a model's host time: the step's drafting seconds.
+  double RunDraft(const StepPlan& plan, absl::Span<const SpecCandidate> c);
   StepResult Draw(const StepPlan& plan, const std::vector<int32_t>& drafts);
   void Complete(RequestId id, double end_s);
 

@@ -216,7 +216,6 @@ absl::Status WorkloadFromFlags(const Flags& f, SimSetup* s) {
 
 absl::Status ReplicaFromFlags(const Flags& f, SimSetup* s, std::optional<int32_t> num_blocks) {
   SchedulerConfig& c = s->replica.scheduler;
-  c.max_model_len = f.values.count("cost") && num_blocks ? c.max_model_len : 4096;
   c.num_blocks = num_blocks.value_or(c.num_blocks);
   for (auto st : {Int(f, "max-num-seqs", &c.max_num_seqs, 1), Int(f, "max-num-batched-tokens", &c.max_num_batched_tokens, 1),
                   Int(f, "block-size", &c.block_size, 1), Int(f, "num-blocks", &c.num_blocks, 1),
@@ -240,6 +239,7 @@ absl::Status ReplicaFromFlags(const Flags& f, SimSetup* s, std::optional<int32_t
 
 absl::StatusOr<SimSetup> SimSetupFromFlags(const Flags& f) {
   SimSetup s;
+  s.replica.scheduler.max_model_len = 4096;  // unless a --cost file says its engine's
   std::optional<int32_t> num_blocks;
   if (auto st = Int(f, "block-size", &s.replica.scheduler.block_size, 1); !st.ok()) return st;
   if (auto st = CostFromFlags(f, &s, &num_blocks); !st.ok()) return st;

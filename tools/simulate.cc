@@ -35,7 +35,7 @@ the fleet and with --per-replica for each replica. Same flags and seed, same out
 
 json StatsJson(const Stats& s) { return {{"mean", s.mean}, {"p50", s.median}, {"p90", s.p90}, {"p99", s.p99}}; }
 
-void PrintTable(const SimSummary& s, const std::string& title) {
+void PrintTable(const SimSummary& s) {
   std::printf("%s\n", std::string(50, '=').c_str());
   std::printf("%-40s %d\n", "Requests", s.requests);
   std::printf("%-40s %d / %d\n", "Completed / refused", s.completed, s.refused);
@@ -53,7 +53,6 @@ void PrintTable(const SimSummary& s, const std::string& title) {
   std::printf("%-40s %lld\n", "Preemptions", static_cast<long long>(s.preemptions));
   std::printf("%-40s %lld (mean k %.2f)\n", "Steps", static_cast<long long>(s.steps), s.mean_k);
   std::printf("%s\n", std::string(50, '=').c_str());
-  (void)title;
 }
 
 absl::Status Simulate(const Flags& flags) {
@@ -82,11 +81,11 @@ absl::Status Simulate(const Flags& flags) {
   std::printf("[simulate] %s\n", setup.cost_source.c_str());
   std::printf("[simulate] %d replica(s), routing %s, speculation %s, %zu requests, %.1f s simulated\n", setup.replicas,
               RoutingName(setup.routing), setup.spec_label.c_str(), requests.size(), r.fleet.duration_s);
-  PrintTable(r.fleet, "fleet");
+  PrintTable(r.fleet);
   if (per_replica) {
     for (size_t i = 0; i < r.per_replica.size(); ++i) {
       std::printf("replica %zu\n", i);
-      PrintTable(r.per_replica[i], "replica");
+      PrintTable(r.per_replica[i]);
     }
   }
   return absl::OkStatus();

@@ -212,9 +212,16 @@ absl::Status RunValidate(const Flags& flags) {
     return absl::InvalidArgumentError(absl::StrCat(dir, ": an ONLINE experiment is needed (run.json says ", run.value("mode", "?"), ")"));
   }
   ASSIGN_OR_RETURN(auto points, ReadPoints(dir + "/results.jsonl"));
-  json out = {{"points", json::array()}};
+  // The flags' setup once (the cost file read and fitted once); each point starts from a copy.
+  ASSIGN_OR_RETURN(const SimSetup base, SimSetupFromFlags(flags));
+  json out = {{"points", json::array()},
+              {"cost", {{"origin", CostOriginName(base.replica.target.origin())},
+                        {"description", base.replica.target.description()}}}};
   for (const std::vector<json>& runs : points) {
-    ASSIGN_OR_RETURN(SimSetup setup, SimSetupFromFlags(flags));
+    SimSetup setup;
+    setup.replica = base.replica;
+    setup.acceptance = base.acceptance->Fresh();
+    setup.seed = base.seed;
     std::vector<SimRequest> requests;
     RETURN_IF_ERROR(Configure(run, runs, dir, flags.values.count("acceptance") > 0, &setup, &requests));
     FleetConfig fc;
@@ -224,7 +231,6 @@ absl::Status RunValidate(const Flags& flags) {
     json predicted = SimSummaryJson(r.fleet);
     predicted["goodput"] = r.fleet.goodput;
     out["points"].push_back({{"params", runs.front()["point"]}, {"measured", Measured(runs)}, {"predicted", predicted}});
-    out["cost"] = {{"origin", CostOriginName(setup.replica.target.origin())}, {"description", setup.replica.target.description()}};
   }
   if (flags.switches.count("json")) {
     std::cout << out.dump(1) << "\n";

@@ -52,6 +52,48 @@ std::string Describe(const StepPlan& p) {
   return s;
 }
 
+// The replica of the engine below: its scheduler and fixed cost tables, a step-time model of 1 ms +
+// 0.1 ms a token, and a draft at a fifth of that.
+ReplicaConfig ReplicaLike(const SchedulerConfig& sc, const SpecConfig& spec, const LlamaModel& target,
+                          const LlamaModel& draft) {
+  ReplicaConfig rc;
+  rc.scheduler = sc;
+  rc.speculate = rc.adaptive = true;
+  rc.target_shape = ShapeOf(target.config());
+  rc.draft_shape = ShapeOf(draft.config());
+  rc.target_cost = spec.target_cost;
+  rc.draft_cost = spec.draft_cost;
+  rc.refine_cost = false;
+  std::vector<StepSample> samples;
+  for (double t : {1.0, 8.0, 64.0}) samples.push_back({{1, t, 1, t}, 1e-3 + 1e-4 * t});
+  rc.target = *StepTimeModel::Fit(samples, CostOrigin::kCalibrated, "test");
+  rc.draft = rc.target;
+  rc.draft.Scale(0.2);
+  return rc;
+}
+
+// 24 requests at 400 req/s (several arrive during each step), 10-30 prompt and 20-60 output tokens.
+std::vector<SimRequest> Arrivals() {
+  SyntheticWorkload w;
+  w.arrivals.num_requests = 24;
+  w.arrivals.request_rate = 400;
+  w.arrivals.seed = 5;
+  w.prompt_len = 20;
+  w.output_len = 40;
+  w.len_spread = 0.5;
+  return MakeRequests(w);
+}
+
+// The engine's request for a simulated one: random prompt ids of its length, its output length.
+Request EngineRequest(const SimRequest& q, std::mt19937_64& rng) {
+  Request r;
+  r.id = q.id;
+  for (int32_t i = 0; i < q.prompt_len; ++i) r.prompt.push_back(1 + static_cast<TokenId>(rng() % 11));
+  r.max_tokens = q.output_len;
+  r.ignore_eos = true;
+  return r;
+}
+
 TEST(SameSchedule, EngineAndSimulatorAgreeStepByStep) {
   const auto [target_dir, draft_dir] = testing::WriteTinyPair();
   auto target = Load(target_dir), draft = Load(draft_dir);
@@ -82,44 +124,17 @@ TEST(SameSchedule, EngineAndSimulatorAgreeStepByStep) {
   });
 
   ReplayAcceptance acceptance;
-  ReplicaConfig rc;
-  rc.scheduler = sc;
-  rc.speculate = rc.adaptive = true;
-  rc.target_shape = ShapeOf(target->config());
-  rc.draft_shape = ShapeOf(draft->config());
-  rc.target_cost = spec.target_cost;
-  rc.draft_cost = spec.draft_cost;
-  rc.refine_cost = false;
-  std::vector<StepSample> samples;  // a step-time model: 1 ms + 0.1 ms a token
-  for (double t : {1.0, 8.0, 64.0}) samples.push_back({{1, t, 1, t}, 1e-3 + 1e-4 * t});
-  rc.target = *StepTimeModel::Fit(samples, CostOrigin::kCalibrated, "test");
-  rc.draft = rc.target;
-  rc.draft.Scale(0.2);
-  Replica replica(rc, &acceptance, 1);
+  Replica replica(ReplicaLike(sc, spec, *target, *draft), &acceptance, 1);
   replica.set_record_steps(true);
-
-  SyntheticWorkload w;
-  w.arrivals.num_requests = 24;
-  w.arrivals.request_rate = 400;  // several arrive during each step
-  w.arrivals.seed = 5;
-  w.prompt_len = 20;
-  w.output_len = 40;
-  w.len_spread = 0.5;
-  const std::vector<SimRequest> requests = MakeRequests(w);
+  const std::vector<SimRequest> requests = Arrivals();
   std::mt19937_64 rng(9);
   size_t next = 0;
   double now = 0;
   int steps = 0, preemptions = 0, drafted = 0, plain = 0;
   while (next < requests.size() || engine.HasUnfinished()) {
     for (; next < requests.size() && requests[next].arrival_s <= now; ++next) {
-      const SimRequest& q = requests[next];
-      Request r;
-      r.id = q.id;
-      for (int32_t i = 0; i < q.prompt_len; ++i) r.prompt.push_back(1 + static_cast<TokenId>(rng() % 11));
-      r.max_tokens = q.output_len;
-      r.ignore_eos = true;
-      ASSERT_TRUE(engine.AddRequest(r).ok());
-      ASSERT_EQ(replica.Submit(q, now), "");
+      ASSERT_TRUE(engine.AddRequest(EngineRequest(requests[next], rng)).ok());
+      ASSERT_EQ(replica.Submit(requests[next], now), "");
     }
     stepped = false;
     engine.Step();
