@@ -121,7 +121,6 @@ std::vector<RequestDelta> Engine::Step() {
     FailStep(plan, result.status());
     return outputs_.TakeDeltas();
   }
-  if (step_observer_) step_observer_(plan, *result, start);
   if (speculation_ != nullptr) {
     ran->timing.seconds = clock_->NowSeconds() - start;
     speculation_->Observe(plan, candidates, *result, ran->timing);
@@ -129,6 +128,7 @@ std::vector<RequestDelta> Engine::Step() {
     stats_.cost_measured_tokens = speculation_->measured_tokens();
   }
   Update(plan, *result, drafts);
+  if (step_observer_) step_observer_(plan, *result, start);
   return outputs_.TakeDeltas();
 }
 

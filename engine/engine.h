@@ -100,7 +100,7 @@ class Engine {
   // parallel regions and every region of every step waits on a futex wake.
   void HandOffThreads();
   // Called in every step that ran, with its plan (k chosen), its result and when it began (the
-  // clock's seconds), before the scheduler's update: how a test compares the engine's schedule with
+  // clock's seconds), after the scheduler's update: how a test compares the engine's schedule with
   // the simulator's (sim/replica.h), and how a calibration times served steps.
   using StepObserver = std::function<void(const StepPlan&, const StepResult&, double start_s)>;
   void set_step_observer(StepObserver f) { step_observer_ = std::move(f); }

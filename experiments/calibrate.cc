@@ -1,8 +1,12 @@
 #include "experiments/calibrate.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <chrono>
+#include <optional>
 #include <random>
+#include <string_view>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +14,8 @@
 #include "core/dtype.h"
 #include "core/status_macros.h"
 #include "engine/engine.h"
+#include "experiments/calibrate_load.h"
+#include "experiments/step_periods.h"
 #include "serving/server.h"
 #include "model/forward_cost.h"
 #include "sim/cost_file.h"
@@ -37,8 +43,10 @@ struct Shape {
 };
 
 // Sends `batch` requests of `context` random prompt tokens through the server, each consumed by a
-// thread of its own as an in-process client (or a front end) consumes its stream, and waits for them.
-void SendAndConsume(Server& server, Shape shape, int32_t vocab, int32_t max_tokens, uint32_t seed) {
+// thread of its own as an in-process client (or a front end) consumes its stream, and waits for
+// them. Once `stop` is set (the profile has its steps), the requests are cancelled.
+void SendAndConsume(Server& server, Shape shape, int32_t vocab, int32_t max_tokens, uint32_t seed,
+                    const std::atomic<bool>* stop = nullptr) {
   std::mt19937 rng(seed);
   std::vector<std::thread> clients;
   for (int32_t i = 0; i < shape.batch; ++i) {
@@ -49,9 +57,12 @@ void SendAndConsume(Server& server, Shape shape, int32_t vocab, int32_t max_toke
     r.seed = i;
     auto admitted = server.Submit(r);
     if (!admitted.ok()) continue;  // the engine's refusal shows as a shape without steps
-    clients.emplace_back([stream = admitted->stream] {
-      while (auto d = stream->Next(std::chrono::milliseconds(60000))) {
-        if (d->finished) break;
+    clients.emplace_back([&server, stop, stream = admitted->stream] {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(600);
+      while (std::chrono::steady_clock::now() < deadline) {
+        std::optional<RequestDelta> d = stream->Next(std::chrono::milliseconds(20));
+        if (d && d->finished) break;
+        if (!d && stop != nullptr && stop->load()) server.CancelAll();
       }
     });
   }
@@ -60,11 +71,12 @@ void SendAndConsume(Server& server, Shape shape, int32_t vocab, int32_t max_toke
 
 // One engine over `shape` behind the serving core (its loop thread, the streams and their
 // consumers: the host work and contention a served step has): the shape's prefill steps, then
-// decode_steps timed steps (after one untimed) with each number of drafts in `ks` (0 first: plain
-// decodes). A step's time is the period from the previous step's end to its own, so that it holds
-// everything between steps too. Appends {seqs, tokens, rows, positions, seconds, kind} per step.
+// timed steps (after one untimed) with each number of drafts in `ks` (0 first: plain decodes): at
+// least o.decode_steps and o.min_phase_s, at most o.max_phase_steps or what the context holds. A
+// step's time is its period as served (experiments/step_periods.h). Appends {seqs,
+// tokens, rows, positions, seconds, kind, "phase": "grid"} per step.
 absl::Status ProfileShape(LoadedEngine& e, SchedulerConfig sc, Shape shape, const std::vector<int32_t>& ks,
-                          int32_t decode_steps, json* steps) {
+                          const CalibrateOptions& o, json* steps) {
   RepeatProposer proposer;
   SpecConfig spec;
   const int32_t k_max = *std::max_element(ks.begin(), ks.end());
@@ -74,33 +86,36 @@ absl::Status ProfileShape(LoadedEngine& e, SchedulerConfig sc, Shape shape, cons
   sc.enable_prefix_caching = false;
   Engine engine(e.model.get(), e.tokenizer.get(), sc, spec);
   RETURN_IF_ERROR(engine.Validate());
+  const int32_t per_step = static_cast<int32_t>(ks.size()) * (k_max + 1);  // tokens a step of each phase adds
+  const int32_t most = std::max(o.decode_steps, std::min(o.max_phase_steps, (sc.max_model_len - shape.context - 4) / per_step - 1));
   // On the loop's thread: each step's work and period, and the drafts' phases. `profiling` is set
   // between the warm-up and the profile, while the loop is idle.
-  std::atomic<bool> profiling{false};
-  double last = 0;  // the previous step's end (the engine's clock: the steady one)
+  std::atomic<bool> profiling{false}, done{false};
   size_t phase = 0;
   int32_t in_phase = 0;
+  double phase_start = 0;
+  StepPeriods periods([&](const StepPeriods::Step& s, double seconds) {
+    steps->push_back({{"seqs", s.work.seqs}, {"tokens", s.work.tokens}, {"rows", s.work.rows},
+                      {"positions", s.work.positions}, {"seconds", seconds}, {"kind", s.kind}, {"phase", "grid"}});
+  });
   engine.set_step_observer([&](const StepPlan& p, const StepResult& result, double start_s) {
-    const double now = DefaultClock()->NowSeconds();
-    std::vector<int32_t> drafts(p.seqs.size(), 0);  // what RepeatProposer gave: the result's num_drafts
-    for (size_t i = 0, o = 0; i < p.seqs.size(); ++i) {
-      if (p.seqs[i].samples && o < result.outputs.size()) drafts[i] = result.outputs[o++].num_drafts;
-    }
-    const StepWork w = PlanWork(p, drafts);
-    const bool prefill = w.tokens > w.rows || std::any_of(p.seqs.begin(), p.seqs.end(), [](const ScheduledSeq& s) { return !s.samples; });
-    const char* kind = prefill ? "prefill" : w.rows > w.seqs ? "verify" : "decode";
-    // Timed: every step but a phase's first decode (drafts from the step before it); a step that
-    // began after the loop idled is timed from its start, not from the step before.
-    if (!profiling) return;
+    if (!profiling || done) return;
+    const StepWork w = RanWork(p, result);  // the drafts RepeatProposer gave
+    const char* kind = StepKind(p, w);
+    const bool prefill = kind == std::string_view("prefill");
+    // Timed: every step but a phase's first decode (drafts from the step before it).
     const bool first_of_phase = !prefill && in_phase++ == 0;
-    if (!first_of_phase) {
-      steps->push_back({{"seqs", w.seqs}, {"tokens", w.tokens}, {"rows", w.rows}, {"positions", w.positions},
-                        {"seconds", now - std::max(last, start_s)}, {"kind", kind}});
-    }
-    last = now;
-    if (!prefill && in_phase > decode_steps && phase + 1 < ks.size()) {
-      proposer.k_ = ks[++phase];  // the next step drafts this many
-      in_phase = 0;
+    const double now = DefaultClock()->NowSeconds();
+    periods.Add({w, kind, start_s, now, engine.HasUnfinished(), !first_of_phase});
+    if (first_of_phase) phase_start = now;
+    const bool enough = in_phase > o.decode_steps && (now - phase_start >= o.min_phase_s || in_phase > most);
+    if (!prefill && enough) {
+      if (phase + 1 == ks.size()) {
+        done = true;  // the last phase has its steps: the rest of the requests is cancelled
+      } else {
+        proposer.k_ = ks[++phase];  // the next step drafts this many
+        in_phase = 0;
+      }
     }
   });
   ServeOptions so;
@@ -113,9 +128,10 @@ absl::Status ProfileShape(LoadedEngine& e, SchedulerConfig sc, Shape shape, cons
   SendAndConsume(server, shape, vocab, 1, seed);
   server.WaitIdle(std::chrono::milliseconds(60000));
   profiling = true;
-  const int32_t max_tokens = static_cast<int32_t>(ks.size()) * (decode_steps + 1) * (k_max + 1) + 2;
-  SendAndConsume(server, shape, vocab, std::min(max_tokens, sc.max_model_len - shape.context - 1), seed + 1);
+  const int32_t max_tokens = per_step * (most + 1) + 2;
+  SendAndConsume(server, shape, vocab, std::min(max_tokens, sc.max_model_len - shape.context - 1), seed + 1, &done);
   server.WaitIdle(std::chrono::milliseconds(60000));
+  periods.Finish();
   return absl::OkStatus();
 }
 
@@ -130,7 +146,7 @@ absl::StatusOr<json> ProfileModel(LoadedEngine& e, const CalibrateOptions& o, bo
     for (int32_t b : o.batches) {
       const int32_t needed = c + static_cast<int32_t>(ks.size()) * (o.decode_steps + 1) * (k_max + 1) + 4;
       if (needed <= sc.max_model_len && int64_t{b} * c <= o.max_shape_tokens) {
-        auto st = ProfileShape(e, sc, {b, c}, ks, o.decode_steps, &steps);
+        auto st = ProfileShape(e, sc, {b, c}, ks, o, &steps);
         if (!st.ok()) return absl::Status(st.code(), absl::StrCat("batch ", b, ", context ", c, ": ", st.message()));
       }
       if (o.progress) o.progress(++*done, total);
@@ -151,14 +167,58 @@ absl::StatusOr<json> ProfileModel(LoadedEngine& e, const CalibrateOptions& o, bo
   return out;
 }
 
+// The median decode step of the grid's batch nearest `batch` (by ratio): what sets a load's rate.
+double DecodeSeconds(const json& steps, int32_t batch) {
+  double best = INFINITY, seqs = 0;
+  for (const json& s : steps) {
+    const double d = std::abs(std::log(s["seqs"].get<double>() / batch));
+    if (s["kind"] == "decode" && d < best) best = d, seqs = s["seqs"].get<double>();
+  }
+  std::vector<double> t;
+  for (const json& s : steps) {
+    if (s["kind"] == "decode" && s["seqs"].get<double>() == seqs) t.push_back(s["seconds"].get<double>());
+  }
+  if (t.empty()) return 0.01;
+  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+  return t[t.size() / 2];
+}
+
+// The grid's median prefill time per prompt token.
+double PrefillTokenSeconds(const json& steps) {
+  std::vector<double> t;
+  for (const json& s : steps) {
+    const double prompt = s["tokens"].get<double>() - s["rows"].get<double>();
+    if (s["kind"] == "prefill" && prompt > 0) t.push_back(s["seconds"].get<double>() / prompt);
+  }
+  if (t.empty()) return 0;
+  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+  return t[t.size() / 2];
+}
+
 }  // namespace
 
 absl::StatusOr<json> Calibrate(LoadedEngine& e, const CalibrateOptions& o) {
   const bool draft = e.options.speculation.method == "draft";
   const int32_t per_model = static_cast<int32_t>(o.contexts.size() * o.batches.size());
   int32_t done = 0;
-  const int32_t total = per_model * (draft ? 2 : 1);
+  const int32_t total = per_model * (draft ? 2 : 1) + static_cast<int32_t>(o.load_concurrency.size());
   ASSIGN_OR_RETURN(json out, ProfileModel(e, o, true, &done, total));
+  ASSIGN_OR_RETURN(SchedulerConfig sc, BatchSchedulerConfig(e));
+  for (size_t i = 0; i < o.load_concurrency.size(); ++i) {
+    LoadProfile lp;
+    lp.concurrency = o.load_concurrency[i];
+    lp.requests = o.load_requests;
+    lp.max_prompt_len = *std::max_element(o.contexts.begin(), o.contexts.end());
+    lp.decode_step_s = DecodeSeconds(out["steps"], lp.concurrency);
+    lp.prefill_token_s = PrefillTokenSeconds(out["steps"]);
+    lp.min_seconds = o.min_load_s;
+    lp.seed = static_cast<uint32_t>(i + 1);
+    auto st = ProfileLoad(e, sc, lp, &out["steps"]);
+    if (!st.ok()) return absl::Status(st.code(), absl::StrCat("served load at ", lp.concurrency, " in flight: ", st.message()));
+    if (o.progress) o.progress(++done, total);
+  }
+  ASSIGN_OR_RETURN(const double overhead, MeasureRequestOverhead(e, sc));
+  out["request_overhead_s"] = overhead;
   if (draft) {
     EngineOptions d = e.options;
     d.target.model = e.options.speculation.draft_model;

@@ -2,10 +2,12 @@
 // simulator. Served steps are timed over a grid of batch sizes, contexts and tokens per sequence:
 // prefill chunks, plain decode steps, and verification steps of k drafts each (drafts that are
 // simply the last token, so that verification does its full work). Each runs behind the serving
-// core with a consumer thread per stream, as a served request has, and a step's time is the period
-// from one step's end to the next: the forward, the host work around it (scheduling, sampling or
-// verification, outputs, the streams) and the threads that wake for each delta, which on a small
-// machine take cores from the forward. With a draft model, its own steps are profiled the same way.
+// core with a consumer thread per stream, as a served request has, and a step's time is its period
+// from its start to the next step's start (experiments/step_periods.h): the forward, the host work
+// around it (scheduling, sampling or verification, outputs, the streams) and the threads that wake
+// for each delta, which on a small machine take cores from the forward. Then served traffic at a few
+// levels of requests in flight (experiments/calibrate_load.h): the mixed batches serving has. With
+// a draft model, its own steps are profiled on the grid too.
 // The result is a step-cost file (sim/cost_file.h) that `specula simulate --cost` and `specula plan
 // --cost` read, with the forward table adaptive speculation's cost cache holds.
 #pragma once
@@ -24,8 +26,17 @@ struct CalibrateOptions {
   std::vector<int32_t> batches = {1, 2, 4, 8, 16, 32};
   std::vector<int32_t> contexts = {32, 256, 1024};
   std::vector<int32_t> ks = {1, 2, 4};  // drafts per sequence of the verification steps
-  int32_t decode_steps = 6;             // timed steps per shape (after one untimed)
+  // Timed steps per shape and k (after one untimed): at least decode_steps and min_phase_s (steps of
+  // a small model take 0.1 ms: a few of them are noise), at most max_phase_steps.
+  int32_t decode_steps = 6;
+  double min_phase_s = 0.25;
+  int32_t max_phase_steps = 64;
   int64_t max_shape_tokens = 16384;     // a shape's batch x context at most
+  // Served traffic after the grid (experiments/calibrate_load.h): the requests in flight of each
+  // level (empty: none), and the requests sent at each.
+  std::vector<int32_t> load_concurrency = {2, 6, 12};
+  int32_t load_requests = 48;  // at least; more where the level's rate sends them in under min_load_s
+  double min_load_s = 3.0;
   std::function<void(int32_t done, int32_t total)> progress;
 };
 

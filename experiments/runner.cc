@@ -16,6 +16,9 @@
 #include "engine/run.h"
 #include "serving/load_gen.h"
 #include "serving/server.h"
+#include "experiments/in_process_client.h"
+#include "experiments/step_periods.h"
+#include "sim/step_time.h"
 
 namespace specula::experiments {
 namespace {
@@ -217,88 +220,6 @@ absl::StatusOr<nlohmann::json> RunOffline(LoadedEngine& e, const SchedulerConfig
   return Measurements(Summarize(run, SpecSlo(spec.slo())), n, &stats, spec_cfg.adaptive, peak, preemptions, &tokens);
 }
 
-// A load client that submits straight to the serving core (no sockets), for online runs in process.
-class InProcessClient : public LoadClient {
- public:
-  InProcessClient(Server* server, const std::vector<LoadRequest>* requests, double temperature, uint64_t seed)
-      : server_(server), requests_(requests), temperature_(temperature), seed_(seed), tokens_(requests->size()) {
-    info_.model = "in-process";
-  }
-  const ServerInfo& info() const override { return info_; }
-
-  RequestResult Send(const LoadRequest& request) override {
-    using Clock = std::chrono::steady_clock;
-    const size_t index = &request - requests_->data();  // RunLoad passes the dataset's own elements
-    RequestResult out;
-    const auto sent = Clock::now();
-    auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - sent).count(); };
-    ServeRequest r;
-    r.prompt = request.prompt;
-    r.prompt_token_ids = request.prompt_token_ids;
-    r.sampling.temperature = static_cast<float>(temperature_);
-    r.seed = seed_ + index;
-    r.max_tokens = request.max_tokens;
-    r.ignore_eos = request.ignore_eos;
-    auto admitted = server_->Submit(r);
-    if (!admitted.ok()) {
-      out.outcome = absl::IsResourceExhausted(admitted.status()) ? Outcome::kRejected : Outcome::kFailed;
-      out.error = std::string(admitted.status().message());
-      out.e2e_s = seconds();
-      return out;
-    }
-    out.prompt_tokens = admitted->prompt_tokens;
-    std::vector<TokenId> tokens;
-    double last = 0;
-    for (;;) {
-      std::optional<RequestDelta> d = admitted->stream->Next(std::chrono::milliseconds(60000));
-      if (!d) {
-        out.error = "no output for 60 s";
-        out.e2e_s = seconds();
-        return out;
-      }
-      if (!d->tokens.empty()) {
-        const double now = seconds();
-        if (tokens.empty()) {
-          out.ttft_s = now;
-        } else {
-          out.itl_s.push_back(now - last);
-        }
-        last = now;
-        tokens.insert(tokens.end(), d->tokens.begin(), d->tokens.end());
-      }
-      if (d->finished) {
-        out.e2e_s = seconds();
-        if (!d->error.ok()) {
-          out.error = std::string(d->error.message());
-        } else if (!d->final.error.empty()) {
-          out.error = d->final.error;
-        } else {
-          out.outcome = Outcome::kOk;
-        }
-        break;
-      }
-    }
-    out.output_tokens = static_cast<int32_t>(tokens.size());
-    std::lock_guard<std::mutex> lock(mu_);
-    tokens_[index] = std::move(tokens);
-    return out;
-  }
-
-  std::vector<std::vector<TokenId>> tokens() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return tokens_;
-  }
-
- private:
-  Server* server_;
-  const std::vector<LoadRequest>* requests_;
-  const double temperature_;
-  const uint64_t seed_;
-  ServerInfo info_;
-  std::mutex mu_;
-  std::vector<std::vector<TokenId>> tokens_;  // [requests], guarded by mu_
-};
-
 ArrivalOptions Arrivals(const v1::Workload& w, const Point& p) {
   ArrivalOptions a;
   a.num_requests = w.num_requests();
@@ -336,6 +257,32 @@ absl::Status MaybeWriteTrace(const RunHooks& hooks, const RunResult& run, const 
   return hooks.trace_path.empty() ? absl::OkStatus() : WriteWhole(hooks.trace_path, TraceJsonl(run, requests));
 }
 
+// An online run's steps as the engine ran them (record_trace): one JSON line each, {"start_s" (from
+// `zero`), "seconds" (its period, experiments/step_periods.h), "kind", "seqs", "tokens", "rows",
+// "positions"}. Filled on the loop's thread; read once the server is gone.
+struct StepLog {
+  double zero = 0;
+  std::string lines;
+  StepPeriods periods{[this](const StepPeriods::Step& s, double seconds) {
+    nlohmann::ordered_json j = {{"start_s", s.start_s - zero}, {"seconds", seconds}, {"kind", s.kind},
+                                {"seqs", s.work.seqs}, {"tokens", s.work.tokens}, {"rows", s.work.rows},
+                                {"positions", s.work.positions}};
+    lines += j.dump() + "\n";
+  }};
+  void Attach(Engine& engine) {
+    engine.set_step_observer([this, &engine](const StepPlan& p, const StepResult& result, double start_s) {
+      const StepWork w = RanWork(p, result);
+      periods.Add({w, StepKind(p, w), start_s, DefaultClock()->NowSeconds(), engine.HasUnfinished()});
+    });
+  }
+};
+
+std::string StepsPath(const std::string& trace_path) {
+  const std::string ext = ".jsonl";
+  const bool has = trace_path.size() > ext.size() && trace_path.compare(trace_path.size() - ext.size(), ext.size(), ext) == 0;
+  return (has ? trace_path.substr(0, trace_path.size() - ext.size()) : trace_path) + ".steps.jsonl";
+}
+
 // Online in process: the serving core over the point's engine, loaded by the load generator.
 absl::StatusOr<nlohmann::json> RunOnline(LoadedEngine& e, const SchedulerConfig& sc, const SpecConfig& spec_cfg,
                                          const std::vector<LoadRequest>& requests, const Experiment& spec,
@@ -356,6 +303,8 @@ absl::StatusOr<nlohmann::json> RunOnline(LoadedEngine& e, const SchedulerConfig&
   RunResult run;
   EngineSnapshot snap;
   std::vector<std::vector<TokenId>> tokens;
+  StepLog steps;
+  if (!hooks.trace_path.empty()) steps.Attach(engine);
   {
     Server server(&engine, e.tokenizer.get(), e.model->config(), so);
     InProcessClient client(&server, &requests, p.temperature, w.seed());
@@ -372,6 +321,7 @@ absl::StatusOr<nlohmann::json> RunOnline(LoadedEngine& e, const SchedulerConfig&
     });
     RunOptions ro;
     ro.on_progress = hooks.on_progress;
+    steps.zero = DefaultClock()->NowSeconds();
     run = RunLoad(client, requests, ArrivalTimes(Arrivals(w, p)), ro);
     finished = true;
     watcher.join();
@@ -383,6 +333,8 @@ absl::StatusOr<nlohmann::json> RunOnline(LoadedEngine& e, const SchedulerConfig&
   const double peak = snap.kv_blocks_total ? static_cast<double>(snap.kv_blocks_peak) / snap.kv_blocks_total : 0.0;
   const EngineStats stats = Since(warm, snap.stats);
   RETURN_IF_ERROR(MaybeWriteTrace(hooks, run, requests));
+  steps.periods.Finish();
+  if (!hooks.trace_path.empty()) RETURN_IF_ERROR(WriteWhole(StepsPath(hooks.trace_path), steps.lines));
   return Measurements(Summarize(run, SpecSlo(spec.slo())), w.num_requests(), &stats, spec_cfg.adaptive, peak,
                       snap.num_preemptions - warm_preemptions, &tokens);
 }

@@ -38,8 +38,9 @@ absl::StatusOr<ForwardShape> ParseShape(const json& j, const std::string& where)
 }
 
 // Repeated steps of one shape (sequences, tokens, rows, and positions within a factor of 2) as one
-// sample: their median time at their mean positions. A served step's time has a long tail (the threads that wake for its deltas, the
-// machine's other work), which a least-squares fit of every step would carry into every prediction.
+// sample: their median time at their mean positions. A served step's time has a long tail (the
+// threads that wake for its deltas, the machine's other work): the fit is of the medians, and the
+// tail is the model's jitter (StepTimeModel::SetJitter), drawn step by step.
 std::vector<StepSample> Medians(const std::vector<StepSample>& samples) {
   std::map<std::tuple<double, double, double, double>, std::vector<StepSample>> by_shape;
   for (const StepSample& s : samples) {
@@ -70,7 +71,7 @@ absl::StatusOr<std::vector<StepSample>> ParseSteps(const json& steps, const std:
     }
     out.push_back(s);
   }
-  return Medians(out);
+  return out;
 }
 
 // A cache table ("kv=bf16 batch=8 block=16": forwards of n tokens over min(n, batch) sequences at
@@ -105,8 +106,9 @@ absl::StatusOr<ModelCost> ParseModel(const json& j, const std::string& where, st
   } else {
     return absl::InvalidArgumentError(absl::StrCat(where, ": no \"shape\" (a step-cost cache file: give the model's shape)"));
   }
+  const bool steps = j.contains("steps") && j["steps"].is_array();
   absl::StatusOr<std::vector<StepSample>> samples =
-      j.contains("steps") && j["steps"].is_array() ? ParseSteps(j["steps"], where)
+      steps ? ParseSteps(j["steps"], where)
       : j.contains("tables") && j["tables"].is_object()
           ? TableSteps(j["tables"], where)
           : absl::StatusOr<std::vector<StepSample>>(
@@ -123,9 +125,14 @@ absl::StatusOr<ModelCost> ParseModel(const json& j, const std::string& where, st
     }
   }
   std::string model = j.contains("identity") && j["identity"].is_object() ? j["identity"].value("model", "") : "";
-  auto fitted = StepTimeModel::Fit(*samples, origin, absl::StrCat(where, model.empty() ? "" : " (", model, model.empty() ? "" : ")"));
+  auto fitted = StepTimeModel::Fit(steps ? Medians(*samples) : *samples, origin, absl::StrCat(where, model.empty() ? "" : " (", model, model.empty() ? "" : ")"));
   if (!fitted.ok()) return fitted.status();
   m.model = *std::move(fitted);
+  if (steps) {  // every measured step over the fit of the medians: how steps of one shape vary
+    std::vector<double> ratios;
+    for (const StepSample& x : *samples) ratios.push_back(x.seconds / m.model.Seconds(x.work));
+    m.model.SetJitter(std::move(ratios));
+  }
   return m;
 }
 
@@ -163,6 +170,12 @@ absl::StatusOr<StepCostFile> LoadStepCostFile(const std::string& path, std::opti
     c.num_blocks = s.value("num_blocks", c.num_blocks);
     c.max_model_len = s.value("max_model_len", c.max_model_len);
     f.scheduler = c;
+  }
+  if (j.contains("request_overhead_s")) {
+    if (!j["request_overhead_s"].is_number() || j["request_overhead_s"].get<double>() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": \"request_overhead_s\" is not a number >= 0"));
+    }
+    f.request_overhead_s = j["request_overhead_s"].get<double>();
   }
   f.description = f.target.model.description();
   return f;

@@ -3,13 +3,15 @@
 //
 //   {"format": "specula.step_cost.v1", "identity": {...}, "tables": {...},      the cache's part
 //    "shape": {"dim": ..., ...},                                                 the model's shape
-//    "steps": [{"seqs", "tokens", "rows", "positions", "seconds", "kind"}],     whole engine steps
+//    "steps": [{"seqs", "tokens", "rows", "positions", "seconds", "kind"[, "phase"]}], whole engine steps
 //    "scheduler": {"max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks", "max_model_len"},
+//    "request_overhead_s": ...,                                                  outside the steps
 //    "draft": {"identity", "shape", "steps"}}                                    a draft model's, if any
 //
 // `specula experiment calibrate` writes "steps" (measured whole steps, host work included); a
 // cache file has only "tables" (forwards of 1, 2, 4, ... tokens over up to `batch` sequences at a
-// short context), which are read as steps of that shape. Either fits a StepTimeModel.
+// short context), which are read as steps of that shape. Either fits a StepTimeModel: steps by the
+// medians of each shape, with every step's time over the fit as the model's jitter.
 #pragma once
 
 #include <optional>
@@ -35,6 +37,7 @@ struct StepCostFile {
   ModelCost target;
   std::optional<ModelCost> draft;
   std::optional<SchedulerConfig> scheduler;  // the calibration engine's (num_blocks sized for its machine)
+  double request_overhead_s = 0;              // a request's time outside the steps (ReplicaConfig's)
   std::string description;                   // path, identity's model and cpu
 };
 

@@ -36,7 +36,8 @@ MeasureCostFn SimulatedMeter(const StepTimeModel* model, ForwardShape shape, Clo
 }  // namespace
 
 Replica::Replica(ReplicaConfig config, AcceptanceModel* acceptance, uint64_t seed)
-    : config_(std::move(config)), acceptance_(acceptance), rng_(seed), scheduler_(config_.scheduler),
+    : config_(std::move(config)), acceptance_(acceptance), rng_(seed), jitter_rng_(seed ^ 0x6a09e667f3bcc909ull),
+      scheduler_(config_.scheduler),
       admission_(config_.admission) {
   if (!config_.speculate) scheduler_.StopSpeculation();
   k_histogram_.assign(std::max(scheduler_.config().num_spec_tokens, 0) + 1, 0);
@@ -196,7 +197,7 @@ std::optional<double> Replica::Begin(double now_s) {
   timing_.rows = work.rows;
   timing_.positions = work.positions;
   timing_.propose_seconds = RunDraft(plan_, candidates_);
-  step_seconds_ = config_.target.Seconds(work) + timing_.propose_seconds;
+  step_seconds_ = config_.target.Draw(work, jitter_rng_) + timing_.propose_seconds;
   if (speculation_ != nullptr) {
     timing_.seconds = step_seconds_;
     const double before = clock_.NowSeconds();
@@ -218,12 +219,12 @@ void Replica::End(double end_s) {
     const int32_t kept = st->num_generated() - rec.output_tokens;
     if (kept <= 0) continue;
     if (rec.first_token_s < 0) {
-      rec.first_token_s = end_s;
+      rec.first_token_s = end_s + config_.request_overhead_s;
       no_token_yet_.erase(no_token_yet_.find(rec.request.arrival_s));
       admission_.ObserveTtft(end_s, 1000.0 * (end_s - rec.request.arrival_s));
     }
     rec.output_tokens += kept;
-    rec.message_s.push_back(end_s);
+    rec.message_s.push_back(end_s + config_.request_overhead_s);
   }
   for (const ScheduledSeq& s : plan_.seqs) {  // the draft's rollback to the target's KV
     const SequenceState* st = scheduler_.Get(s.id);
@@ -245,7 +246,7 @@ void Replica::End(double end_s) {
 void Replica::Complete(RequestId id, double end_s) {
   const SequenceState* st = scheduler_.Get(id);
   RequestRecord& rec = records_[seqs_.at(id).record];
-  rec.finish_s = end_s;
+  rec.finish_s = end_s + config_.request_overhead_s;
   rec.preemptions = st != nullptr ? st->num_preemptions : 0;
   if (rec.first_token_s < 0) no_token_yet_.erase(no_token_yet_.find(rec.request.arrival_s));
   if (speculation_ != nullptr) speculation_->Forget(id);

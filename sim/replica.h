@@ -52,13 +52,16 @@ struct ReplicaConfig {
   // times refine them (fixed tables make the engine's choices reproducible, for comparing them).
   std::optional<std::vector<CostPoint>> target_cost, draft_cost;
   bool refine_cost = true;
+  // A request's time outside the steps (waking the idle loop, adding it, delivering its tokens to
+  // the client): its tokens are seen this long after their step ends.
+  double request_overhead_s = 0;
 };
 
 // What happened to one request, in the simulation's seconds.
 struct RequestRecord {
   SimRequest request;
   std::string refused;        // admission's reason; empty if admitted
-  double first_token_s = -1;  // -1: none yet
+  double first_token_s = -1;  // -1: none yet (as the client sees it: request_overhead_s after the step)
   double finish_s = -1;
   int32_t output_tokens = 0;
   std::vector<double> message_s;  // when each step that gave it tokens ended (its streamed messages)
@@ -117,6 +120,7 @@ class Replica {
   ReplicaConfig config_;
   AcceptanceModel* acceptance_;
   std::mt19937_64 rng_;
+  std::mt19937_64 jitter_rng_;  // step-time variation (its own stream: the acceptance draws stay the same)
   ManualClock clock_;  // adaptive speculation's: advanced by the time its measurements take
   Scheduler scheduler_;
   Admission admission_;

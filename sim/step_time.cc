@@ -76,6 +76,19 @@ StepWork PlanWork(const StepPlan& plan, const std::vector<int32_t>& drafts) {
   return w;
 }
 
+StepWork RanWork(const StepPlan& plan, const StepResult& result) {
+  std::vector<int32_t> drafts(plan.seqs.size(), 0);  // [plan]
+  for (size_t i = 0, o = 0; i < plan.seqs.size(); ++i) {
+    if (plan.seqs[i].samples && o < result.outputs.size()) drafts[i] = result.outputs[o++].num_drafts;
+  }
+  return PlanWork(plan, drafts);
+}
+
+const char* StepKind(const StepPlan& plan, const StepWork& w) {
+  const bool chunk = std::any_of(plan.seqs.begin(), plan.seqs.end(), [](const ScheduledSeq& s) { return !s.samples; });
+  return chunk || w.tokens > w.rows ? "prefill" : w.rows > w.seqs ? "verify" : "decode";
+}
+
 const char* CostOriginName(CostOrigin o) {
   switch (o) {
     case CostOrigin::kMeasured: return "measured";
@@ -118,9 +131,13 @@ absl::StatusOr<StepTimeModel> StepTimeModel::Fit(const std::vector<StepSample>& 
   m.description_ = std::move(description);
   std::vector<std::vector<double>> a;  // [samples][basis]
   std::vector<double> b;               // [samples]
+  // Relative errors are what a prediction is judged by: each sample weighted by 1 / its time, so
+  // that a 10 ms decode counts as much as a 1 s prefill.
   for (const StepSample& s : samples) {
-    a.push_back(Basis(m.knots_, s.work));
-    b.push_back(s.seconds);
+    std::vector<double> x = Basis(m.knots_, s.work);
+    for (double& v : x) v /= s.seconds;
+    a.push_back(std::move(x));
+    b.push_back(1.0);
   }
   m.coef_ = LeastSquares(a, b);
   return m;
@@ -138,6 +155,28 @@ double StepTimeModel::Seconds(const StepWork& w) const {
   double t = 0;
   for (size_t i = 0; i < x.size(); ++i) t += coef_[i] * x[i];
   return scale_ * std::max(t, 1e-6);
+}
+
+double StepTimeModel::Draw(const StepWork& w, std::mt19937_64& rng) const {
+  const double t = Seconds(w);
+  if (jitter_.empty()) return t;
+  return t * jitter_[std::uniform_int_distribution<size_t>(0, jitter_.size() - 1)(rng)];
+}
+
+void StepTimeModel::SetJitter(std::vector<double> ratios) {
+  jitter_.clear();
+  ratios.erase(std::remove_if(ratios.begin(), ratios.end(), [](double r) { return !std::isfinite(r) || r <= 0; }),
+               ratios.end());
+  if (ratios.empty()) return;
+  std::sort(ratios.begin(), ratios.end());
+  for (size_t i = 0; i < kJitterQuantiles; ++i) {
+    jitter_.push_back(ratios[(2 * i + 1) * ratios.size() / (2 * kJitterQuantiles)]);
+  }
+  // The spread only: the fit stays the mean (a calibration's steps run slower than served ones by
+  // about their tail, docs/simulator.md).
+  double mean = 0;
+  for (double r : jitter_) mean += r / jitter_.size();
+  for (double& r : jitter_) r /= mean;
 }
 
 absl::StatusOr<DeviceSpec> NamedDevice(const std::string& name) {

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,11 @@ struct StepWork {
 // drafts a sequence actually carried where a proposer gave fewer than the plan's slots ([seqs];
 // empty: the plan's num_spec).
 StepWork PlanWork(const StepPlan& plan, const std::vector<int32_t>& drafts = {});
+// The work of a step the engine ran: PlanWork with the drafts each sampling sequence's output says
+// it verified.
+StepWork RanWork(const StepPlan& plan, const StepResult& result);
+// "prefill" (a step with a prompt chunk), "verify" (drafts verified) or "decode".
+const char* StepKind(const StepPlan& plan, const StepWork& w);
 
 enum class CostOrigin { kMeasured, kCalibrated, kRoofline };
 // "measured" (tables measured on that hardware), "calibrated" (a profile measured here by
@@ -55,6 +61,14 @@ class StepTimeModel {
   StepTimeModel() = default;
 
   double Seconds(const StepWork& w) const;
+  // A step's time with the variation steps of one shape show (the measured times over the fit's, as
+  // quantiles: the host's other threads, the cache, the clock): Seconds times a draw from them, whose
+  // mean is 1. Without a measured variation, Seconds.
+  double Draw(const StepWork& w, std::mt19937_64& rng) const;
+  // Sets the variation from measured-over-predicted ratios (any order; kept as kJitterQuantiles,
+  // scaled to mean 1; empty: none).
+  void SetJitter(std::vector<double> ratios);
+  bool has_jitter() const { return !jitter_.empty(); }
   // Times a multiplier (a what-if: a slower machine, or a measured correction).
   void Scale(double factor) { scale_ *= factor; }
 
@@ -74,6 +88,8 @@ class StepTimeModel {
   std::vector<double> knots_;  // token counts, increasing; T's breakpoints
   std::vector<double> coef_;   // [intercept, tokens, hinge per inner knot..., rows, positions, seqs]
   double scale_ = 1.0;
+  static constexpr size_t kJitterQuantiles = 256;
+  std::vector<double> jitter_;  // [kJitterQuantiles] increasing, or empty
   CostOrigin origin_ = CostOrigin::kRoofline;
   std::string description_;
 };

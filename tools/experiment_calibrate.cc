@@ -21,7 +21,8 @@ using json = nlohmann::json;
 
 constexpr char kUsage[] = R"(usage: specula experiment calibrate --model PATH [engine flags] --out FILE
                                    [--batches 1,2,4,8,16,32] [--contexts 32,256,1024] [--ks 1,2,4]
-                                   [--steps 6] [--no-progress]
+                                   [--steps 6] [--load 2,6,12|none] [--load-requests 48]
+                                   [--no-progress]
 
 Times whole engine steps on this machine (prefill chunks, decodes, and verifications of k drafts
 per sequence) over a grid of batch sizes and contexts, and writes a step-cost file for
@@ -29,12 +30,18 @@ per sequence) over a grid of batch sizes and contexts, and writes a step-cost fi
 model is profiled too. The engine flags are `specula serve`'s (threads, KV dtype, quantization,
 --max-num-batched-tokens, --num-blocks): profile the configuration you will simulate. A shape whose
 batch x context passes 16384 tokens, or whose context the model cannot hold, is skipped.
+Then served traffic: Poisson arrivals of random prompts (16 to the largest context) and outputs
+(16 to 96 tokens) at rates that keep each --load level of requests in flight, every step timed:
+the mixed batches and the host work of arrivals and deliveries that serving has. The simulator
+fits the medians of every shape, and draws each step's variation from all of them.
 
   --out FILE        the step-cost file (JSON; written whole)
   --batches LIST    batch sizes (default 1,2,4,8,16,32)
   --contexts LIST   prompt lengths (default 32,256,1024)
   --ks LIST         drafts per sequence of the verification steps (default 1,2,4)
   --steps N         timed steps per shape and k (default 6)
+  --load LIST       requests in flight of each served-traffic level (default 2,6,12; none: skip)
+  --load-requests N requests sent at each level (default 48)
   --no-progress     no progress line on stderr
 
 )";
@@ -57,7 +64,7 @@ absl::StatusOr<std::vector<int32_t>> IntList(const Flags& f, const char* name, s
 
 absl::Status RunCalibrate(int argc, char** argv) {
   std::set<std::string> known = kEngineFlags, switches = kEngineSwitches;
-  known.insert({"out", "batches", "contexts", "ks", "steps"});
+  known.insert({"out", "batches", "contexts", "ks", "steps", "load", "load-requests"});
   switches.insert({"no-progress", "help"});
   ASSIGN_OR_RETURN(Flags flags, ParseFlags(argc, argv, known, switches));
   if (flags.switches.count("help")) {
@@ -71,11 +78,18 @@ absl::Status RunCalibrate(int argc, char** argv) {
   ASSIGN_OR_RETURN(o.ks, IntList(flags, "ks", o.ks));
   RETURN_IF_ERROR(GetNumber(flags, "steps", &o.decode_steps));
   if (o.decode_steps < 1) return absl::InvalidArgumentError("--steps: must be >= 1");
+  if (flags.values.count("load") && flags.values.at("load") == "none") {
+    o.load_concurrency.clear();
+  } else {
+    ASSIGN_OR_RETURN(o.load_concurrency, IntList(flags, "load", o.load_concurrency));
+  }
+  RETURN_IF_ERROR(GetNumber(flags, "load-requests", &o.load_requests));
+  if (o.load_requests < 1) return absl::InvalidArgumentError("--load-requests: must be >= 1");
   ASSIGN_OR_RETURN(EngineOptions options, EngineOptionsFromFlags(flags));
   ASSIGN_OR_RETURN(std::unique_ptr<LoadedEngine> e, LoadEngine(options, nullptr));
   if (!flags.switches.count("no-progress")) {
     o.progress = [](int32_t done, int32_t total) {
-      std::fprintf(stderr, "\r[calibrate] %d/%d shapes", done, total);
+      std::fprintf(stderr, "\r[calibrate] %d/%d shapes and loads", done, total);
       if (done == total) std::fputs("\n", stderr);
     };
   }

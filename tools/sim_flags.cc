@@ -16,11 +16,13 @@ const std::set<std::string> kSimFlags = {
     "num-blocks", "max-model-len", "max-queue-len", "max-queue-delay-ms", "ttft-slo-ms", "replicas", "routing",
     "request-rate", "burstiness", "burst-factor", "burst-start-s", "burst-duration-s", "num-prompts", "duration-s",
     "input-len", "output-len", "len-spread", "sessions", "prefix-reuse", "trace", "goodput", "seed"};
-const std::set<std::string> kSimSwitches = {"roofline", "no-prefix-caching"};
+const std::set<std::string> kSimSwitches = {"roofline", "no-prefix-caching", "step-jitter"};
 
 const char kSimFlagsHelp[] = R"(step times (one source; every output says which):
   --cost FILE           a calibration from `specula experiment calibrate` (measured whole steps on
                         this machine), or a step-cost cache file (then --shape too)
+  --step-jitter         each step's time varies as the calibration's steps did around the fit (its
+                        quantiles, mean kept); default: every step at the fit
   --device NAME --shape NAME   h100, h200, a100 or cpu-avx512-2core running a named shape
                         (llama-3.2-1b, llama-3.1-8b, llama-3.1-70b, qwen2.5-7b, smollm2-135m): the
                         GPU tables measured in docs/gpu.md where they exist, else the roofline
@@ -91,6 +93,8 @@ absl::Status CostFromFlags(const Flags& f, SimSetup* s, std::optional<int32_t>* 
     if (!file.ok()) return absl::Status(file.status().code(), absl::StrCat("--cost: ", file.status().message()));
     r.target_shape = file->target.shape;
     r.target = file->target.model;
+    if (!f.switches.count("step-jitter")) r.target.SetJitter({});
+    r.request_overhead_s = file->request_overhead_s;
     r.target_cost = file->target.forwards;
     if (file->draft) {
       r.draft_shape = file->draft->shape;

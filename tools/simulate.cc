@@ -16,7 +16,7 @@ namespace {
 using json = nlohmann::json;
 
 constexpr char kUsage[] = R"(usage: specula simulate (--cost FILE | --device NAME --shape NAME) [flags]
-       specula simulate --validate RESULTS_DIR --cost FILE [--json]
+       specula simulate --validate RESULTS_DIR --cost FILE [--json] [--steps-out DIR]
 
 A discrete-event simulation of serving replicas: each runs Specula's own scheduler (paged KV with
 prefix caching, chunked prefill, preemption), admission control and adaptive speculation, with
@@ -29,7 +29,10 @@ the fleet and with --per-replica for each replica. Same flags and seed, same out
   --validate DIR      replay an ONLINE experiment's results (DIR/run.json, DIR/results.jsonl): its
                       arrivals, lengths (its traces/ if recorded) and configurations, with the
                       acceptance each point measured, and compare the prediction with each point's
-                      measurement; --json prints {"points": [{"params", "measured", "predicted"}]}
+                      measurement; --json prints {"points": [{"params", "measured", "predicted",
+                      "step_times"}]} (step_times: the model over the runs' own recorded steps)
+  --steps-out DIR     with --validate: each point's simulated steps, DIR/point-N.steps.jsonl, in the
+                      format of the runs' traces/*.steps.jsonl
 
 )";
 
@@ -107,7 +110,7 @@ json SimSummaryJson(const SimSummary& s) {
 
 absl::Status RunSimulate(int argc, char** argv) {
   std::set<std::string> known = kSimFlags, switches = kSimSwitches;
-  known.insert("validate");
+  known.insert({"validate", "steps-out"});
   switches.insert({"json", "per-replica", "help"});
   ASSIGN_OR_RETURN(Flags flags, ParseFlags(argc, argv, known, switches));
   if (flags.switches.count("help")) {

@@ -1,5 +1,6 @@
 // `specula simulate --validate DIR`: an ONLINE experiment's own workload replayed through the
 // simulator, point by point, beside what each point measured.
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -180,6 +181,49 @@ absl::Status Configure(const json& run, const std::vector<json>& runs, const std
   return absl::OkStatus();
 }
 
+// The step-time model against the steps the runs ran (their .steps.jsonl beside the trace, where
+// recorded): per kind, the predicted total (expected) time and the measured, and the steps' count. Null when
+// no run recorded steps.
+json StepCheck(const StepTimeModel& model, const std::vector<json>& runs, const std::string& dir) {
+  std::map<std::string, std::array<double, 3>> by_kind;  // kind -> {measured s, predicted s, steps}
+  for (const json& run : runs) {
+    if (!run.contains("trace") || !run["trace"].is_string()) continue;
+    std::string path = dir + "/" + run["trace"].get<std::string>();
+    if (path.size() > 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0) path.resize(path.size() - 6);
+    std::ifstream in(path + ".steps.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const json j = json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.contains("seconds") || !j.contains("kind")) continue;
+      const StepWork w{At(j, {"seqs"}), At(j, {"tokens"}), At(j, {"rows"}), At(j, {"positions"})};
+      for (const std::string& kind : {j["kind"].get<std::string>(), std::string("all")}) {
+        auto& k = by_kind[kind];
+        k[0] += j["seconds"].get<double>();
+        k[1] += model.Seconds(w);  // the expected time (the jitter's mean is 1)
+        k[2] += 1;
+      }
+    }
+  }
+  if (by_kind.empty()) return nullptr;
+  json out = json::object();
+  for (const auto& [kind, k] : by_kind) out[kind] = {{"measured_s", k[0]}, {"predicted_s", k[1]}, {"steps", k[2]}};
+  return out;
+}
+
+// The simulated steps in the format of an experiment's step log (experiments/runner.cc), to set
+// beside a run's.
+absl::Status WriteSteps(const std::vector<SimStep>& steps, const std::string& path) {
+  std::ofstream out(path);
+  if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot write"));
+  for (const SimStep& s : steps) {
+    const StepWork w = RanWork(s.plan, s.result);
+    out << nlohmann::ordered_json({{"start_s", s.start_s}, {"seconds", s.seconds}, {"kind", StepKind(s.plan, w)},
+                                   {"seqs", w.seqs}, {"tokens", w.tokens}, {"rows", w.rows}, {"positions", w.positions}})
+               .dump()
+        << "\n";
+  }
+  return out ? absl::OkStatus() : absl::DataLossError(absl::StrCat(path, ": write failed"));
+}
+
 GoodputSlo SloOf(const json& run) {
   GoodputSlo slo;
   const json s = run.value("slo", json::object());
@@ -201,6 +245,13 @@ void PrintPoint(const json& point) {
     std::printf("  %-14s %12.2f %12.2f %9s   [%8.2f, %8.2f]\n", key, mv, pv, err.c_str(),
                 point["measured"]["min"][key].get<double>(), point["measured"]["max"][key].get<double>());
   }
+  if (!point.contains("step_times") || point["step_times"].is_null()) return;
+  std::printf("  step times, the model over the runs' own steps:");
+  for (const auto& [kind, k] : point["step_times"].items()) {
+    const double m = k["measured_s"].get<double>(), p = k["predicted_s"].get<double>();
+    std::printf(" %s %+.1f%% (%.0f)", kind.c_str(), m > 0 ? 100 * (p - m) / m : 0.0, k["steps"].get<double>());
+  }
+  std::printf("\n");
 }
 
 }  // namespace
@@ -227,10 +278,16 @@ absl::Status RunValidate(const Flags& flags) {
     FleetConfig fc;
     fc.replica = setup.replica;
     fc.seed = setup.seed;
+    fc.record_steps = flags.values.count("steps-out") > 0;
     const FleetResult r = Simulate(fc, requests, setup.acceptance.get(), SloOf(run));
+    if (fc.record_steps) {
+      RETURN_IF_ERROR(WriteSteps(r.replicas.front()->steps(),
+                                 absl::StrCat(flags.values.at("steps-out"), "/point-", out["points"].size(), ".steps.jsonl")));
+    }
     json predicted = SimSummaryJson(r.fleet);
     predicted["goodput"] = r.fleet.goodput;
-    out["points"].push_back({{"params", runs.front()["point"]}, {"measured", Measured(runs)}, {"predicted", predicted}});
+    out["points"].push_back({{"params", runs.front()["point"]}, {"measured", Measured(runs)}, {"predicted", predicted},
+                             {"step_times", StepCheck(setup.replica.target, runs, dir)}});
   }
   if (flags.switches.count("json")) {
     std::cout << out.dump(1) << "\n";

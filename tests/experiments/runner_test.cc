@@ -2,6 +2,7 @@
 // writes one trace line per request at the arrivals that ArrivalTimes gives for the same options,
 // and counts goodput per request against the spec's SLO.
 #include "experiments/runner.h"
+#include "experiments/step_periods.h"
 
 #include <algorithm>
 #include <cmath>
@@ -100,6 +101,42 @@ TEST_F(RunnerTest, OnlineBurstRecordsTheTraceAndGoodput) {
   EXPECT_NEAR((*m)["request_goodput"].get<double>(), good / (*m)["duration_s"].get<double>(), 1e-9);
   // Written whole: no temporary file left beside it.
   EXPECT_FALSE(std::ifstream(hooks.trace_path + ".tmp").good());
+
+  // The steps as they ran, beside the trace: every output token came from a step that scheduled its
+  // sequence, and the periods fit in the run.
+  const std::vector<nlohmann::json> steps = ReadLines(dir_ + "/trace.steps.jsonl");
+  ASSERT_FALSE(steps.empty());
+  double seqs = 0, seconds = 0, last_start = -1;
+  for (const nlohmann::json& st : steps) {
+    SCOPED_TRACE(st.dump());
+    const std::string kind = st["kind"];
+    EXPECT_TRUE(kind == "prefill" || kind == "decode") << kind;  // no speculation here
+    EXPECT_GT(st["seconds"].get<double>(), 0);
+    EXPECT_GE(st["tokens"].get<double>(), st["seqs"].get<double>());
+    EXPECT_GE(st["start_s"].get<double>(), last_start);
+    last_start = st["start_s"];
+    seqs += st["seqs"].get<double>();
+    seconds += st["seconds"].get<double>();
+  }
+  EXPECT_GE(seqs, static_cast<double>(output_tokens));
+  EXPECT_LE(seconds, (*m)["duration_s"].get<double>() + 0.5);
+}
+
+// A step's period: to the next step's start while the loop went straight on, else to its own end;
+// an untimed step only bounds the one before it.
+TEST(StepPeriods, RunToTheNextStartUnlessTheLoopIdled) {
+  std::vector<std::pair<double, double>> out;  // {start, seconds}
+  StepPeriods p([&](const StepPeriods::Step& s, double seconds) { out.push_back({s.start_s, seconds}); });
+  p.Add({{}, "decode", 0.0, 1.0, true, true});
+  p.Add({{}, "decode", 1.25, 2.0, false, true});  // the loop idled after it
+  p.Add({{}, "decode", 5.0, 6.0, true, false});   // untimed
+  p.Add({{}, "decode", 6.5, 7.0, true, true});
+  p.Finish();
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_DOUBLE_EQ(out[0].second, 1.25);
+  EXPECT_DOUBLE_EQ(out[1].second, 0.75);
+  EXPECT_EQ(out[2].first, 6.5);
+  EXPECT_DOUBLE_EQ(out[2].second, 0.5);  // the last: to its own end
 }
 
 TEST_F(RunnerTest, WithoutAnSloGoodputIsTheCompletedShare) {

@@ -49,6 +49,34 @@ TEST(StepTimeModel, RefusesTooFewOrBadSamples) {
   EXPECT_NE(bad.status().message().find("bad.json: step sample 0"), std::string::npos) << bad.status();
 }
 
+TEST(StepTimeModel, JitterDrawsTheMeasuredVariationAroundTheFit) {
+  auto m = StepTimeModel::Fit(Grid(), CostOrigin::kCalibrated, "grid");
+  ASSERT_TRUE(m.ok()) << m.status();
+  const StepWork w{4, 4, 4, 400};
+  std::mt19937_64 rng(1);
+  EXPECT_FALSE(m->has_jitter());
+  EXPECT_EQ(m->Draw(w, rng), m->Seconds(w));  // without a measured variation: the fit
+  // 4 steps in 5 at the fit, 1 in 5 at twice it: kept as spread around the fit, which stays the mean.
+  std::vector<double> ratios;
+  for (int i = 0; i < 1000; ++i) ratios.push_back(i % 5 == 0 ? 2.0 : 1.0);
+  m->SetJitter(ratios);
+  EXPECT_TRUE(m->has_jitter());
+  double sum = 0;
+  int slow = 0;
+  const int n = 20000;
+  std::mt19937_64 a(7), b(7);
+  for (int i = 0; i < n; ++i) {
+    const double t = m->Draw(w, a);
+    EXPECT_EQ(t, m->Draw(w, b));  // the same stream, the same draws
+    sum += t;
+    slow += t > 1.5 * m->Seconds(w);  // 2 / 1.2 of the fit
+  }
+  EXPECT_NEAR(sum / n, m->Seconds(w), 0.02 * m->Seconds(w));
+  EXPECT_NEAR(static_cast<double>(slow) / n, 0.2, 0.015);
+  m->SetJitter({});
+  EXPECT_FALSE(m->has_jitter());
+}
+
 TEST(StepTimeModel, RooflineIsBandwidthBoundAtOneTokenAndComputeBoundAtMany) {
   auto shape = NamedForwardShape("llama-3.1-8b");
   auto h100 = NamedDevice("h100");
@@ -114,6 +142,46 @@ TEST(Simulate, ALightLoadIsServedAtItsRateWithTheStepTimesOfOneSequence) {
   EXPECT_GE(r.fleet.duration_s, r.replicas[0]->records().back().request.arrival_s);
   EXPECT_LT(r.fleet.duration_s, r.replicas[0]->records().back().request.arrival_s + 1.0);
   EXPECT_EQ(r.fleet.preemptions, 0);
+}
+
+// The request overhead delays what the client sees (every token of every request), not the
+// schedule; the step jitter spreads the steps around the fit and keeps their mean.
+TEST(Simulate, RequestOverheadAndStepJitter) {
+  auto acc = PositionalAcceptance::Create({0.0});
+  FleetConfig f;
+  f.replica = Cpu();
+  const auto requests = MakeRequests(Load(20, 200));
+  const FleetResult plain = Simulate(f, requests, &*acc, {});
+  f.replica.request_overhead_s = 0.005;
+  const FleetResult late = Simulate(f, requests, &*acc, {});
+  EXPECT_EQ(late.fleet.steps, plain.fleet.steps);
+  const auto& a = plain.replicas[0]->records();
+  const auto& b = late.replicas[0]->records();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(b[i].first_token_s - a[i].first_token_s, 0.005, 1e-12);
+    EXPECT_NEAR(b[i].finish_s - a[i].finish_s, 0.005, 1e-12);
+  }
+  EXPECT_NEAR(late.fleet.tpot_ms.median, plain.fleet.tpot_ms.median, 1e-9);
+
+  f.replica.request_overhead_s = 0;
+  std::vector<double> ratios;  // a step in 10 at 3x the others
+  for (int i = 0; i < 100; ++i) ratios.push_back(i % 10 == 0 ? 3.0 : 1.0);
+  f.replica.target.SetJitter(ratios);
+  f.record_steps = true;
+  const FleetResult jittered = Simulate(f, requests, &*acc, {});
+  double sum = 0;
+  int slow = 0;
+  const std::vector<SimStep>& steps = jittered.replicas[0]->steps();
+  for (const SimStep& st : steps) {
+    const StepWork w = RanWork(st.plan, st.result);
+    const double ratio = st.seconds / f.replica.target.Seconds(w);  // 3 / 1.2 or 1 / 1.2
+    sum += ratio;
+    slow += ratio > 2;
+  }
+  ASSERT_GT(steps.size(), 1000u);
+  EXPECT_NEAR(sum / steps.size(), 1.0, 0.05);
+  EXPECT_NEAR(static_cast<double>(slow) / steps.size(), 0.1, 0.03);
 }
 
 TEST(Simulate, OverloadWithAdmissionRefusesAndKeepsTtftBounded) {
@@ -267,11 +335,16 @@ namespace {
 TEST(StepCostFile, ReadsCalibrationsAndCacheFilesAndNamesWhatIsWrong) {
   const std::string dir = testing::MakeTempDir();
   const std::string shape = ShapeJson(*NamedForwardShape("smollm2-135m"));
+  // Each shape 5 times: 4 at the machine's time and 1 at 3x it (a step the host's other threads
+  // held up), which the fit of medians leaves out and the jitter keeps.
   std::string steps = "[";
   for (const StepSample& s : Grid()) {
-    steps += (steps.size() > 1 ? "," : "") + std::string("{\"seqs\":") + std::to_string(s.work.seqs) +
-             ",\"tokens\":" + std::to_string(s.work.tokens) + ",\"rows\":" + std::to_string(s.work.rows) +
-             ",\"positions\":" + std::to_string(s.work.positions) + ",\"seconds\":" + std::to_string(s.seconds) + "}";
+    for (int i = 0; i < 5; ++i) {
+      steps += (steps.size() > 1 ? "," : "") + std::string("{\"seqs\":") + std::to_string(s.work.seqs) +
+               ",\"tokens\":" + std::to_string(s.work.tokens) + ",\"rows\":" + std::to_string(s.work.rows) +
+               ",\"positions\":" + std::to_string(s.work.positions) +
+               ",\"seconds\":" + std::to_string((i == 4 ? 3 : 1) * s.seconds) + "}";
+    }
   }
   steps += "]";
   const std::string table = R"({"kv=bf16 batch=8 block=16": [{"tokens": 1, "flops": 1e8, "seconds": 0.002},
@@ -283,12 +356,20 @@ TEST(StepCostFile, ReadsCalibrationsAndCacheFilesAndNamesWhatIsWrong) {
                                         "draft": {"shape": )" << shape << R"(, "steps": )" << steps << "}}";
     std::ofstream(dir + "/cache.json") << R"({"format": "specula.step_cost.v1", "tables": )" << table << "}";
     std::ofstream(dir + "/old.json") << R"({"format": "specula.step_cost.v0", "tables": {}})";
+    std::ofstream(dir + "/late.json") << R"({"format": "specula.step_cost.v1", "shape": )" << shape
+                                      << R"(, "steps": )" << steps << R"(, "request_overhead_s": 0.0003})";
+    std::ofstream(dir + "/bad.json") << R"({"format": "specula.step_cost.v1", "shape": )" << shape
+                                     << R"(, "steps": )" << steps << R"(, "request_overhead_s": -1})";
   }
   auto cal = LoadStepCostFile(dir + "/cal.json");
   ASSERT_TRUE(cal.ok()) << cal.status();
   EXPECT_EQ(cal->target.model.origin(), CostOrigin::kCalibrated);
   const StepWork w{8, 64, 8, 9000};
   EXPECT_NEAR(cal->target.model.Seconds(w), Truth(w), 0.02 * Truth(w));
+  std::mt19937_64 rng(3);
+  int slow = 0;
+  for (int i = 0; i < 5000; ++i) slow += cal->target.model.Draw(w, rng) > 1.5 * Truth(w);  // 3 / 1.4 of it
+  EXPECT_NEAR(slow / 5000.0, 0.2, 0.03);
   ASSERT_TRUE(cal->target.forwards.has_value());
   EXPECT_EQ(cal->target.forwards->size(), 2u);
   ASSERT_TRUE(cal->scheduler.has_value());
@@ -297,6 +378,10 @@ TEST(StepCostFile, ReadsCalibrationsAndCacheFilesAndNamesWhatIsWrong) {
   EXPECT_NE(LoadStepCostFile(dir + "/cache.json").status().message().find("no \"shape\""), std::string::npos);
   EXPECT_TRUE(LoadStepCostFile(dir + "/cache.json", *NamedForwardShape("smollm2-135m")).ok());
   EXPECT_NE(LoadStepCostFile(dir + "/old.json").status().message().find("old.json: \"format\""), std::string::npos);
+  EXPECT_EQ(cal->request_overhead_s, 0);
+  EXPECT_EQ(LoadStepCostFile(dir + "/late.json")->request_overhead_s, 0.0003);
+  EXPECT_NE(LoadStepCostFile(dir + "/bad.json").status().message().find("\"request_overhead_s\" is not a number >= 0"),
+            std::string::npos);
 }
 
 }  // namespace

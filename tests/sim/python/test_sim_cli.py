@@ -1,11 +1,13 @@
 """`specula simulate`, `specula plan` and `specula experiment calibrate` as real processes: the same
-seed prints the same bytes, errors name their flag, a calibration feeds the simulator, a small
-ONLINE experiment is validated (CI's small validation: the prediction within a loose bound of what
-ran), and a plan writes its report with plots.
+seed prints the same bytes, errors name their flag, a calibration (grid and served load) feeds the
+simulator, a small ONLINE experiment is validated (CI's small validation: the prediction within a
+loose bound of what ran, and the step-time model against the run's own steps), and a plan writes its
+report with plots.
 
 Environment: SPECULA_BINARY, SPECULA_SOURCE_DIR, SPECULA_MODELS (as the serving tests).
 """
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -59,11 +61,18 @@ class SimulateCliTest(unittest.TestCase):
     def test_calibration_feeds_the_simulator_and_validates_an_online_run(self):
         cost = os.path.join(self.tmp, "cost.json")
         r = specula("experiment", "calibrate", "--model", TARGET, "--tokenizer", TOKENIZER, "--out", cost,
-                    "--batches", "1,4,16", "--contexts", "32,128", "--ks", "2", "--steps", "3", "--no-progress")
+                    "--batches", "1,4,16", "--contexts", "32,128", "--ks", "2", "--steps", "3",
+                    "--load", "2,6", "--load-requests", "16", "--no-progress")
         self.assertEqual(r.returncode, 0, r.stderr)
         with open(cost) as f:
-            kinds = {s["kind"] for s in json.load(f)["steps"]}
-        self.assertEqual(kinds, {"prefill", "decode", "verify"})
+            steps = json.load(f)["steps"]
+        self.assertEqual({s["kind"] for s in steps}, {"prefill", "decode", "verify"})
+        grid = [s for s in steps if s["phase"] == "grid"]
+        load = [s for s in steps if s["phase"] == "load"]
+        self.assertEqual(len(grid) + len(load), len(steps))
+        # Served traffic: batches of many sizes, and steps where a prompt's chunk runs beside decodes.
+        self.assertGreater(len({s["seqs"] for s in load}), 2)
+        self.assertTrue(any(s["kind"] == "prefill" and s["seqs"] > 1 for s in load))
         sim = specula("simulate", "--cost", cost, "--request-rate", "50", "--num-prompts", "60", "--input-len", "32",
                       "--output-len", "32", "--max-num-seqs", "16")
         self.assertEqual(sim.returncode, 0, sim.stderr)
@@ -91,6 +100,24 @@ class SimulateCliTest(unittest.TestCase):
             # arrivals or step times off by a factor) does not meet.
             self.assertLess(abs(s - m) / m, 0.35, p)
             self.assertEqual(p["predicted"]["completed"], 60)
+            # The step-time model against the run's own steps (record_trace wrote them). Loose: a
+            # busy machine (tests in parallel) slows a woken loop's prefill several times; a unit
+            # or a count gone wrong is off by far more.
+            st = p["step_times"]["all"]
+            self.assertGreater(st["steps"], 10)
+            self.assertEqual(set(p["step_times"]) - {"all"}, {"prefill", "decode"})
+            self.assertLess(abs(math.log(st["predicted_s"] / st["measured_s"])), math.log(10), p["step_times"])
+        # The simulated steps beside the measured ones, in the same format.
+        steps_dir = os.path.join(self.tmp, "sim_steps")
+        os.mkdir(steps_dir)
+        r = specula("simulate", "--validate", out, "--cost", cost, "--steps-out", steps_dir, "--step-jitter")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("step times, the model over the runs' own steps", r.stdout)
+        for i in range(2):
+            with open(os.path.join(steps_dir, f"point-{i}.steps.jsonl")) as f:
+                sim_steps = [json.loads(line) for line in f]
+            self.assertGreater(len(sim_steps), 10)
+            self.assertEqual(set(sim_steps[0]), {"start_s", "seconds", "kind", "seqs", "tokens", "rows", "positions"})
 
     def test_plan_writes_the_report_and_prefers_the_cheaper_fleet(self):
         cands = os.path.join(self.tmp, "c.json")

@@ -1,0 +1,105 @@
+#include "experiments/calibrate_load.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "core/arrivals.h"
+#include "core/clock.h"
+#include "core/status_macros.h"
+#include "engine/engine.h"
+#include "experiments/in_process_client.h"
+#include "experiments/step_periods.h"
+#include "serving/server.h"
+#include "sim/step_time.h"
+
+namespace specula::experiments {
+
+absl::Status ProfileLoad(LoadedEngine& e, SchedulerConfig sc, const LoadProfile& p, nlohmann::json* steps) {
+  constexpr int32_t kMinLen = 16, kMaxOutput = 96;
+  sc.num_spec_tokens = 0;
+  sc.max_num_seqs = std::max(sc.max_num_seqs, 2 * p.concurrency);
+  Engine engine(e.model.get(), e.tokenizer.get(), sc, SpecConfig{});
+  RETURN_IF_ERROR(engine.Validate());
+  StepPeriods periods([&](const StepPeriods::Step& s, double seconds) {
+    steps->push_back({{"seqs", s.work.seqs}, {"tokens", s.work.tokens}, {"rows", s.work.rows},
+                      {"positions", s.work.positions}, {"seconds", seconds}, {"kind", s.kind}, {"phase", "load"}});
+  });
+  std::atomic<bool> profiling{false};
+  engine.set_step_observer([&](const StepPlan& plan, const StepResult& result, double start_s) {
+    if (!profiling) return;
+    const StepWork w = RanWork(plan, result);
+    periods.Add({w, StepKind(plan, w), start_s, DefaultClock()->NowSeconds(), engine.HasUnfinished()});
+  });
+  ServeOptions so;
+  so.model_name = "calibrate";
+  Server server(&engine, e.tokenizer.get(), e.model->config(), so);
+  // A request takes about its mean output times a decode step, and its prompt's prefill, of the
+  // loop's time: the rate that keeps `concurrency` of them in flight.
+  const int32_t max_prompt = std::max(kMinLen, std::min(p.max_prompt_len, sc.max_model_len - kMaxOutput - 1));
+  const double per_request = (kMinLen + kMaxOutput) / 2.0 * std::max(p.decode_step_s, 1e-6) +
+                             p.concurrency * (kMinLen + max_prompt) / 2.0 * p.prefill_token_s;
+  ArrivalOptions a;
+  a.request_rate = p.concurrency / per_request;
+  a.num_requests = std::max(p.requests, std::min(2000, static_cast<int32_t>(a.request_rate * p.min_seconds)));
+  a.seed = p.seed;
+  std::mt19937 rng(p.seed);
+  const int32_t vocab = e.model->config().vocab_size;
+  std::vector<LoadRequest> requests(a.num_requests);
+  for (LoadRequest& r : requests) {
+    const int32_t len = std::uniform_int_distribution<int32_t>(kMinLen, max_prompt)(rng);
+    for (int32_t t = 0; t < len; ++t) r.prompt_token_ids.push_back(3 + static_cast<int32_t>(rng() % (vocab - 3)));
+    r.max_tokens = std::uniform_int_distribution<int32_t>(kMinLen, kMaxOutput)(rng);
+    r.ignore_eos = true;
+  }
+  {  // untimed: the engine's first steps touch its threads and KV memory
+    const std::vector<LoadRequest> warm = {LoadRequest{"", std::vector<int32_t>(max_prompt, 3), 2, true}};
+    InProcessClient client(&server, &warm, 0.0, p.seed);
+    RunLoad(client, warm, {0.0}, RunOptions{});
+    server.WaitIdle(std::chrono::milliseconds(60000));
+  }
+  // The experiments' in-process client and load generator: the same threads a measured run has.
+  InProcessClient client(&server, &requests, 0.0, p.seed);
+  profiling = true;
+  RunLoad(client, requests, ArrivalTimes(a), RunOptions{});
+  server.WaitIdle(std::chrono::milliseconds(60000));
+  periods.Finish();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> MeasureRequestOverhead(LoadedEngine& e, SchedulerConfig sc, int32_t n) {
+  sc.num_spec_tokens = 0;
+  sc.enable_prefix_caching = false;
+  Engine engine(e.model.get(), e.tokenizer.get(), sc, SpecConfig{});
+  RETURN_IF_ERROR(engine.Validate());
+  std::vector<double> step_s;  // [steps]: start to end, on the loop's thread (read once it is idle)
+  engine.set_step_observer([&](const StepPlan&, const StepResult&, double start_s) {
+    step_s.push_back(DefaultClock()->NowSeconds() - start_s);
+  });
+  ServeOptions so;
+  so.model_name = "calibrate";
+  Server server(&engine, e.tokenizer.get(), e.model->config(), so);
+  // n + 1 one-token requests (the first untimed), one at a time, each to an idle loop: a step each.
+  std::vector<double> ttft;  // [completed requests but the first]
+  for (int32_t i = 0; i <= n; ++i) {
+    const std::vector<LoadRequest> one = {LoadRequest{"", std::vector<int32_t>(16, 3 + i % 7), 1, true}};
+    InProcessClient client(&server, &one, 0.0, i);
+    RunOptions ro;
+    ro.max_concurrency = 1;
+    const RunResult run = RunLoad(client, one, {0.0}, ro);
+    server.WaitIdle(std::chrono::milliseconds(60000));
+    if (i > 0 && run.requests[0].outcome == Outcome::kOk) ttft.push_back(run.requests[0].ttft_s);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the loop asleep, as between arrivals
+  }
+  // Medians, each robust to the odd request that shared a step or waited on a busy machine.
+  auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  if (ttft.empty() || step_s.empty()) return absl::InternalError("request overhead: no request completed");
+  return std::max(0.0, median(ttft) - median(step_s));
+}
+
+}  // namespace specula::experiments
