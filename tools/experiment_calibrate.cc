@@ -32,14 +32,15 @@ model is profiled too. The engine flags are `specula serve`'s (threads, KV dtype
 batch x context passes 16384 tokens, or whose context the model cannot hold, is skipped.
 Then served traffic: Poisson arrivals of random prompts (16 to the largest context) and outputs
 (16 to 96 tokens) at rates that keep each --load level of requests in flight, every step timed:
-the mixed batches and the host work of arrivals and deliveries that serving has. The simulator
-fits the medians of every shape, and draws each step's variation from all of them.
+the mixed batches and the host work of arrivals and deliveries that serving has. Last, a request's
+time outside the steps (request_overhead_s). The simulator fits the medians of every shape; with
+--step-jitter it draws each step's variation from all of them.
 
   --out FILE        the step-cost file (JSON; written whole)
   --batches LIST    batch sizes (default 1,2,4,8,16,32)
   --contexts LIST   prompt lengths (default 32,256,1024)
   --ks LIST         drafts per sequence of the verification steps (default 1,2,4)
-  --steps N         timed steps per shape and k (default 6)
+  --steps N         timed steps per shape and k: at least N (default 6) and 0.25 s, at most 64
   --load LIST       requests in flight of each served-traffic level (default 2,6,12; none: skip)
   --load-requests N requests sent at each level (default 48)
   --no-progress     no progress line on stderr
