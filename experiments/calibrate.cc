@@ -94,10 +94,8 @@ absl::Status ProfileShape(LoadedEngine& e, SchedulerConfig sc, Shape shape, cons
   size_t phase = 0;
   int32_t in_phase = 0;
   double phase_start = 0;
-  StepPeriods periods([&](const StepPeriods::Step& s, double seconds) {
-    steps->push_back({{"seqs", s.work.seqs}, {"tokens", s.work.tokens}, {"rows", s.work.rows},
-                      {"positions", s.work.positions}, {"seconds", seconds}, {"kind", s.kind}, {"phase", "grid"}});
-  });
+  StepPeriods periods(
+      [&](const StepPeriods::Step& s, double seconds) { steps->push_back(StepPeriods::Json(s, seconds, "grid")); });
   engine.set_step_observer([&](const StepPlan& p, const StepResult& result, double start_s) {
     if (!profiling || done) return;
     const StepWork w = RanWork(p, result);  // the drafts RepeatProposer gave

@@ -23,15 +23,11 @@ absl::Status ProfileLoad(LoadedEngine& e, SchedulerConfig sc, const LoadProfile&
   sc.max_num_seqs = std::max(sc.max_num_seqs, 2 * p.concurrency);
   Engine engine(e.model.get(), e.tokenizer.get(), sc, SpecConfig{});
   RETURN_IF_ERROR(engine.Validate());
-  StepPeriods periods([&](const StepPeriods::Step& s, double seconds) {
-    steps->push_back({{"seqs", s.work.seqs}, {"tokens", s.work.tokens}, {"rows", s.work.rows},
-                      {"positions", s.work.positions}, {"seconds", seconds}, {"kind", s.kind}, {"phase", "load"}});
-  });
+  StepPeriods periods(
+      [&](const StepPeriods::Step& s, double seconds) { steps->push_back(StepPeriods::Json(s, seconds, "load")); });
   std::atomic<bool> profiling{false};
   engine.set_step_observer([&](const StepPlan& plan, const StepResult& result, double start_s) {
-    if (!profiling) return;
-    const StepWork w = RanWork(plan, result);
-    periods.Add({w, StepKind(plan, w), start_s, DefaultClock()->NowSeconds(), engine.HasUnfinished()});
+    if (profiling) periods.Add(plan, result, start_s, engine.HasUnfinished());
   });
   ServeOptions so;
   so.model_name = "calibrate";

@@ -271,8 +271,7 @@ struct StepLog {
   }};
   void Attach(Engine& engine) {
     engine.set_step_observer([this, &engine](const StepPlan& p, const StepResult& result, double start_s) {
-      const StepWork w = RanWork(p, result);
-      periods.Add({w, StepKind(p, w), start_s, DefaultClock()->NowSeconds(), engine.HasUnfinished()});
+      periods.Add(p, result, start_s, engine.HasUnfinished());
     });
   }
 };

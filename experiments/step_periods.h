@@ -8,6 +8,8 @@
 #include <optional>
 #include <utility>
 
+#include "core/clock.h"
+#include "nlohmann/json.hpp"
 #include "sim/step_time.h"
 
 namespace specula::experiments {
@@ -22,12 +24,22 @@ class StepPeriods {
     bool timed = true;        // emitted (false: the period is only a boundary)
   };
   using Emit = std::function<void(const Step&, double seconds)>;
+  // A calibration's step: {seqs, tokens, rows, positions, seconds, kind, phase}.
+  static nlohmann::json Json(const Step& s, double seconds, const char* phase) {
+    return {{"seqs", s.work.seqs}, {"tokens", s.work.tokens}, {"rows", s.work.rows}, {"positions", s.work.positions},
+            {"seconds", seconds},  {"kind", s.kind},         {"phase", phase}};
+  }
   explicit StepPeriods(Emit emit) : emit_(std::move(emit)) {}
 
   // The step that just ran; emits the one before it, whose period is now known.
   void Add(const Step& s) {
     Flush(s.start_s);
     pending_ = s;
+  }
+  // The same from the engine's step observer (after the update), ending now.
+  void Add(const StepPlan& plan, const StepResult& result, double start_s, bool busy_after, bool timed = true) {
+    const StepWork w = RanWork(plan, result);
+    Add({w, StepKind(plan, w), start_s, DefaultClock()->NowSeconds(), busy_after, timed});
   }
   // Emits the last step (the run is over: it ends at its own end).
   void Finish() { Flush(-1); }
