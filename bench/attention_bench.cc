@@ -19,24 +19,30 @@
 namespace specula {
 namespace {
 
-constexpr int32_t kLayers = 6, kHeads = 6, kHeadDim = 48, kBlockSize = 16;
+constexpr int32_t kBlockSize = 16;
+
+// The model's attention shape: stories15m's (6 heads of 48, 6 layers) unless given.
+struct Shape {
+  int32_t layers = 6, heads = 6, kv_heads = 6, head_dim = 48;
+};
 
 // The pool comes from the backend (2 MB pages, as the engine's) unless `small_pages`, for comparison.
 // `shared`: every sequence's table points at the first one's blocks, so its KV stays in cache.
 void Attention(benchmark::State& state, int32_t seqs, int32_t new_tokens, int32_t ctx, bool small_pages = false,
-               bool shared = false) {
+               bool shared = false, Shape shape = {}) {
+  const int32_t layers = shape.layers, heads = shape.heads, hd = shape.head_dim;
   const DType dtype = state.range(0) ? DType::kBF16 : DType::kF32;
   auto be = MakeCpuBackend();
   const int32_t per_seq = (ctx + kBlockSize - 1) / kBlockSize;
   const int32_t blocks = seqs * per_seq + 64;
-  const int64_t row = kHeads * kHeadDim;
+  const int64_t row = static_cast<int64_t>(shape.kv_heads) * hd;  // one position's K (or V)
   const size_t layer_bytes = static_cast<size_t>(blocks) * kBlockSize * row * DTypeBytes(dtype);
-  std::vector<char> small(small_pages ? 2 * kLayers * layer_bytes : 0);
+  std::vector<char> small(small_pages ? 2 * layers * layer_bytes : 0);
   BackendBuffer huge;
-  if (!small_pages && !huge.Grow(be.get(), 2 * kLayers * layer_bytes, nullptr, /*scattered=*/true).ok()) return state.SkipWithError("pool");
-  char* const pool = small_pages ? small.data() : huge.as<char>();  // [2 * kLayers, layer_bytes]
+  if (!small_pages && !huge.Grow(be.get(), 2 * layers * layer_bytes, nullptr, /*scattered=*/true).ok()) return state.SkipWithError("pool");
+  char* const pool = small_pages ? small.data() : huge.as<char>();  // [2 * layers, layer_bytes]
   std::mt19937 rng(1);
-  for (size_t i = 0; i < 2 * kLayers * layer_bytes; i += 2) {
+  for (size_t i = 0; i < 2 * layers * layer_bytes; i += 2) {
     pool[i] = 0;
     pool[i + 1] = static_cast<char>(0x3c + rng() % 2);  // ~1.0 (both types)
   }
@@ -55,18 +61,18 @@ void Attention(benchmark::State& state, int32_t seqs, int32_t new_tokens, int32_
   query_start.push_back(tokens);
   slots.assign(tokens, -1);
   AttentionMetadata meta{seqs, tokens, query_start.data(), positions.data(), slots.data(), tables.data(), per_seq};
-  std::vector<float> q(static_cast<size_t>(tokens) * row, 0.1f), out(q.size());
+  std::vector<float> q(static_cast<size_t>(tokens) * heads * hd, 0.1f), out(q.size());
   int64_t positions_read = 0;
   for (int32_t p : positions) positions_read += p + 1;
   for (auto _ : state) {
-    for (int32_t l = 0; l < kLayers; ++l) {
+    for (int32_t l = 0; l < layers; ++l) {
       char* k = pool + 2 * l * layer_bytes;
-      const PagedKvLayer kv{k, k + layer_bytes, blocks, kBlockSize, kHeads, kHeadDim, dtype};
-      be->PagedAttention(q.data(), kv, meta, kHeads, 0.144f, out.data());
+      const PagedKvLayer kv{k, k + layer_bytes, blocks, kBlockSize, shape.kv_heads, hd, dtype};
+      be->PagedAttention(q.data(), kv, meta, heads, 0.144f, out.data());
     }
   }
   // Each new token reads its context's K and V in every layer (a prefill chunk's tokens share theirs).
-  const double bytes = 2.0 * kLayers * row * DTypeBytes(dtype) * (new_tokens == 1 ? positions_read : seqs * ctx);
+  const double bytes = 2.0 * layers * row * DTypeBytes(dtype) * (new_tokens == 1 ? positions_read : seqs * ctx);
   state.counters["KV_GB/s"] = benchmark::Counter(bytes * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 
@@ -90,6 +96,19 @@ BENCHMARK(BM_DecodeAttentionShared)->ArgName("kv_bf16")->Arg(0)->Arg(1)->Unit(be
 
 void BM_PrefillAttention(benchmark::State& state) { Attention(state, 1, 512, 512); }
 BENCHMARK(BM_PrefillAttention)->ArgName("kv_bf16")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// One sequence's decode (1 token) and verification (5: k = 4 drafts) over 128 positions before
+// them, every layer of SmolLM2-135M (30 layers, 9 query heads on 3 KV heads of 64): what a
+// verification step adds to a decode step's attention.
+void BM_VerifyAttention(benchmark::State& state) {
+  const int32_t tokens = static_cast<int32_t>(state.range(1));
+  Attention(state, 1, tokens, 128 + tokens, false, false, {.layers = 30, .heads = 9, .kv_heads = 3, .head_dim = 64});
+}
+BENCHMARK(BM_VerifyAttention)
+    ->ArgNames({"kv_bf16", "tokens"})
+    ->ArgsProduct({{0, 1}, {1, 5}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace specula

@@ -6,15 +6,18 @@
 //   build/release/bench/step_bench [--benchmark_filter=Q4_1]
 //
 // Files: $SPECULA_GGUF_CACHE (default ~/.cache/specula)/smollm2/, written by scripts/fetch_models.sh.
-// Counters: ms per step, tokens/s, and "vs_1" = this step's time over the 1-token step's of the same
-// model and activations, measured in the same process just before.
+// Counters: ms per step (the best), one_ms (the best 1-token step), tokens/s, "vs_1" = the best step's
+// time over the best 1-token step's, and vs_1_median = the median over pairs of a 1-token step and
+// this one run back to back (40 pairs a shape up to 16 tokens, 3 above, in each of 3 iterations).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -66,11 +69,19 @@ struct Runner {
     if (!model->Forward(batch, *kv, mode, &logits).ok()) std::abort();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  double Time(int32_t n, int reps) {
-    const LogitsMode mode = n <= 16 ? LogitsMode::kAll : LogitsMode::kLastPerSequence;
-    double best = 1e9;
-    for (int r = 0; r < reps; ++r) best = std::min(best, Step(kPastTokens, n, mode));
-    return best;
+  double Time(int32_t n) { return Step(kPastTokens, n, n <= 16 ? LogitsMode::kAll : LogitsMode::kLastPerSequence); }
+};
+
+// Each pair is a 1-token step and an n-token step one after the other, so that both see the same
+// phase of a machine whose speed drifts (a VM's did by 30% within minutes).
+struct Pairs {
+  std::vector<double> one, step;  // seconds, in pair order
+  double Min(const std::vector<double>& v) const { return *std::min_element(v.begin(), v.end()); }
+  double MedianRatio() const {
+    std::vector<double> r;
+    for (size_t i = 0; i < one.size(); ++i) r.push_back(step[i] / one[i]);
+    std::sort(r.begin(), r.end());
+    return r[r.size() / 2];
   }
 };
 
@@ -83,17 +94,21 @@ void BM_Step(benchmark::State& state) {
   static std::map<std::pair<std::string, bool>, std::unique_ptr<Runner>> runners;
   auto& r = runners[{type, one_term}];
   if (r == nullptr) r = std::make_unique<Runner>(type, one_term);
-  const int reps = n <= 16 ? 20 : 3;
-  double one = 0, step = 0;
+  const int reps = n <= 16 ? 40 : 3;
+  Pairs pairs;
   for (auto _ : state) {
-    // Interleaved, best of each: the 1-token step under the same conditions as this one.
-    one = r->Time(1, reps);
-    step = r->Time(n, reps);
-    state.SetIterationTime(step);
+    for (int i = 0; i < reps; ++i) {
+      pairs.one.push_back(r->Time(1));
+      pairs.step.push_back(r->Time(n));
+    }
+    state.SetIterationTime(pairs.Min(pairs.step));
   }
+  const double one = pairs.Min(pairs.one), step = pairs.Min(pairs.step);
   state.counters["ms"] = step * 1e3;
+  state.counters["one_ms"] = one * 1e3;
   state.counters["tok/s"] = n / step;
   state.counters["vs_1"] = step / one;
+  state.counters["vs_1_median"] = pairs.MedianRatio();
   state.SetLabel(absl::StrCat(type, type == "F32" ? "" : one_term ? " 8b" : " 2x8b"));
 }
 

@@ -504,6 +504,7 @@ void PagedAttention::RunTyped(const float* q, const PagedKvLayer& layer, const A
   const int32_t hd = kv.head_dim, group = num_heads / kv.num_kv_heads, threads = omp_get_max_threads();
   const int64_t block = kv.block();
   const AttendFn<T> attend = PickAttend<T>(hd);
+  constexpr int32_t kMaxGroup = 8;  // tokens of a sequence in one item
   auto table_of = [&](int32_t s) { return meta.block_tables + static_cast<int64_t>(s) * meta.max_blocks_per_seq; };
   // Items of up to `per` consecutive tokens of one sequence; count(per) is how many there are.
   auto count = [&](int32_t per) {
@@ -523,7 +524,6 @@ void PagedAttention::RunTyped(const float* q, const PagedKvLayer& layer, const A
     // Enough tokens to keep the cores busy: all heads of a token together, and up to kMaxGroup tokens
     // of a sequence (a prefill chunk's, a verification's) together while at least 4 items per thread
     // remain: they share every block of K and V read.
-    constexpr int32_t kMaxGroup = 8;
     int32_t per = kMaxGroup;
     while (per > 1 && count(per) < 4 * threads) per /= 2;
     split(per);
@@ -540,19 +540,33 @@ void PagedAttention::RunTyped(const float* q, const PagedKvLayer& layer, const A
     }
     return;
   }
-  // Few tokens (single-sequence decode): one (token, head) pair per item.
-  split(1);
-  const int32_t items = tokens * num_heads;
+  // Few tokens (a small decode batch, a verification): one query head of up to kMaxGroup tokens of a
+  // sequence per item, so that a verification's tokens share each K and V vector read on the head.
+  split(kMaxGroup);
+  const int32_t items = static_cast<int32_t>(items_.size()) * num_heads;
 #pragma omp parallel for schedule(static, 1) if (work * hd * num_heads >= (1 << 11))
   for (int32_t item = 0; item < items; ++item) {
     const auto [t, nq, s] = items_[item / num_heads];
-    const int32_t h = item % num_heads, ctx = meta.positions[t] + 1;
-    thread_local std::vector<float> sc;  // [ctx]
-    sc.resize(ctx);
-    const int64_t off = (static_cast<int64_t>(t) * num_heads + h) * hd;
+    const int32_t h = item % num_heads;
+    int32_t ctx[kMaxGroup], cmax = 0;
+    for (int32_t j = 0; j < nq; ++j) cmax = std::max(cmax, ctx[j] = meta.positions[t + j] + 1);
+    // The scores [nq, cmax]; with several tokens, their queries and outputs [nq, hd] each, gathered
+    // (a token's rows are num_heads * hd apart).
+    thread_local std::vector<float> buf;
+    buf.resize(static_cast<size_t>(nq) * (cmax + (nq > 1 ? 2 * hd : 0)));
+    const int64_t row = static_cast<int64_t>(num_heads) * hd, off = t * row + static_cast<int64_t>(h) * hd;
+    float* sc = buf.data();
+    const float* qi = q + off;
+    float* oi = out + off;
+    if (nq > 1) {
+      float* gathered = sc + static_cast<int64_t>(nq) * cmax;
+      for (int32_t j = 0; j < nq; ++j) std::memcpy(gathered + j * hd, q + off + j * row, sizeof(float) * hd);
+      qi = gathered;
+      oi = gathered + static_cast<int64_t>(nq) * hd;
+    }
     const int64_t head_off = KvOffset(layer, 0, h / group, 0);  // within a block
-    attend(q + off, kv.k + head_off, kv.v + head_off, table_of(s), kv.block_size, block, &ctx, 1, 1, 1, hd, scale,
-           sc.data(), out + off);
+    attend(qi, kv.k + head_off, kv.v + head_off, table_of(s), kv.block_size, block, ctx, nq, 1, 1, hd, scale, sc, oi);
+    for (int32_t j = 0; nq > 1 && j < nq; ++j) std::memcpy(out + off + j * row, oi + j * hd, sizeof(float) * hd);
   }
 }
 

@@ -96,6 +96,17 @@ class CpuBackend final : public Backend {
   void MultiLinear(const void* xv, int32_t m, int32_t k, const LinearOut* outs, int32_t num_outs) override {
     constexpr int32_t kMaxOuts = 4;
     const float* x = F(xv);
+    if (num_outs <= kMaxOuts && Find(quant_, outs[0].w) != nullptr) {
+      cpu::QuantOut quant[kMaxOuts];
+      for (int32_t i = 0; i < num_outs; ++i) {
+        quant[i] = {Find(quant_, outs[i].w), F(outs[i].bias), F(outs[i].y)};
+        if (quant[i].w == nullptr) {  // matrices of different kinds: one at a time
+          for (int32_t j = 0; j < num_outs; ++j) OneLinear(x, outs[j], m, k);
+          return;
+        }
+      }
+      return cpu::LinearQuantMulti(x, m, k, quant, num_outs);
+    }
     if (num_outs > kMaxOuts || FindQ8(outs[0].w) != nullptr || Find(quant_, outs[0].w) != nullptr) {
       for (int32_t i = 0; i < num_outs; ++i) OneLinear(x, outs[i], m, k);
       return;

@@ -55,6 +55,8 @@
 namespace specula::cpu {
 namespace {
 
+constexpr int kMaxOuts = 4;  // matrices in one LinearQuantMulti pass
+
 // --- F16 and BF16: the float row-major path, weights converted in registers ----------------------
 // StreamGemm's tiles load weights through VLoadW, found for these element types by argument-dependent
 // lookup; the scalar multiply serves its non-SIMD build.
@@ -379,6 +381,59 @@ std::vector<uint8_t>& ActsScratch() {
   return buf;
 }
 
+// One group of kG activations to int8: scale amax / 127, each value rounded to nearest even (as
+// nearbyint does under the default rounding mode); returns the scale, *sum the values' sum. The
+// AVX-512 form gives the same bits as the loops: max and integer sums are exact, and both multiply
+// by the same inverse and round the same way. (The loops took 85 cycles a group, a tenth of a
+// 5-token verification's products.)
+template <int kG>
+inline float QuantizeGroup(const float* xg, int8_t* v, int32_t* sum) {
+#if SPECULA_QUANT_WIDTH == 512
+  if constexpr (kG % 16 == 0 && kG <= 32) {  // (maskz forms: GCC 12's plain ones warn, bug 105593)
+    const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
+    __m512 a[kG / 16], m = _mm512_setzero_ps();
+    for (int h = 0; h < kG / 16; ++h) {
+      a[h] = _mm512_loadu_ps(xg + 16 * h);
+      m = _mm512_maskz_max_ps(0xFFFF, m, _mm512_castsi512_ps(_mm512_maskz_and_epi32(0xFFFF, _mm512_castps_si512(a[h]), magnitude)));
+    }
+    // Every lane's max, then its sum below, by a tree of shuffles (a store and a scalar loop cost a
+    // quarter of the group).
+    m = _mm512_maskz_max_ps(0xFFFF, m, _mm512_maskz_shuffle_f32x4(0xFFFF, m, m, _MM_SHUFFLE(1, 0, 3, 2)));
+    m = _mm512_maskz_max_ps(0xFFFF, m, _mm512_maskz_shuffle_f32x4(0xFFFF, m, m, _MM_SHUFFLE(2, 3, 0, 1)));
+    m = _mm512_maskz_max_ps(0xFFFF, m, _mm512_maskz_permute_ps(0xFFFF, m, _MM_SHUFFLE(1, 0, 3, 2)));
+    m = _mm512_maskz_max_ps(0xFFFF, m, _mm512_maskz_permute_ps(0xFFFF, m, _MM_SHUFFLE(2, 3, 0, 1)));
+    const float amax = _mm512_cvtss_f32(m);
+    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    __m512i total = _mm512_setzero_si512();
+    for (int h = 0; h < kG / 16; ++h) {
+      const __m512i r = _mm512_maskz_cvt_roundps_epi32(0xFFFF, _mm512_mul_ps(a[h], inv),
+                                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(v + 16 * h), _mm512_maskz_cvtsepi32_epi8(0xFFFF, r));
+      total = _mm512_add_epi32(total, r);
+    }
+    total = _mm512_add_epi32(total, _mm512_maskz_shuffle_i32x4(0xFFFF, total, total, _MM_SHUFFLE(1, 0, 3, 2)));
+    total = _mm512_add_epi32(total, _mm512_maskz_shuffle_i32x4(0xFFFF, total, total, _MM_SHUFFLE(2, 3, 0, 1)));
+    total = _mm512_add_epi32(total, _mm512_maskz_shuffle_epi32(0xFFFF, total, _MM_PERM_BADC));
+    total = _mm512_add_epi32(total, _mm512_maskz_shuffle_epi32(0xFFFF, total, _MM_PERM_CDAB));
+    *sum = _mm512_cvtsi512_si32(total);
+    return amax / 127.0f;
+  }
+#endif
+  float amax = 0.0f;
+#pragma omp simd reduction(max : amax)
+  for (int j = 0; j < kG; ++j) amax = std::max(amax, std::fabs(xg[j]));
+  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  int32_t total = 0;
+#pragma omp simd reduction(+ : total)
+  for (int j = 0; j < kG; ++j) {
+    const int32_t r = static_cast<int32_t>(std::nearbyint(xg[j] * inv));
+    v[j] = static_cast<int8_t>(r);
+    total += r;
+  }
+  *sum = total;
+  return amax / 127.0f;
+}
+
 template <class T>
 Acts QuantizeActs(const float* x, int32_t m, int32_t k) {
   constexpr int kG = T::kGroup, kUnitBytes = kUnitGroups * kG;
@@ -405,20 +460,7 @@ Acts QuantizeActs(const float* x, int32_t m, int32_t k) {
       int8_t v[kG] = {};
       int32_t sum = 0;
       float scale = 0.0f;
-      if (g * kG < k) {
-        const float* xg = x + static_cast<int64_t>(i) * k + g * kG;
-        float amax = 0.0f;
-#pragma omp simd reduction(max : amax)
-        for (int j = 0; j < kG; ++j) amax = std::max(amax, std::fabs(xg[j]));
-        scale = amax / 127.0f;
-        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int j = 0; j < kG; ++j) {
-          const int32_t r = static_cast<int32_t>(std::nearbyint(xg[j] * inv));
-          v[j] = static_cast<int8_t>(r);
-          sum += r;
-        }
-      }
+      if (g * kG < k) scale = QuantizeGroup<kG>(x + static_cast<int64_t>(i) * k + g * kG, v, &sum);
       if (u < full_units) {  // values 16h + 4j..+3 to dword 4t + s of vector j kH + h
         int8_t* base_u = qs + (i * units + u) * kUnitBytes;
         for (int h = 0; h < T::kH; ++h) {
@@ -693,26 +735,38 @@ constexpr int32_t kTileRows = 16;
 // 4 tokens' products, so 8 tokens spent a third of the time on it.
 constexpr int32_t kBigBlock = 32;
 
+// Rows go in tiles of kTileRows over every output of a call (at most kMaxOuts): one parallel loop
+// for all of them.
 template <class T>
-void GemmQuantRaw(const float* x, const QuantMatrix& w, const float* bias, int32_t m, int32_t n, int32_t k, float* y) {
+void GemmQuantRaw(const float* x, int32_t m, int32_t k, const QuantOut* outs, int32_t num_outs) {
   const Acts acts = QuantizeActs<T>(x, m, k);
-  const int64_t groups = k / T::kGroup, row_bytes = QuantRowBytes(w.type, k);
-  const auto* base = static_cast<const uint8_t*>(w.blocks);
+  const int64_t groups = k / T::kGroup, row_bytes = QuantRowBytes(outs[0].w->type, k);
   using RowsFn = void (*)(const uint8_t*, int64_t, int32_t, int32_t, const Acts&, int32_t, int64_t, const float*,
                           int32_t, float*);
   static constexpr RowsFn kRowsFns[kStreamMaxRows + 1] = {nullptr,         &RowsDot<T, 1>, &RowsDot<T, 2>,
                                                           &RowsDot<T, 3>,  &RowsDot<T, 4>, &RowsDot<T, 5>,
                                                           &RowsDot<T, 6>,  &RowsDot<T, 7>, &RowsDot<T, 8>};
-  const int32_t tiles = (n + kTileRows - 1) / kTileRows;
-#pragma omp parallel for schedule(static) if (static_cast<int64_t>(n) * k * m >= (1 << 16))
-  for (int32_t tile = 0; tile < tiles; ++tile) {
-    const int32_t r0 = tile * kTileRows, r1 = std::min(n, r0 + kTileRows);
+  int32_t first_tile[kMaxOuts + 1] = {0};  // output i's tiles: [first_tile[i], first_tile[i + 1])
+  int64_t size = 0;
+  for (int32_t i = 0; i < num_outs; ++i) {
+    const int32_t n = static_cast<int32_t>(outs[i].w->rows);
+    first_tile[i + 1] = first_tile[i] + (n + kTileRows - 1) / kTileRows;
+    size += static_cast<int64_t>(n) * k * m;
+  }
+#pragma omp parallel for schedule(static) if (size >= (1 << 16))
+  for (int32_t tile = 0; tile < first_tile[num_outs]; ++tile) {
+    int32_t o = 0;
+    while (tile >= first_tile[o + 1]) ++o;
+    const QuantOut& out = outs[o];
+    const auto* base = static_cast<const uint8_t*>(out.w->blocks);
+    const int32_t n = static_cast<int32_t>(out.w->rows);
+    const int32_t r0 = (tile - first_tile[o]) * kTileRows, r1 = std::min(n, r0 + kTileRows);
     int32_t i0 = 0;
     for (; i0 + kBigBlock <= m; i0 += kBigBlock) {
-      RowsDot<T, kBigBlock>(base, row_bytes, r0, r1, acts, i0, groups, bias, n, y);
+      RowsDot<T, kBigBlock>(base, row_bytes, r0, r1, acts, i0, groups, out.bias, n, out.y);
     }
     for (; i0 < m; i0 += kStreamMaxRows) {
-      kRowsFns[std::min(kStreamMaxRows, m - i0)](base, row_bytes, r0, r1, acts, i0, groups, bias, n, y);
+      kRowsFns[std::min(kStreamMaxRows, m - i0)](base, row_bytes, r0, r1, acts, i0, groups, out.bias, n, out.y);
     }
   }
 }
@@ -741,22 +795,29 @@ void SplitActs(const float* x, int32_t m, int32_t k, float* xx) {
 }
 
 template <class T>
-void GemmQuant(const float* x, const QuantMatrix& w, const float* bias, int32_t m, int32_t n, int32_t k, float* y) {
-  if (w.two_term_activations) {
-    thread_local std::vector<float> xx, yy;  // [2m, k], [2m, n]
-    xx.resize(static_cast<size_t>(2 * m) * k);
-    yy.resize(static_cast<size_t>(2 * m) * n);
-    SplitActs<T>(x, m, k, xx.data());
-    GemmQuantRaw<T>(xx.data(), w, nullptr, 2 * m, n, k, yy.data());
+void GemmQuant(const float* x, int32_t m, int32_t k, const QuantOut* outs, int32_t num_outs) {
+  if (!outs[0].w->two_term_activations) return GemmQuantRaw<T>(x, m, k, outs, num_outs);
+  thread_local std::vector<float> xx, yy;  // [2m, k], [2m, the outputs' rows]
+  int64_t rows = 0;
+  for (int32_t i = 0; i < num_outs; ++i) rows += outs[i].w->rows;
+  xx.resize(static_cast<size_t>(2 * m) * k);
+  yy.resize(static_cast<size_t>(2 * m) * rows);
+  SplitActs<T>(x, m, k, xx.data());
+  QuantOut terms[kMaxOuts];  // each output's [2m, n] of both terms, without the bias
+  for (int32_t i = 0, at = 0; i < num_outs; at += static_cast<int32_t>(outs[i].w->rows) * 2 * m, ++i) {
+    terms[i] = {outs[i].w, nullptr, yy.data() + at};
+  }
+  GemmQuantRaw<T>(xx.data(), 2 * m, k, terms, num_outs);
+  for (int32_t o = 0; o < num_outs; ++o) {
+    const int32_t n = static_cast<int32_t>(outs[o].w->rows);
+    const float* bias = outs[o].bias;
     for (int32_t i = 0; i < m; ++i) {
-      const float* h = yy.data() + static_cast<int64_t>(2 * i) * n;
+      const float* h = terms[o].y + static_cast<int64_t>(2 * i) * n;
       const float* l = h + n;
-      float* yi = y + static_cast<int64_t>(i) * n;
+      float* yi = outs[o].y + static_cast<int64_t>(i) * n;
       for (int32_t r = 0; r < n; ++r) yi[r] = (h[r] + l[r]) + (bias != nullptr ? bias[r] : 0.0f);
     }
-    return;
   }
-  GemmQuantRaw<T>(x, w, bias, m, n, k, y);
 }
 #endif  // SPECULA_QUANT_WIDTH
 
@@ -792,16 +853,40 @@ void LinearQuant(const float* x, const QuantMatrix& w, const float* bias, int32_
     default: break;
   }
 #if defined(SPECULA_QUANT_WIDTH)
+  const QuantOut out{&w, bias, y};
   switch (w.type) {
-    case QuantType::kQ4_0: return GemmQuant<Q4_0Kernel>(x, w, bias, m, n, k, y);
-    case QuantType::kQ4_1: return GemmQuant<Q4_1Kernel>(x, w, bias, m, n, k, y);
-    case QuantType::kQ8_0: return GemmQuant<Q8_0Kernel>(x, w, bias, m, n, k, y);
-    case QuantType::kQ4_K: return GemmQuant<Q4KKernel>(x, w, bias, m, n, k, y);
-    case QuantType::kQ6_K: return GemmQuant<Q6KKernel>(x, w, bias, m, n, k, y);
+    case QuantType::kQ4_0: return GemmQuant<Q4_0Kernel>(x, m, k, &out, 1);
+    case QuantType::kQ4_1: return GemmQuant<Q4_1Kernel>(x, m, k, &out, 1);
+    case QuantType::kQ8_0: return GemmQuant<Q8_0Kernel>(x, m, k, &out, 1);
+    case QuantType::kQ4_K: return GemmQuant<Q4KKernel>(x, m, k, &out, 1);
+    case QuantType::kQ6_K: return GemmQuant<Q6KKernel>(x, m, k, &out, 1);
     default: break;
   }
 #endif
   GemmDequant(x, w, bias, m, n, k, y);
+}
+
+void LinearQuantMulti(const float* x, int32_t m, int32_t k, const QuantOut* outs, int32_t num_outs) {
+  bool shared = num_outs <= kMaxOuts;
+  for (int32_t i = 1; i < num_outs; ++i) {
+    shared = shared && outs[i].w->type == outs[0].w->type &&
+             outs[i].w->two_term_activations == outs[0].w->two_term_activations;
+  }
+#if defined(SPECULA_QUANT_WIDTH)
+  if (shared) {
+    switch (outs[0].w->type) {
+      case QuantType::kQ4_0: return GemmQuant<Q4_0Kernel>(x, m, k, outs, num_outs);
+      case QuantType::kQ4_1: return GemmQuant<Q4_1Kernel>(x, m, k, outs, num_outs);
+      case QuantType::kQ8_0: return GemmQuant<Q8_0Kernel>(x, m, k, outs, num_outs);
+      case QuantType::kQ4_K: return GemmQuant<Q4KKernel>(x, m, k, outs, num_outs);
+      case QuantType::kQ6_K: return GemmQuant<Q6KKernel>(x, m, k, outs, num_outs);
+      default: break;
+    }
+  }
+#endif
+  for (int32_t i = 0; i < num_outs; ++i) {
+    LinearQuant(x, *outs[i].w, outs[i].bias, m, static_cast<int32_t>(outs[i].w->rows), k, outs[i].y);
+  }
 }
 
 void QuantRow(const QuantMatrix& w, int64_t r, float* out) {

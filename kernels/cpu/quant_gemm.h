@@ -30,6 +30,17 @@ struct QuantMatrix {
 // the block size: 32, 256 for Q4_K and Q6_K), n == w.rows.
 void LinearQuant(const float* x, const QuantMatrix& w, const float* bias, int32_t m, int32_t n, int32_t k, float* y);
 
+// One product of several matrices with the same input (Q, K and V; gate and up).
+struct QuantOut {
+  const QuantMatrix* w;
+  const float* bias;  // [w->rows] or null
+  float* y;           // [m, w->rows]
+};
+// outs[i].y = x w_i^T + bias_i for each i, the same bits as LinearQuant for each. Where every matrix
+// has the same type and activations, x is quantized once and all the rows go through one parallel
+// loop (one fork and join instead of one per matrix); otherwise one LinearQuant each.
+void LinearQuantMulti(const float* x, int32_t m, int32_t k, const QuantOut* outs, int32_t num_outs);
+
 // out[cols] = dequant(w)[r, :] (embedding lookup): DequantizeRow's values, bit for bit.
 void QuantRow(const QuantMatrix& w, int64_t r, float* out);
 

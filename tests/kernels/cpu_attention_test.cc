@@ -178,15 +178,16 @@ void CheckAttention(DType dtype, const std::vector<SeqShape>& shape, int32_t hd,
 }
 
 // Every head size the SIMD kernel specializes at 16 or 8 lanes (and 12, which takes the portable loop), block sizes
-// 1, 5 and 16, GQA, both pool types, and each path: a few decode tokens (head by head), many decode
-// tokens (all heads of a token together), short causal runs (verification) and prefill chunks
-// (GEMMs over gathered rows).
+// 1, 5 and 16, GQA, both pool types, and each path: a few decode tokens or short causal runs
+// (verification) head by head, many decode tokens (all heads of a token together), longer causal
+// runs and prefill chunks.
 TEST(CpuAttentionTest, EveryPathMatchesReference) {
   std::mt19937 rng(5);
   const std::vector<std::vector<SeqShape>> cases = {
       {{1, 1}, {1, 17}, {1, 40}, {1, 100}},
       {{1, 1}, {1, 17}, {1, 40}, {1, 100}, {1, 3}, {1, 64}, {1, 65}, {1, 16}, {1, 2}, {1, 33}},
       {{5, 5}, {3, 50}, {2, 97}},
+      {{3, 40}, {2, 17}},
       {{9, 9}, {1, 30}, {40, 100}}};
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     for (const auto& c : cases) {
@@ -202,7 +203,8 @@ TEST(CpuAttentionTest, EveryPathMatchesReference) {
 
 // A token's output is the same bits whether it runs alone (head by head), with one token of each of
 // many sequences, or in a group of up to 8 tokens of its sequence that share each block (a prefill
-// chunk's, a verification's): batched and speculative decoding rely on it.
+// chunk's, a verification's): batched and speculative decoding rely on it. Two runs of the few-token
+// path are checked too: a verification's 5 tokens alone, and 2 + 1 tokens of two sequences.
 TEST(CpuAttentionTest, ATokenGetsTheSameBitsInEveryGrouping) {
   std::mt19937 rng(11);
   for (DType dtype : {DType::kF32, DType::kBF16}) {
@@ -230,6 +232,26 @@ TEST(CpuAttentionTest, ATokenGetsTheSameBitsInEveryGrouping) {
       AttentionMetadata meta{seqs, tokens, query_start.data(), positions.data(),
                              slots.data(), tables.data(), max_blocks};
       be->PagedAttention(q.data(), pool.Layer(), meta, heads, scale, all.data());
+      // The few-token path: sequence 0's last 5 tokens alone; its last 2 with sequence 1's token.
+      for (const std::vector<int32_t>& run : {std::vector<int32_t>{5}, std::vector<int32_t>{2, 1}}) {
+        std::vector<int32_t> starts = {0}, pos, tabs, from;  // from: each token's index in the full run
+        for (size_t r = 0; r < run.size(); ++r) {
+          const int32_t s = static_cast<int32_t>(r), last = query_start[s + 1] - 1;
+          for (int32_t i = run[r] - 1; i >= 0; --i) from.push_back(last - i), pos.push_back(positions[last - i]);
+          starts.push_back(static_cast<int32_t>(pos.size()));
+          tabs.insert(tabs.end(), &tables[s * max_blocks], &tables[(s + 1) * max_blocks]);
+        }
+        const int32_t n = static_cast<int32_t>(pos.size());
+        std::vector<float> qs, got(static_cast<size_t>(n) * heads * hd);
+        for (int32_t t : from) qs.insert(qs.end(), &q[static_cast<size_t>(t) * heads * hd], &q[static_cast<size_t>(t + 1) * heads * hd]);
+        AttentionMetadata few{static_cast<int32_t>(run.size()), n, starts.data(), pos.data(), slots.data(), tabs.data(), max_blocks};
+        be->PagedAttention(qs.data(), pool.Layer(), few, heads, scale, got.data());
+        for (int32_t i = 0; i < n; ++i) {
+          ASSERT_EQ(0, std::memcmp(got.data() + static_cast<size_t>(i) * heads * hd,
+                                   all.data() + static_cast<size_t>(from[i]) * heads * hd, sizeof(float) * heads * hd))
+              << DTypeName(dtype) << " hd " << hd << " few-token run of " << run.size() << " sequences, token " << i;
+        }
+      }
       for (int32_t s = 0; s < seqs; ++s) {
         for (int32_t t = query_start[s]; t < query_start[s + 1]; ++t) {
           const int32_t start[2] = {0, 1};

@@ -207,6 +207,42 @@ TEST(QuantGemmTest, TokensGetTheSameBitsInEveryBatch) {
   }
 }
 
+// Several matrices in one pass (Q, K, V; gate and up) give each one's LinearQuant bits, with one or
+// two activation terms and with or without biases; matrices of different types go one at a time.
+TEST(QuantGemmTest, MultiGivesEachMatrixItsOwnBits) {
+  std::mt19937 rng(5);
+  for (const Case& c : kCases) {
+    const int32_t k = c.ks.back();
+    for (bool two_terms : {false, true}) {
+      for (int32_t m : {1, 5, 33}) {
+        // Different row counts (a partial tile each); the last matrix is Q8_0 in the mixed case.
+        std::vector<Weights> ws;
+        for (int32_t n : {37, 16, 5}) ws.push_back(MakeWeights(c.type, n, k, &rng));
+        for (bool mixed : {false, true}) {
+          if (mixed) ws.back() = MakeWeights(QuantType::kQ8_0, 9, k, &rng);
+          const std::vector<float> x = Random(static_cast<size_t>(m) * k, &rng), bias = Random(37, &rng);
+          std::vector<std::vector<float>> y(ws.size());
+          std::vector<QuantOut> outs;
+          for (size_t i = 0; i < ws.size(); ++i) {
+            ws[i].w.two_term_activations = two_terms;
+            y[i].assign(static_cast<size_t>(m) * ws[i].w.rows, NAN);
+            outs.push_back({&ws[i].w, i == 1 ? nullptr : bias.data(), y[i].data()});
+          }
+          LinearQuantMulti(x.data(), m, k, outs.data(), static_cast<int32_t>(outs.size()));
+          for (size_t i = 0; i < ws.size(); ++i) {
+            const int32_t n = static_cast<int32_t>(ws[i].w.rows);
+            std::vector<float> one(y[i].size(), NAN);
+            LinearQuant(x.data(), ws[i].w, outs[i].bias, m, n, k, one.data());
+            ASSERT_EQ(0, std::memcmp(one.data(), y[i].data(), one.size() * sizeof(float)))
+                << QuantTypeName(c.type) << " matrix " << i << " of " << ws.size() << ", " << m << " tokens, "
+                << (two_terms ? "two terms" : "one term") << (mixed ? ", mixed types" : "");
+          }
+        }
+      }
+    }
+  }
+}
+
 // The integer machinery alone: against activations quantized the way the kernels document (per
 // group of 32, 16 for Q6_K; scale amax / 127; round to nearest even), the products agree to float
 // rounding. This sees errors that the 8-bit noise above could hide (one group's scale or offset
