@@ -125,7 +125,8 @@ class Backend {
     return UploadWeight(host, rows * cols);
   }
   // A matrix [rows, cols] stored as rows of GGUF blocks of `type` (core/quant.h), read only as
-  // UploadMatrix's are. The CPU backend computes on the blocks where they lie (no copy). The
+  // UploadMatrix's are. The CPU backend computes on the blocks where they lie (no copy), except
+  // Q4_1, which it copies into its products' own arrangement (a permutation of the bytes). The
   // default dequantizes to float32 and uploads that, for backends that copy (a device).
   virtual absl::StatusOr<const void*> UploadQuantMatrix(const void* blocks, QuantType type, int64_t rows,
                                                         int64_t cols) {

@@ -45,6 +45,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "core/dtype.h"
@@ -125,6 +126,15 @@ inline float HalfToF(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return _cvtsh_ss(h);
+}
+
+// A vector of the f16 values at p, as floats.
+inline FVec HalvesToF(const uint8_t* p) {
+#if SPECULA_QUANT_WIDTH == 512
+  return _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#else
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#endif
 }
 
 // One unit of a weight row, unpacked. Prepare leaves it by group: w[s][h], lane t holds the 16
@@ -209,7 +219,7 @@ inline void UnpackNibbleBlocks(const uint8_t* blk, int ng, Unit* u) {
 // in 2 blocks, which cost a quarter of a unit instead of a whole one).
 struct Q4_0Kernel {
   static constexpr int kGroup = 32, kH = 2, kOffset = 8, kBlockBytes = sizeof(BlockQ4_0);
-  static constexpr bool kMin = false, kSigned = false, kSmall = true, kCross = true;
+  static constexpr bool kMin = false, kSigned = false, kSmall = true, kCross = true, kPreTransposed = false;
   template <bool kFull, int kAccs>
   static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
     const uint8_t* blk = row + unit * kUnitGroups * static_cast<int64_t>(sizeof(BlockQ4_0));
@@ -220,7 +230,7 @@ struct Q4_0Kernel {
 
 struct Q4_1Kernel {
   static constexpr int kGroup = 32, kH = 2, kOffset = 0, kBlockBytes = sizeof(BlockQ4_1);
-  static constexpr bool kMin = true, kSigned = false, kSmall = true, kCross = true;
+  static constexpr bool kMin = true, kSigned = false, kSmall = true, kCross = true, kPreTransposed = false;
   template <bool kFull, int kAccs>
   static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
     const uint8_t* blk = row + unit * kUnitGroups * static_cast<int64_t>(sizeof(BlockQ4_1));
@@ -229,9 +239,34 @@ struct Q4_1Kernel {
   }
 };
 
+// Q4_1 in RepackForProducts' arrangement. A whole unit (the size of kUnitGroups blocks) is 4 vectors
+// of nibble bytes, then the kUnitGroups f16 scales d and mins m in lane order: byte 16t + 4s + b of
+// vector j is byte 4j + b of block kV s + t's qs, so that its low nibbles are TransposeUnit's
+// w[j][0] and its high ones w[j][1]. The rest of a row (a partial unit, cross tails) is GGUF's.
+struct Q4_1Packed : Q4_1Kernel {
+  static constexpr bool kPreTransposed = true;
+  using Raw = Q4_1Kernel;  // the arrangement of the rest of a row
+  static constexpr int kNibbles = 4 * kVecBytes;  // a unit's nibble bytes; then d, then m
+  template <bool kFull, int kAccs>
+  static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
+    if constexpr (!kFull) {
+      Q4_1Kernel::Prepare<false, kAccs>(row, unit, ng, u);
+    } else {
+      const uint8_t* p = row + unit * kUnitGroups * static_cast<int64_t>(sizeof(BlockQ4_1));
+      for (int j = 0; j < 4; ++j) {
+        const IVec v = LoadI(p + j * kVecBytes);
+        u->w[j][0] = And(v, Bytes(0x0F));
+        u->w[j][1] = And(Shr4(v), Bytes(0x0F));
+      }
+      u->a = HalvesToF(p + kNibbles);
+      u->b = HalvesToF(p + kNibbles + 2 * kUnitGroups);
+    }
+  }
+};
+
 struct Q8_0Kernel {
   static constexpr int kGroup = 32, kH = 2, kOffset = kVnni ? 128 : 0, kBlockBytes = sizeof(BlockQ8_0);
-  static constexpr bool kMin = false, kSigned = true, kSmall = false, kCross = true;
+  static constexpr bool kMin = false, kSigned = true, kSmall = false, kCross = true, kPreTransposed = false;
   template <bool kFull, int kAccs>
   static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
     constexpr int kBytes = sizeof(BlockQ8_0);
@@ -278,7 +313,7 @@ inline void Q4KScaleWords(const uint8_t* scales, uint32_t* sc, uint32_t* mn) {
 // their high nibbles the next.
 struct Q4KKernel {
   static constexpr int kGroup = 32, kH = 2, kOffset = 0;
-  static constexpr bool kMin = true, kSigned = false, kSmall = true, kCross = false;
+  static constexpr bool kMin = true, kSigned = false, kSmall = true, kCross = false, kPreTransposed = false;
   static constexpr int kBlockBytes = 0;  // no cross units (Acts::rest)
   template <bool kFull, int kAccs>
   static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
@@ -326,7 +361,7 @@ struct Q4KKernel {
 // nibbles) and l + 64, l + 96 (high), qh[l] their high bits in bit pairs 0, 2, 4, 6.
 struct Q6KKernel {
   static constexpr int kGroup = 16, kH = 1, kOffset = 32;
-  static constexpr bool kMin = false, kSigned = false, kSmall = false, kCross = false;
+  static constexpr bool kMin = false, kSigned = false, kSmall = false, kCross = false, kPreTransposed = false;
   static constexpr int kBlockBytes = 0;
   template <bool kFull, int kAccs>
   static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
@@ -597,6 +632,20 @@ struct RowMap {
   }
 };
 
+// The map of a whole cross unit (kUnitGroups / rest rows from j0), built once: the same in every
+// call, and building it cost as much as the unit's products at one token.
+inline const RowMap& WholeRowMap(int rest, int j0) {
+  static const auto maps = [] {
+    std::array<std::vector<RowMap>, kUnitGroups> m;
+    for (int r = 1; r < kUnitGroups; ++r) {
+      if (kUnitGroups % r != 0) continue;
+      for (int j = 0; j < kUnitGroups; j += kUnitGroups / r) m[r].emplace_back(r, j, kUnitGroups / r);
+    }
+    return m;
+  }();
+  return maps[rest][j0 / (kUnitGroups / rest)];
+}
+
 inline FVec RowSums(FVec v, const RowMap& map, int rest) {
   FVec out = ZeroF();
   for (int g = 0; g < rest; ++g) {
@@ -609,6 +658,16 @@ inline FVec RowSums(FVec v, const RowMap& map, int rest) {
   }
   return out;
 }
+
+// The kernel for a row's blocks in GGUF's arrangement (CrossTails' copies of them).
+template <class T>
+struct RawOf {
+  using type = T;
+};
+template <>
+struct RawOf<Q4_1Packed> {
+  using type = Q4_1Packed::Raw;
+};
 
 // The partial last units (a.rest groups each) of rows first .. first + count - 1, kUnitGroups /
 // rest rows at a time as one unit whose group q = j rest + g is row j's group g: tails[i], lane j,
@@ -627,10 +686,12 @@ void CrossTails(const uint8_t* blocks, int64_t row_bytes, int32_t first, int32_t
       const uint8_t* block = blocks + (first + j) * row_bytes + (full * kUnitGroups + q % rest) * kBytes;
       std::memcpy(buf + q * kBytes, block, kBytes);
     }
+    using R = typename RawOf<T>::type;
     Unit w;
-    T::template Prepare<true, 4>(buf, 0, kUnitGroups, &w);
-    TransposeUnit<T>(&w);
-    const RowMap map(rest, j0, std::min(rows, count - j0));
+    R::template Prepare<true, 4>(buf, 0, kUnitGroups, &w);
+    TransposeUnit<R>(&w);
+    std::optional<RowMap> partial;  // the last block of a matrix whose rows are not a whole number of units
+    const RowMap& map = count - j0 >= rows ? WholeRowMap(rest, j0) : partial.emplace(rest, j0, count - j0);
     for (int i = 0; i < M; ++i) {
       const int64_t ti = i0 + i, gi = ti * gstride + tu * kUnitGroups;
       IVec dot = UnitDotT<T>(w, a.qs + ti * qstride + tu * kUnitGroups * T::kGroup);
@@ -691,7 +752,7 @@ void RowsDot(const uint8_t* blocks, int64_t row_bytes, int32_t r0, int32_t r1, c
     for (int64_t u = 0; u < full; ++u) {
       Unit w;
       T::template Prepare<true, 4>(row, u, kUnitGroups, &w);
-      TransposeUnit<T>(&w);
+      if constexpr (!T::kPreTransposed) TransposeUnit<T>(&w);
       if (u == 0) {
         step.template operator()<0, true>(u, w);
       } else {
@@ -856,7 +917,8 @@ void LinearQuant(const float* x, const QuantMatrix& w, const float* bias, int32_
   const QuantOut out{&w, bias, y};
   switch (w.type) {
     case QuantType::kQ4_0: return GemmQuant<Q4_0Kernel>(x, m, k, &out, 1);
-    case QuantType::kQ4_1: return GemmQuant<Q4_1Kernel>(x, m, k, &out, 1);
+    case QuantType::kQ4_1:
+      return w.repacked ? GemmQuant<Q4_1Packed>(x, m, k, &out, 1) : GemmQuant<Q4_1Kernel>(x, m, k, &out, 1);
     case QuantType::kQ8_0: return GemmQuant<Q8_0Kernel>(x, m, k, &out, 1);
     case QuantType::kQ4_K: return GemmQuant<Q4KKernel>(x, m, k, &out, 1);
     case QuantType::kQ6_K: return GemmQuant<Q6KKernel>(x, m, k, &out, 1);
@@ -870,13 +932,16 @@ void LinearQuantMulti(const float* x, int32_t m, int32_t k, const QuantOut* outs
   bool shared = num_outs <= kMaxOuts;
   for (int32_t i = 1; i < num_outs; ++i) {
     shared = shared && outs[i].w->type == outs[0].w->type &&
-             outs[i].w->two_term_activations == outs[0].w->two_term_activations;
+             outs[i].w->two_term_activations == outs[0].w->two_term_activations &&
+             outs[i].w->repacked == outs[0].w->repacked;
   }
 #if defined(SPECULA_QUANT_WIDTH)
   if (shared) {
     switch (outs[0].w->type) {
       case QuantType::kQ4_0: return GemmQuant<Q4_0Kernel>(x, m, k, outs, num_outs);
-      case QuantType::kQ4_1: return GemmQuant<Q4_1Kernel>(x, m, k, outs, num_outs);
+      case QuantType::kQ4_1:
+        if (outs[0].w->repacked) return GemmQuant<Q4_1Packed>(x, m, k, outs, num_outs);
+        return GemmQuant<Q4_1Kernel>(x, m, k, outs, num_outs);
       case QuantType::kQ8_0: return GemmQuant<Q8_0Kernel>(x, m, k, outs, num_outs);
       case QuantType::kQ4_K: return GemmQuant<Q4KKernel>(x, m, k, outs, num_outs);
       case QuantType::kQ6_K: return GemmQuant<Q6KKernel>(x, m, k, outs, num_outs);
@@ -889,8 +954,61 @@ void LinearQuantMulti(const float* x, int32_t m, int32_t k, const QuantOut* outs
   }
 }
 
+namespace {
+
+// Block b's bytes of a row's whole unit in GGUF's arrangement <-> RepackForProducts' (Q4_1Packed):
+// visit(gguf offset, packed offset, bytes) for each piece of the unit, a permutation of its bytes.
+template <typename Visit>
+void UnitPermutation(Visit visit) {
+#if defined(SPECULA_QUANT_WIDTH)
+  constexpr int kB = sizeof(BlockQ4_1), kQs = offsetof(BlockQ4_1, qs);
+  for (int s = 0; s < 4; ++s) {
+    for (int t = 0; t < kV; ++t) {
+      const int g = kV * s + t, lane = 4 * t + s;
+      for (int j = 0; j < 4; ++j) visit(g * kB + kQs + 4 * j, j * kVecBytes + 16 * t + 4 * s, 4);
+      visit(g * kB + offsetof(BlockQ4_1, d), Q4_1Packed::kNibbles + 2 * lane, 2);
+      visit(g * kB + offsetof(BlockQ4_1, m), Q4_1Packed::kNibbles + 2 * kUnitGroups + 2 * lane, 2);
+    }
+  }
+#else
+  (void)visit;
+#endif
+}
+
+constexpr int64_t kUnitValues =
+#if defined(SPECULA_QUANT_WIDTH)
+    kUnitGroups * 32;
+#else
+    0;
+#endif
+
+}  // namespace
+
+std::vector<uint8_t> RepackForProducts(const QuantMatrix& w) {
+  if (w.type != QuantType::kQ4_1 || kUnitValues == 0 || w.repacked) return {};
+  const int64_t row_bytes = QuantRowBytes(w.type, w.cols), unit_bytes = kUnitValues / 32 * sizeof(BlockQ4_1);
+  const auto* src = static_cast<const uint8_t*>(w.blocks);
+  std::vector<uint8_t> out(src, src + w.rows * row_bytes);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    for (int64_t u = 0; u < w.cols / kUnitValues; ++u) {
+      const int64_t at = r * row_bytes + u * unit_bytes;
+      UnitPermutation([&](int from, int to, int n) { std::memcpy(&out[at + to], src + at + from, n); });
+    }
+  }
+  return out;
+}
+
 void QuantRow(const QuantMatrix& w, int64_t r, float* out) {
-  DequantizeRow(w.type, static_cast<const uint8_t*>(w.blocks) + r * QuantRowBytes(w.type, w.cols), w.cols, out);
+  const int64_t row_bytes = QuantRowBytes(w.type, w.cols);
+  const uint8_t* row = static_cast<const uint8_t*>(w.blocks) + r * row_bytes;
+  if (!w.repacked) return DequantizeRow(w.type, row, w.cols, out);
+  thread_local std::vector<uint8_t> gguf;  // [row_bytes]: the row back in GGUF's arrangement
+  gguf.assign(row, row + row_bytes);
+  const int64_t unit_bytes = kUnitValues / 32 * sizeof(BlockQ4_1);
+  for (int64_t u = 0; kUnitValues > 0 && u < w.cols / kUnitValues; ++u) {
+    UnitPermutation([&](int from, int to, int n) { std::memcpy(&gguf[u * unit_bytes + from], row + u * unit_bytes + to, n); });
+  }
+  DequantizeRow(w.type, gguf.data(), w.cols, out);
 }
 
 }  // namespace specula::cpu

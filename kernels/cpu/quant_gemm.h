@@ -1,7 +1,8 @@
-// Matrix products on GGUF quantized blocks (core/quant.h) where they lie: the weights of a mapped
-// GGUF file are never converted to float. Q4_0, Q4_1, Q8_0, Q4_K and Q6_K multiply int8
-// activations (each row of x quantized once per call, per group of 32 values, 16 for Q6_K);
-// F16 and BF16 convert the weights in registers and multiply float activations.
+// Matrix products on GGUF quantized blocks (core/quant.h) where they lie, or for Q4_1 in a
+// permutation of them (RepackForProducts): weights are never converted to float. Q4_0, Q4_1, Q8_0,
+// Q4_K and Q6_K multiply int8 activations (each row of x quantized once per call, per group of 32
+// values, 16 for Q6_K); F16 and BF16 convert the weights in registers and multiply float
+// activations.
 //
 // A token's outputs are the same bits whatever the number of tokens in the call (m) and the number
 // of threads: each output element is one fixed sequence of operations on that token's row and one
@@ -9,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/quant.h"
 
@@ -24,7 +26,17 @@ struct QuantMatrix {
   // twice the integer work, in the same pass over the weights. false: one 8-bit term, as
   // llama.cpp (CpuOptions::int8_activations).
   bool two_term_activations = true;
+  // `blocks` holds RepackForProducts' arrangement instead of GGUF's.
+  bool repacked = false;
 };
+
+// A copy of w's blocks (GGUF's arrangement) in the one the products read fastest, or empty where
+// there is none (types other than Q4_1, builds without AVX2). The same size, a permutation of the
+// bytes: each row's whole units of 4 blocks per 128 bits of vector (16 on AVX-512) have their
+// nibbles in the order the products take them and their scales in lane order, so that a unit is
+// unpacked by masks and shifts with no shuffle or gather; the rest of the row is as it was. The
+// products and QuantRow give the same bits on either arrangement.
+std::vector<uint8_t> RepackForProducts(const QuantMatrix& w);
 
 // y[m, n] = x[m, k] dequant(w)[n, k]^T + bias[n] (bias may be null); k == w.cols (a multiple of
 // the block size: 32, 256 for Q4_K and Q6_K), n == w.rows.

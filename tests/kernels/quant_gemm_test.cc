@@ -243,6 +243,52 @@ TEST(QuantGemmTest, MultiGivesEachMatrixItsOwnBits) {
   }
 }
 
+// Q4_1 repacked for the products gives the GGUF arrangement's bits: products with one and two
+// activation terms at every token count (rows of whole units, of a unit and a cross tail, and of
+// a partial unit), in one pass with other matrices, and the embedding lookup. A permutation that
+// differed would move some group's values or scales and change the outputs.
+TEST(QuantGemmTest, RepackedQ4_1GivesTheSameBits) {
+  std::mt19937 rng(6);
+  for (int32_t k : {32, 512, 544, 576, 1536}) {
+    const int32_t n = 21;
+    Weights w = MakeWeights(QuantType::kQ4_1, n, k, &rng);
+    std::vector<uint8_t> packed = RepackForProducts(w.w);
+#if !defined(__AVX2__)
+    EXPECT_TRUE(packed.empty()) << "the scalar build has no arrangement of its own";
+    continue;
+#endif
+    ASSERT_EQ(packed.size(), static_cast<size_t>(QuantRowBytes(QuantType::kQ4_1, k) * n));
+    if (k >= 512) {
+      EXPECT_NE(0, std::memcmp(packed.data(), w.w.blocks, packed.size())) << "k " << k << ": nothing moved";
+    }
+    QuantMatrix r = w.w;
+    r.blocks = packed.data();
+    r.repacked = true;
+    EXPECT_TRUE(RepackForProducts(r).empty()) << "repacked twice";
+    for (bool two_terms : {false, true}) {
+      w.w.two_term_activations = r.two_term_activations = two_terms;
+      for (int32_t m : {1, 2, 5, 9, 33, 40}) {
+        const std::vector<float> x = Random(static_cast<size_t>(m) * k, &rng), bias = Random(n, &rng);
+        std::vector<float> want(static_cast<size_t>(m) * n, NAN), got(want.size(), NAN);
+        LinearQuant(x.data(), w.w, bias.data(), m, n, k, want.data());
+        LinearQuant(x.data(), r, bias.data(), m, n, k, got.data());
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+            << "k " << k << ", " << m << " tokens, " << (two_terms ? "two terms" : "one term");
+        std::vector<float> multi(want.size(), NAN), other(want.size(), NAN);
+        const QuantOut outs[] = {{&r, bias.data(), multi.data()}, {&r, nullptr, other.data()}};
+        LinearQuantMulti(x.data(), m, k, outs, 2);
+        ASSERT_EQ(0, std::memcmp(want.data(), multi.data(), want.size() * sizeof(float))) << "k " << k << " in one pass";
+      }
+    }
+    std::vector<float> want(k), got(k);
+    for (int64_t row : {0, n / 2, n - 1}) {
+      QuantRow(w.w, row, want.data());
+      QuantRow(r, row, got.data());
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), k * sizeof(float))) << "k " << k << " row " << row;
+    }
+  }
+}
+
 // The integer machinery alone: against activations quantized the way the kernels document (per
 // group of 32, 16 for Q6_K; scale amax / 127; round to nearest even), the products agree to float
 // rounding. This sees errors that the 8-bit noise above could hide (one group's scale or offset
