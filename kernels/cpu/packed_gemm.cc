@@ -94,6 +94,12 @@ constexpr int32_t kSlices = PackedMatrix::kGroup / PackedMatrix::kSlice;
 using TileFn = void (*)(const float* w, const float* x, int64_t ldx, int32_t kc, float* y, int64_t ldy,
                         const int32_t* valid, bool accumulate, const char* ahead, int32_t ahead_step);
 
+// How many rows of the group ahead the tiles of several tokens prefetch. AVX2 (tiles of one or two
+// slices): 16 (4 KB) gave 1.1-1.4x on 5- to 104-token products in gemm_bench against none; 8 and 32
+// did no better. AVX-512 (whole rows): a 5-token product with its weights from memory read them at
+// 15-20 GB/s without, 23-28 with (the 1-token one: 25-31), 32 rows doing no better.
+constexpr int kPrefetchRows = 16;
+
 #if defined(__AVX512F__)
 
 // 32 registers: 6 x 4 accumulators + 4 weight vectors + 1 broadcast.
@@ -114,6 +120,14 @@ void Tile(const float* w, const float* x, int64_t ldx, int32_t kc, float* y, int
   for (int32_t kk = 0; kk < kc; ++kk) {
     const float* wk = w + static_cast<int64_t>(kk) * PackedMatrix::kGroup;
     if (ahead != nullptr) _mm_prefetch(ahead + ahead_step * kk, _MM_HINT_T1);  // the loop is unswitched
+    if constexpr (MR > 1) {
+      // Several tokens' FMAs per weight vector leave fewer loads in flight than the hardware
+      // prefetcher needs to keep memory busy: the group's rows are asked for kPrefetchRows ahead.
+      #pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetchRows * PackedMatrix::kGroup + 16 * v), _MM_HINT_T0);
+      }
+    }
     __m512 wv[NV];
     #pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) wv[v] = _mm512_load_ps(wk + 16 * v);
@@ -150,9 +164,6 @@ inline __m256i LaneMask(int32_t lanes) {  // the first `lanes` (clamped to 0..8)
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kOnes + 8 - std::clamp(lanes, 0, 8)));
 }
 
-// How many rows of the group ahead the tiles of one or two slices prefetch: 16 (4 KB) gave 1.1-1.4x
-// on 5- to 104-token products in gemm_bench against none; 8 and 32 did no better.
-constexpr int kPrefetchRows = 16;
 
 // The FMA loop alone, on accumulators the caller loads and stores.
 template <int MR, int NH>
