@@ -106,30 +106,19 @@ class CpuBackend final : public Backend {
   void MultiLinear(const void* xv, int32_t m, int32_t k, const LinearOut* outs, int32_t num_outs) override {
     constexpr int32_t kMaxOuts = 4;
     const float* x = F(xv);
-    if (num_outs <= kMaxOuts && Find(quant_, outs[0].w) != nullptr) {
-      cpu::QuantOut quant[kMaxOuts];
-      for (int32_t i = 0; i < num_outs; ++i) {
-        quant[i] = {Find(quant_, outs[i].w), F(outs[i].bias), F(outs[i].y)};
-        if (quant[i].w == nullptr) {  // matrices of different kinds: one at a time
-          for (int32_t j = 0; j < num_outs; ++j) OneLinear(x, outs[j], m, k);
-          return;
-        }
-      }
-      return cpu::LinearQuantMulti(x, m, k, quant, num_outs);
-    }
-    if (num_outs > kMaxOuts || FindQ8(outs[0].w) != nullptr || Find(quant_, outs[0].w) != nullptr) {
+    // Matrices of different kinds, or too many: one at a time.
+    const auto one_by_one = [&] {
       for (int32_t i = 0; i < num_outs; ++i) OneLinear(x, outs[i], m, k);
-      return;
+    };
+    if (num_outs > kMaxOuts || FindQ8(outs[0].w) != nullptr) return one_by_one();
+    if (Find(quant_, outs[0].w) != nullptr) {
+      cpu::QuantOut quant[kMaxOuts];
+      if (!Gather(quant_, outs, num_outs, quant)) return one_by_one();
+      return cpu::LinearQuantMulti(x, m, k, quant, num_outs);
     }
     if (Find(packed_, outs[0].w) != nullptr) {
       cpu::PackedOut packed[kMaxOuts];
-      for (int32_t i = 0; i < num_outs; ++i) {
-        packed[i] = {Find(packed_, outs[i].w), F(outs[i].bias), F(outs[i].y)};
-        if (packed[i].w == nullptr) {  // matrices of different kinds: one at a time
-          for (int32_t j = 0; j < num_outs; ++j) OneLinear(x, outs[j], m, k);
-          return;
-        }
-      }
+      if (!Gather(packed_, outs, num_outs, packed)) return one_by_one();
       return cpu::PackedGemm(x, m, packed, num_outs);
     }
     cpu::StreamOut<float> rows[kMaxOuts];
@@ -296,6 +285,16 @@ class CpuBackend final : public Backend {
     return it == map.end() ? nullptr : it->second.get();
   }
   const Q8Matrix* FindQ8(const void* w) const { return Find(q8_, w); }
+  // {matrix, bias, y} of every output into out[], or false when one is not a matrix of `map`.
+  template <typename T, typename Out>
+  static bool Gather(const absl::flat_hash_map<const void*, std::unique_ptr<T>>& map, const LinearOut* outs,
+                     int32_t num_outs, Out* out) {
+    for (int32_t i = 0; i < num_outs; ++i) {
+      out[i] = {Find(map, outs[i].w), F(outs[i].bias), F(outs[i].y)};
+      if (out[i].w == nullptr) return false;
+    }
+    return true;
+  }
 
   const CpuOptions options_;
   // Matrices by the pointer UploadMatrix returned.

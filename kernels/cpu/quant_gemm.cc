@@ -899,6 +899,26 @@ void GemmQuant(const float* x, int32_t m, int32_t k, const QuantOut* outs, int32
   }
 }
 
+// The integer kernels for outputs that share a type and activations (outs[0]'s); false where the
+// type has none (F16, BF16, or a build without AVX2).
+bool IntegerProducts(const float* x, int32_t m, int32_t k, const QuantOut* outs, int32_t num_outs) {
+#if defined(SPECULA_QUANT_WIDTH)
+  switch (outs[0].w->type) {
+    case QuantType::kQ4_0: return GemmQuant<Q4_0Kernel>(x, m, k, outs, num_outs), true;
+    case QuantType::kQ4_1:
+      if (outs[0].w->repacked) return GemmQuant<Q4_1Packed>(x, m, k, outs, num_outs), true;
+      return GemmQuant<Q4_1Kernel>(x, m, k, outs, num_outs), true;
+    case QuantType::kQ8_0: return GemmQuant<Q8_0Kernel>(x, m, k, outs, num_outs), true;
+    case QuantType::kQ4_K: return GemmQuant<Q4KKernel>(x, m, k, outs, num_outs), true;
+    case QuantType::kQ6_K: return GemmQuant<Q6KKernel>(x, m, k, outs, num_outs), true;
+    default: break;
+  }
+#else
+  (void)x, (void)m, (void)k, (void)outs, (void)num_outs;
+#endif
+  return false;
+}
+
 }  // namespace
 
 void LinearQuant(const float* x, const QuantMatrix& w, const float* bias, int32_t m, int32_t n, int32_t k, float* y) {
@@ -913,19 +933,8 @@ void LinearQuant(const float* x, const QuantMatrix& w, const float* bias, int32_
       return StreamGemm(x, m, k, static_cast<const Bf16W*>(w.blocks), nullptr, n, y, bias);
     default: break;
   }
-#if defined(SPECULA_QUANT_WIDTH)
   const QuantOut out{&w, bias, y};
-  switch (w.type) {
-    case QuantType::kQ4_0: return GemmQuant<Q4_0Kernel>(x, m, k, &out, 1);
-    case QuantType::kQ4_1:
-      return w.repacked ? GemmQuant<Q4_1Packed>(x, m, k, &out, 1) : GemmQuant<Q4_1Kernel>(x, m, k, &out, 1);
-    case QuantType::kQ8_0: return GemmQuant<Q8_0Kernel>(x, m, k, &out, 1);
-    case QuantType::kQ4_K: return GemmQuant<Q4KKernel>(x, m, k, &out, 1);
-    case QuantType::kQ6_K: return GemmQuant<Q6KKernel>(x, m, k, &out, 1);
-    default: break;
-  }
-#endif
-  GemmDequant(x, w, bias, m, n, k, y);
+  if (!IntegerProducts(x, m, k, &out, 1)) GemmDequant(x, w, bias, m, n, k, y);
 }
 
 void LinearQuantMulti(const float* x, int32_t m, int32_t k, const QuantOut* outs, int32_t num_outs) {
@@ -935,20 +944,7 @@ void LinearQuantMulti(const float* x, int32_t m, int32_t k, const QuantOut* outs
              outs[i].w->two_term_activations == outs[0].w->two_term_activations &&
              outs[i].w->repacked == outs[0].w->repacked;
   }
-#if defined(SPECULA_QUANT_WIDTH)
-  if (shared) {
-    switch (outs[0].w->type) {
-      case QuantType::kQ4_0: return GemmQuant<Q4_0Kernel>(x, m, k, outs, num_outs);
-      case QuantType::kQ4_1:
-        if (outs[0].w->repacked) return GemmQuant<Q4_1Packed>(x, m, k, outs, num_outs);
-        return GemmQuant<Q4_1Kernel>(x, m, k, outs, num_outs);
-      case QuantType::kQ8_0: return GemmQuant<Q8_0Kernel>(x, m, k, outs, num_outs);
-      case QuantType::kQ4_K: return GemmQuant<Q4KKernel>(x, m, k, outs, num_outs);
-      case QuantType::kQ6_K: return GemmQuant<Q6KKernel>(x, m, k, outs, num_outs);
-      default: break;
-    }
-  }
-#endif
+  if (shared && IntegerProducts(x, m, k, outs, num_outs)) return;
   for (int32_t i = 0; i < num_outs; ++i) {
     LinearQuant(x, *outs[i].w, outs[i].bias, m, static_cast<int32_t>(outs[i].w->rows), k, outs[i].y);
   }
