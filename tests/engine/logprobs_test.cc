@@ -52,7 +52,9 @@ class LogprobsTest : public ::testing::Test {
       }
     }
     for (auto& [id, o] : out) {
-      if (!o.logprobs.empty()) EXPECT_EQ(streamed[id], o.tokens.size());
+      if (!o.logprobs.empty()) {
+        EXPECT_EQ(streamed[id], o.tokens.size());
+      }
     }
     return out;
   }
@@ -141,7 +143,9 @@ TEST_F(LogprobsTest, TopListsTheMostLikelyBestFirst) {
     double mass = 0;
     for (size_t t = 0; t < lp.top.size(); ++t) {
       mass += std::exp(lp.top[t].second);
-      if (t > 0) EXPECT_GE(lp.top[t - 1].second, lp.top[t].second);
+      if (t > 0) {
+        EXPECT_GE(lp.top[t - 1].second, lp.top[t].second);
+      }
     }
     EXPECT_NEAR(mass, 1.0, 1e-4);
     EXPECT_EQ(lp.top[0].first, lp.token);  // greedy: the chosen token is the most likely
