@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Speculation on the repository's workloads (experiments/workloads/) with SmolLM2-135M-Instruct Q4_1
 # at batch 1, greedy, chat template: plain decoding against suffix decoding (faq.jsonl) and n-gram
-# and suffix (extractive.jsonl), methods alternated, ROUNDS rounds; then checks that every
-# speculative run's tokens equal the plain run's. Prints one line per run (the summary line's
-# seconds and tok/s, and the mean acceptance length).
+# (the default sizes, and the one-token match of 1 to 3) and suffix (extractive.jsonl), methods
+# alternated, ROUNDS rounds; then checks that every speculative run's tokens equal the plain run's.
+# Prints one line per run (the summary line's seconds and tok/s, and the mean acceptance length).
 #
 #   bash bench/spec_workloads.sh [ROUNDS]      (docs/suffix.md)
 set -euo pipefail
@@ -27,6 +27,7 @@ for round in $(seq "$ROUNDS"); do
   run "faq_suffixauto_$round" faq.jsonl --spec-method suffix --num-spec-tokens auto
   run "ext_none_$round" extractive.jsonl
   run "ext_ngram4_$round" extractive.jsonl --spec-method ngram --num-spec-tokens 4
+  run "ext_ngram4min1_$round" extractive.jsonl --spec-method ngram --num-spec-tokens 4 --ngram-min 1 --ngram-max 3
   run "ext_ngramauto_$round" extractive.jsonl --spec-method ngram --num-spec-tokens auto
   run "ext_suffix4_$round" extractive.jsonl --spec-method suffix --num-spec-tokens 4
 done

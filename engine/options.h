@@ -33,7 +33,7 @@ struct SpeculationOptions {
   std::string draft_model;         // --draft-model
   std::string draft_tokenizer;     // --draft-tokenizer; empty: the target's
   std::string draft_quantization = "none";  // --draft-quantization
-  int32_t ngram_min = 1, ngram_max = 3;     // --ngram-min, --ngram-max
+  int32_t ngram_min = 2, ngram_max = 4;     // --ngram-min, --ngram-max
   int32_t suffix_max_depth = 64;            // --suffix-max-depth
   int64_t suffix_cache_tokens = 1 << 20;    // --suffix-cache-tokens
   float suffix_min_prob = 0.1f;             // --suffix-min-prob

@@ -78,7 +78,8 @@ greedy, and follows the target's distribution when sampling):
   --draft-tokenizer PATH  the draft's tokenizer, checked against the target's (default: shared)
   --draft-quantization Q  none (default) or int8 for the draft's weights (cpu only): a draft a
                         quarter the bytes, at a small cost in acceptance and none in correctness
-  --ngram-min N, --ngram-max N  n-gram sizes for --spec-method ngram (default 1 and 3)
+  --ngram-min N, --ngram-max N  n-gram sizes for --spec-method ngram (default 2 and 4: a one-token
+                        match proposes too often on chat, docs/suffix.md)
   --suffix-max-depth N  --spec-method suffix: longest context matched, in tokens (default 64)
   --suffix-cache-tokens N  tokens of finished requests kept for suffix drafts, least recently used
                         evicted first (default 1048576, 16 bytes each; 0: the request's own only)
