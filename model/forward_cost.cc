@@ -55,6 +55,10 @@ absl::StatusOr<std::vector<CostPoint>> MeasureForwardCost(LlamaModel& model, con
 
 namespace {
 
+// Shapes of up to this many tokens a sequence are timed as verifications (a logits row a token):
+// --max-spec-tokens' default of 8 verifies 9; past 16 a sequence's tokens are priced as a prefill.
+constexpr int32_t kVerifyTokens = 16;
+
 absl::Status Measure(LlamaModel& model, const CostGrid& grid, std::vector<CostPoint>* out) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
@@ -98,6 +102,13 @@ absl::Status Measure(LlamaModel& model, const CostGrid& grid, std::vector<CostPo
     // Stop before a shape that would run past the budget (its time is about twice the last one's).
     if (last > 0 && elapsed() + 3 * 2 * last > grid.budget_seconds) break;
     const int32_t seqs = std::min(n, batch), per_seq = (n + seqs - 1) / seqs;
+    // A verification computes a logits row per token, a prefill chunk one per sequence: up to
+    // kVerifyTokens tokens a sequence the shape is timed as the former, past it as the latter, and
+    // its work counts the rows it computed. (Timed with one row a sequence and counted with a row a
+    // token, the table priced SmolLM2 Q4_1's 5-token verification at 1.2-1.3x its 1-token step
+    // where it ran at 1.6-1.9x: the classifier is a fifth of a token's weights.)
+    const bool verify = per_seq <= kVerifyTokens;
+    const int32_t rows = verify ? seqs * per_seq : seqs;
     ForwardBatch in;
     double positions = 0;
     for (int32_t s = 0; s < seqs; ++s) {
@@ -113,13 +124,13 @@ absl::Status Measure(LlamaModel& model, const CostGrid& grid, std::vector<CostPo
     double best = 1e30;
     for (int rep = 0; rep < 3; ++rep) {
       const auto r0 = Clock::now();
-      RETURN_IF_ERROR(model.Forward(in, kv, LogitsMode::kLastPerSequence, logits));
+      RETURN_IF_ERROR(model.Forward(in, kv, verify ? LogitsMode::kAll : LogitsMode::kLastPerSequence, logits));
       if (logits == nullptr) RETURN_IF_ERROR(model.backend().Sync());  // the forward returned before it ran
       const double s = std::chrono::duration<double>(Clock::now() - r0).count();
       if (rep > 0) best = std::min(best, s);
     }
     last = best;
-    out->push_back({ForwardFlops(c, seqs * per_seq, seqs * per_seq, positions), best, seqs * per_seq});
+    out->push_back({ForwardFlops(c, seqs * per_seq, rows, positions), best, seqs * per_seq});
   }
   return absl::OkStatus();
 }

@@ -19,8 +19,9 @@ inline double ForwardFlops(const ModelConfig& c, double tokens, double rows, dou
   return ForwardFlops(ShapeOf(c), tokens, rows, positions);
 }
 
-// Times forwards of 1, 2, 4, ... up to grid.max_tokens new tokens, each with its logits row
-// (decodes and verification runs), spread over up to `batch` sequences at short contexts, the best
+// Times forwards of 1, 2, 4, ... up to grid.max_tokens new tokens, spread over up to `batch`
+// sequences at short contexts, each token with its logits row while a sequence has up to 16 of them
+// (decodes and verification runs), past that one row a sequence (prefill chunks), the best
 // of a few runs each, until the budget is spent. A model keeps its points (LlamaModel::
 // measured_cost) by (KV dtype, batch, block size): a call measures only the shapes past those
 // already measured, so an engine can measure its small shapes at startup and the larger ones later
