@@ -272,44 +272,26 @@ void RunTiles(int32_t mr, int32_t nv, const float* w, const float* x, int64_t ld
   }
 }
 
-}  // namespace
+// A unit of work: a 16-row slice of one output's group for one token block.
+struct Unit {
+  int32_t out, block, group, slice;
+};
 
-void PackedGemm(const float* x, int32_t m, const PackedOut* outs, int32_t num_outs) {
-  if (m <= 0 || num_outs <= 0) return;
+// Lists the units in order (output, token block, group, slice) into `list`; each weighs rows x
+// tokens, so the total is m x all rows. Cuts them into `chunks` chunks of about equal work: chunk c
+// is units [bounds[c], bounds[c + 1]), those whose midpoint falls in its share of the total. One
+// chunk per thread for one token tile: finer chunks split a group's slices into tiles of fewer
+// slices, and at one token a tile of one slice has too few FMA chains to hide their latency (0.68x
+// on a 1-token down projection).
+void ListUnits(const PackedOut* outs, int32_t num_outs, int32_t m, int32_t token_block, int32_t chunks,
+               int64_t total, std::vector<Unit>* list, std::vector<int32_t>* bounds) {
   constexpr int32_t G = PackedMatrix::kGroup, S = PackedMatrix::kSlice;
-  const int32_t k = static_cast<int32_t>(outs[0].w->cols());
-  // Blocks of up to 96 tokens keep a group's k-chunk in L2 across 16 tiles; without reuse across
-  // token tiles (one tile), chunking k only adds accumulator traffic.
-  const int32_t token_blocks = (m + 16 * kTileTokens - 1) / (16 * kTileTokens);
-  const int32_t token_block = ((m + token_blocks - 1) / token_blocks + kTileTokens - 1) / kTileTokens * kTileTokens;
-  // k of up to 384 in one pass: 288 cut into 256 + 32 spent a second pass of accumulator loads and
-  // stores on 32 FMAs per lane.
-  const int32_t k_pieces = (k + kKChunk - 1) / kKChunk;  // past 384: equal pieces of at most kKChunk
-  const int32_t kchunk = m <= kTileTokens || k <= 384 ? k : (k + k_pieces - 1) / k_pieces;
-  // Work units, in order: output, token block, group, 16-row slice; each weighs rows x tokens, so
-  // the total is m x all rows. They are cut into chunks of about equal work: chunk c is units
-  // [bounds[c], bounds[c + 1]), those whose midpoint falls in its share of the total. One chunk per
-  // thread for one token tile: finer chunks split a group's slices into tiles of fewer slices, and
-  // at one token a tile of one slice has too few FMA chains to hide their latency (0.68x on a
-  // 1-token down projection).
-  struct Unit {
-    int32_t out, block, group, slice;
-  };
-  const int32_t chunks = (m > kTileTokens ? 8 : 1) * omp_get_max_threads();
-  int64_t total = 0;
-  for (int32_t o = 0; o < num_outs; ++o) total += outs[o].w->rows() * m;
-  // The caller's scratch, reached through these references (a thread_local named inside the
-  // parallel region would be each worker's own).
-  thread_local std::vector<Unit> list_tls;
-  thread_local std::vector<int32_t> bounds_tls;
-  std::vector<Unit>& list = list_tls;
-  std::vector<int32_t>& bounds = bounds_tls;
-  list.clear();
-  bounds.clear();
+  list->clear();
+  bounds->clear();
   int64_t before = 0;  // work of the units listed so far
   int64_t c = 0;       // the chunk of the last unit: (2 before + w) chunks / (2 total), without a
-                       // division per unit (a quarter of this function's own 1.7% of a
-                       // batched run's samples sat at it; the classifier has 2,000 units)
+                       // division per unit (a quarter of PackedGemm's own 1.7% of a batched run's
+                       // samples sat at it; the classifier has 2,000 units)
   for (int32_t o = 0; o < num_outs; ++o) {
     const int32_t n = static_cast<int32_t>(outs[o].w->rows());
     for (int32_t tb = 0; tb * token_block < m; ++tb) {
@@ -324,28 +306,78 @@ void PackedGemm(const float* x, int32_t m, const PackedOut* outs, int32_t num_ou
         if (m <= kTileTokens || r % G == 0) {
           while ((2 * before + w) * chunks >= (c + 1) * 2 * total) ++c;
         }
-        while (static_cast<int64_t>(bounds.size()) <= c) bounds.push_back(static_cast<int32_t>(list.size()));
-        list.push_back(Unit{o, tb, r / G, (r % G) / S});
+        while (static_cast<int64_t>(bounds->size()) <= c) bounds->push_back(static_cast<int32_t>(list->size()));
+        list->push_back(Unit{o, tb, r / G, (r % G) / S});
         before += w;
       }
     }
   }
-  bounds.resize(chunks + 1, static_cast<int32_t>(list.size()));
-  // The bytes of the next group each tile asks for per step of k, so that a group's tiles (its
-  // token tiles times the tiles of each one's slices) cover the whole next group, at most a line
-  // per step. Tiles of fewer than 4 slices read a line or two of each 256-byte row of the group, a
-  // strided stream the hardware prefetcher follows poorly: on AVX2, a 3- or 5-token product with
-  // the classifier (37 MB, from DRAM) took 1.7-2x a 1-token one without it, 1.2-1.4x with it. One
-  // token tile of one or two tiles per group (1 and 2 tokens on AVX2, up to 6 on AVX-512) reads
-  // whole rows or halves, and asks for nothing.
-  const int32_t first_block = std::min(m, token_block);
+  bounds->resize(chunks + 1, static_cast<int32_t>(list->size()));
+}
+
+// The bytes of the next group each tile asks for per step of k, so that a group's tiles (its
+// token tiles times the tiles of each one's slices) cover the whole next group, at most a line
+// per step. Tiles of fewer than 4 slices read a line or two of each 256-byte row of the group, a
+// strided stream the hardware prefetcher follows poorly: on AVX2, a 3- or 5-token product with
+// the classifier (37 MB, from DRAM) took 1.7-2x a 1-token one without it, 1.2-1.4x with it. One
+// token tile of one or two tiles per group (1 and 2 tokens on AVX2, up to 6 on AVX-512) reads
+// whole rows or halves, and asks for nothing.
+int32_t AheadStep(int32_t m, int32_t token_block) {
   int32_t calls = 0;  // tiles per (group, k chunk) of a whole token block
-  const TokenTiles first_tiles(first_block);
+  const TokenTiles first_tiles(std::min(m, token_block));
   for (int32_t i = 0; i < first_tiles.n; ++i) calls += kSlices / MaxSlices(first_tiles.size(i));
-  constexpr int32_t kRowBytes = G * sizeof(float);  // one step of k of a group
-  const int32_t ahead_step = calls >= 3             ? std::clamp((kRowBytes / calls + 15) / 16 * 16, 16, 64)
-                             : m > kTileTokens ? 16
-                                               : 0;
+  constexpr int32_t kRowBytes = PackedMatrix::kGroup * sizeof(float);  // one step of k of a group
+  return calls >= 3 ? std::clamp((kRowBytes / calls + 15) / 16 * 16, 16, 64) : m > kTileTokens ? 16 : 0;
+}
+
+// Runs run_chunk(c) for every chunk c, on every thread when `parallel`. Each thread runs its
+// equal share of the chunks in order, then takes what is left of the others' shares from their
+// ends: on a shared machine one core is often slower, and an equal static split left the faster one
+// waiting at the barrier.
+template <typename Fn>
+void RunChunks(int32_t chunks, bool parallel, const Fn& run_chunk) {
+  const auto claimed = std::make_unique<std::atomic<bool>[]>(chunks);  // all false
+  auto claim = [&](int32_t c) { return !claimed[c].exchange(true, std::memory_order_relaxed); };
+#pragma omp parallel if (parallel)
+  {
+    const int32_t me = omp_get_thread_num(), team = omp_get_num_threads();
+    for (int32_t c = me * chunks / team; c < (me + 1) * chunks / team; ++c) {
+      if (claim(c)) run_chunk(c);
+    }
+    for (int32_t d = 1; d < team; ++d) {
+      const int32_t o = (me + d) % team;
+      for (int32_t c = (o + 1) * chunks / team - 1; c >= o * chunks / team; --c) {
+        if (claim(c)) run_chunk(c);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void PackedGemm(const float* x, int32_t m, const PackedOut* outs, int32_t num_outs) {
+  if (m <= 0 || num_outs <= 0) return;
+  constexpr int32_t G = PackedMatrix::kGroup, S = PackedMatrix::kSlice;
+  const int32_t k = static_cast<int32_t>(outs[0].w->cols());
+  // Blocks of up to 96 tokens keep a group's k-chunk in L2 across 16 tiles; without reuse across
+  // token tiles (one tile), chunking k only adds accumulator traffic.
+  const int32_t token_blocks = (m + 16 * kTileTokens - 1) / (16 * kTileTokens);
+  const int32_t token_block = ((m + token_blocks - 1) / token_blocks + kTileTokens - 1) / kTileTokens * kTileTokens;
+  // k of up to 384 in one pass: 288 cut into 256 + 32 spent a second pass of accumulator loads and
+  // stores on 32 FMAs per lane.
+  const int32_t k_pieces = (k + kKChunk - 1) / kKChunk;  // past 384: equal pieces of at most kKChunk
+  const int32_t kchunk = m <= kTileTokens || k <= 384 ? k : (k + k_pieces - 1) / k_pieces;
+  const int32_t chunks = (m > kTileTokens ? 8 : 1) * omp_get_max_threads();
+  int64_t total = 0;
+  for (int32_t o = 0; o < num_outs; ++o) total += outs[o].w->rows() * m;
+  // The caller's scratch, reached through these references (a thread_local named inside the
+  // parallel region would be each worker's own).
+  thread_local std::vector<Unit> list_tls;
+  thread_local std::vector<int32_t> bounds_tls;
+  std::vector<Unit>& list = list_tls;
+  std::vector<int32_t>& bounds = bounds_tls;
+  ListUnits(outs, num_outs, m, token_block, chunks, total, &list, &bounds);
+  const int32_t ahead_step = AheadStep(m, token_block);
   // Runs consecutive slices of one (output, block, group) as one tile of NV slices.
   auto run = [&](const Unit& u, int32_t nv) {
     const PackedOut& out = outs[u.out];
@@ -392,24 +424,7 @@ void PackedGemm(const float* x, int32_t m, const PackedOut* outs, int32_t num_ou
     }
     if (nv > 0) run(first, nv);
   };
-  // Each thread runs its equal share of the chunks in order, then takes what is left of the others'
-  // shares from their ends: on a shared machine one core is often slower, and an equal static split
-  // left the faster one waiting at the barrier.
-  const auto claimed = std::make_unique<std::atomic<bool>[]>(chunks);  // all false
-  auto claim = [&](int32_t c) { return !claimed[c].exchange(true, std::memory_order_relaxed); };
-#pragma omp parallel if (total * k >= (1 << 14))
-  {
-    const int32_t me = omp_get_thread_num(), team = omp_get_num_threads();
-    for (int32_t c = me * chunks / team; c < (me + 1) * chunks / team; ++c) {
-      if (claim(c)) run_chunk(c);
-    }
-    for (int32_t d = 1; d < team; ++d) {
-      const int32_t o = (me + d) % team;
-      for (int32_t c = (o + 1) * chunks / team - 1; c >= o * chunks / team; --c) {
-        if (claim(c)) run_chunk(c);
-      }
-    }
-  }
+  RunChunks(chunks, total * k >= (1 << 14), run_chunk);
 }
 
 #else
