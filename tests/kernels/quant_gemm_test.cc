@@ -187,7 +187,7 @@ TEST(QuantGemmTest, MatchesDequantizedReference) {
 }
 
 // A token's outputs are the same bits whatever the tokens around it: one at a time, or among 33
-// (blocks of 8 and a remainder, row tiles). The engine's batched and unbatched steps rely on it.
+// (blocks of equal size up to 16 activation rows, row tiles). The engine's batched and unbatched steps rely on it.
 TEST(QuantGemmTest, TokensGetTheSameBitsInEveryBatch) {
   std::mt19937 rng(2);
   for (const Case& c : kCases) {
@@ -196,7 +196,7 @@ TEST(QuantGemmTest, TokensGetTheSameBitsInEveryBatch) {
     const std::vector<float> x = Random(static_cast<size_t>(big) * k, &rng), bias = Random(n, &rng);
     std::vector<float> all(static_cast<size_t>(big) * n, NAN);
     LinearQuant(x.data(), w.w, bias.data(), big, n, k, all.data());
-    for (int32_t m : {1, 3, 8, 9}) {
+    for (int32_t m : {1, 3, 8, 9, 16, 17}) {
       for (int32_t start : {0, 5, big - m}) {
         std::vector<float> y(static_cast<size_t>(m) * n, NAN);
         LinearQuant(x.data() + static_cast<size_t>(start) * k, w.w, bias.data(), m, n, k, y.data());
