@@ -243,10 +243,10 @@ struct Q4_1Kernel {
 // Q4_1 in RepackForProducts' arrangement. A whole unit (the size of kUnitGroups blocks) is 4 vectors
 // of nibble bytes, then the kUnitGroups f16 scales d and mins m in lane order: byte 16t + 4s + b of
 // vector j is byte 4j + b of block kV s + t's qs, so that its low nibbles are TransposeUnit's
-// w[j][0] and its high ones w[j][1]. The rest of a row (a partial unit, cross tails) is GGUF's.
+// w[j][0] and its high ones w[j][1]. The rest of a row (a partial unit) is GGUF's; its cross
+// tails are whole units after the matrix's rows (RepackForProducts).
 struct Q4_1Packed : Q4_1Kernel {
   static constexpr bool kPreTransposed = true;
-  using Raw = Q4_1Kernel;  // the arrangement of the rest of a row
   static constexpr int kNibbles = 4 * kVecBytes;  // a unit's nibble bytes; then d, then m
   template <bool kFull, int kAccs>
   static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
@@ -660,37 +660,33 @@ inline FVec RowSums(FVec v, const RowMap& map, int rest) {
   return out;
 }
 
-// The kernel for a row's blocks in GGUF's arrangement (CrossTails' copies of them).
-template <class T>
-struct RawOf {
-  using type = T;
-};
-template <>
-struct RawOf<Q4_1Packed> {
-  using type = Q4_1Packed::Raw;
-};
-
 // The partial last units (a.rest groups each) of rows first .. first + count - 1, kUnitGroups /
 // rest rows at a time as one unit whose group q = j rest + g is row j's group g: tails[i], lane j,
 // is added row first + j's sum over them for token i0 + i. A row's partial unit then costs its share of
-// one unit's products instead of a whole unit's unpacking, reduction and scaling.
+// one unit's products instead of a whole unit's unpacking, reduction and scaling. Q4_1Packed reads
+// these units as RepackForProducts built them (`cross`: after the matrix's rows, unit c for rows
+// c rows .. c rows + rows - 1); the others copy the blocks together and transpose them (a third of
+// a 1-token Q4_1 step's products went into that).
 template <class T, int M>
-void CrossTails(const uint8_t* blocks, int64_t row_bytes, int32_t first, int32_t count, const Acts& a, int32_t i0,
-                int64_t full, FVec tails[M]) {
+void CrossTails(const uint8_t* blocks, int64_t row_bytes, const uint8_t* cross, int32_t first, int32_t count,
+                const Acts& a, int32_t i0, int64_t full, FVec tails[M]) {
   constexpr int kBytes = std::max(T::kBlockBytes, 1);
   const int rest = a.rest, rows = kUnitGroups / rest;
   const int64_t gstride = a.units * kUnitGroups, qstride = gstride * T::kGroup, tu = a.units - 1;
   for (int j0 = 0; j0 < count; j0 += rows) {
-    alignas(64) uint8_t buf[kUnitGroups * kBytes];  // the unit's blocks, side by side; rows past count repeat the last
-    for (int q = 0; q < kUnitGroups; ++q) {
-      const int32_t j = std::min(j0 + q / rest, count - 1);
-      const uint8_t* block = blocks + (first + j) * row_bytes + (full * kUnitGroups + q % rest) * kBytes;
-      std::memcpy(buf + q * kBytes, block, kBytes);
-    }
-    using R = typename RawOf<T>::type;
     Unit w;
-    R::template Prepare<true, 4>(buf, 0, kUnitGroups, &w);
-    TransposeUnit<R>(&w);
+    if constexpr (T::kPreTransposed) {
+      T::template Prepare<true, 4>(cross, (first + j0) / rows, kUnitGroups, &w);  // first: a multiple of kSumRows
+    } else {
+      alignas(64) uint8_t buf[kUnitGroups * kBytes];  // the unit's blocks, side by side; rows past count repeat the last
+      for (int q = 0; q < kUnitGroups; ++q) {
+        const int32_t j = std::min(j0 + q / rest, count - 1);
+        const uint8_t* block = blocks + (first + j) * row_bytes + (full * kUnitGroups + q % rest) * kBytes;
+        std::memcpy(buf + q * kBytes, block, kBytes);
+      }
+      T::template Prepare<true, 4>(buf, 0, kUnitGroups, &w);
+      TransposeUnit<T>(&w);
+    }
     std::optional<RowMap> partial;  // the last block of a matrix whose rows are not a whole number of units
     const RowMap& map = count - j0 >= rows ? WholeRowMap(rest, j0) : partial.emplace(rest, j0, count - j0);
     for (int i = 0; i < M; ++i) {
@@ -776,7 +772,7 @@ void RowsDot(const uint8_t* blocks, int64_t row_bytes, int32_t r0, int32_t r1, c
       FVec tails[M];
       for (int i = 0; i < M; ++i) tails[i] = ZeroF();
       if constexpr (T::kCross) {
-        if (a.rest != 0) CrossTails<T, M>(blocks, row_bytes, first, count, a, i0, full, tails);
+        if (a.rest != 0) CrossTails<T, M>(blocks, row_bytes, blocks + n * row_bytes, first, count, a, i0, full, tails);
       }
       for (int i = 0; i < M; ++i) {
         for (int j = count; j < kSumRows; ++j) sums[i][j] = ZeroF();
@@ -986,18 +982,43 @@ constexpr int64_t kUnitValues =
     0;
 #endif
 
+// The cross units of a matrix's rows (CrossTails): where its last unit is partial with `rest`
+// groups and rest divides a unit, one for every kUnitGroups / rest rows; else none.
+int64_t CrossUnits(int64_t rows, int64_t cols) {
+  const int64_t unit_groups = kUnitValues / 32, rest = unit_groups > 0 ? cols / 32 % unit_groups : 0;
+  if (rest == 0 || unit_groups % rest != 0) return 0;
+  return (rows + unit_groups / rest - 1) / (unit_groups / rest);
+}
+
 }  // namespace
 
 std::vector<uint8_t> RepackForProducts(const QuantMatrix& w) {
   if (w.type != QuantType::kQ4_1 || kUnitValues == 0 || w.repacked) return {};
   const int64_t row_bytes = QuantRowBytes(w.type, w.cols), unit_bytes = kUnitValues / 32 * sizeof(BlockQ4_1);
   const auto* src = static_cast<const uint8_t*>(w.blocks);
-  std::vector<uint8_t> out(src, src + w.rows * row_bytes);
+  const int64_t units = CrossUnits(w.rows, w.cols), body = w.rows * row_bytes;
+  std::vector<uint8_t> out(static_cast<size_t>(body + units * unit_bytes));
+  std::memcpy(out.data(), src, static_cast<size_t>(body));
   for (int64_t r = 0; r < w.rows; ++r) {
     for (int64_t u = 0; u < w.cols / kUnitValues; ++u) {
       const int64_t at = r * row_bytes + u * unit_bytes;
       UnitPermutation([&](int from, int to, int n) { std::memcpy(&out[at + to], src + at + from, n); });
     }
+  }
+  // The cross units (CrossTails): unit c's block q = j rest + g is row c rows + j's last-unit block
+  // g, rows past the matrix repeating its last one; each permuted like a whole unit.
+  const int64_t groups = w.cols / 32, full = groups / (kUnitValues / 32);
+  const int rest = units > 0 ? static_cast<int>(groups - full * (kUnitValues / 32)) : 1;
+  const int64_t rows = kUnitValues / 32 / rest;
+  std::vector<uint8_t> gguf(static_cast<size_t>(unit_bytes));  // the unit's blocks side by side
+  for (int64_t c = 0; c < units; ++c) {
+    for (int64_t q = 0; q < kUnitValues / 32; ++q) {
+      const int64_t r = std::min(c * rows + q / rest, w.rows - 1);
+      std::memcpy(&gguf[q * sizeof(BlockQ4_1)], src + r * row_bytes + (full * (kUnitValues / 32) + q % rest) * sizeof(BlockQ4_1),
+                  sizeof(BlockQ4_1));
+    }
+    const int64_t at = body + c * unit_bytes;
+    UnitPermutation([&](int from, int to, int n) { std::memcpy(&out[at + to], &gguf[from], n); });
   }
   return out;
 }
