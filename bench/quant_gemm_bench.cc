@@ -175,7 +175,7 @@ BENCHMARK(BM_Linear)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
-// Verification runs and prefill chunks: the weights are unpacked once per 8 tokens.
+// Verification runs and prefill chunks: the weights are unpacked once per block of up to 16 activation rows.
 void BatchArgs(benchmark::internal::Benchmark* b) {
   for (QuantType t : {QuantType::kQ4_1, QuantType::kQ8_0, QuantType::kF32}) {
     for (int s : {0, 2, 3}) {
