@@ -2,8 +2,8 @@
 The server stays up with bounded RSS; admitted requests meet --ttft-slo-ms at P99; refused ones get
 RESOURCE_EXHAUSTED within 10 ms at P99. Under ASan (SPECULA_SANITIZER=asan, from the asan test
 preset) the overload lasts 8 s (also under TSan), the SLO and the queue delay are looser for its ~9x
-slower server, and the refusal latency is printed, not asserted: its OpenMP threads take the CPU
-from the gRPC threads."""
+slower server, the refusal latency is printed, not asserted (its OpenMP threads take the CPU from
+the gRPC threads), and the RSS bound allows for ASan's quarantine."""
 import json
 import os
 import subprocess
@@ -25,6 +25,9 @@ REFUSAL_MS = 20
 # Under either sanitizer the overload lasts 8 s: what it checks there is the server's code under load,
 # not its latency, and 20 s of a TSan server's backlog takes minutes to drain.
 SECONDS = 8 if SANITIZER else 20
+# ASan keeps up to 256 MB of freed memory in its quarantine (quarantine_size_mb's default) before it
+# reuses any, so churn alone grows the RSS by that much there (by 224 MB in one CI run).
+RSS_GROWTH_MB = 200 + (256 if SANITIZER == "asan" else 0)
 # Under ThreadSanitizer (SPECULA_SANITIZER=tsan) the server is 5-15x slower and its threads are
 # serialized by the sanitizer: the latency bounds (admitted P99 TTFT, refusal P99) measure the
 # sanitizer, not the server, and are skipped, with a line that says so. Everything else is asserted.
@@ -99,7 +102,7 @@ class OverloadTest(unittest.TestCase):
                 print(f"SKIPPED under {SANITIZER}: the latency bounds P99 TTFT <= {SLO_MS} ms and P99 refusal "
                       f"< {REFUSAL_MS} ms (measured {over['p99_ttft_ms']:.0f} ms and {over['p99_rejection_ms']:.1f} ms), "
                       f"and that some of 3x capacity is refused ({over['rejected']} refused)")
-            self.assertLess(peak[0], base_rss + 200, "RSS grew without bound")
+            self.assertLess(peak[0], base_rss + RSS_GROWTH_MB, "RSS grew without bound")
             m = metrics(s.http_base)
             refused = sum(metric(m, "specula:admission_rejected_total", reason=r)
                           for r in ("queue_len", "queue_delay", "ttft_slo"))
