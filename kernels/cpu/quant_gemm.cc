@@ -32,10 +32,9 @@
 // partial sums per group reduced in lanes (ReducePartial). Rows are prefetched 8 KB ahead.
 //
 // Tokens. A unit is unpacked once for up to kBlock = 16 activation rows (two per token with two-term
-// activations); more go through
-// tiles of kTileRows weight rows, which stay in L1 while the blocks of tokens go through them. A
-// token's output is the same sequence of operations whatever the block of tokens around it:
-// results do not depend on m (nor on the number of threads), bit for bit.
+// activations); more go through tiles of kTileRows weight rows, which stay in L1 while the blocks of
+// rows go through them. A token's output is the same sequence of operations whatever the block of
+// tokens around it: results do not depend on m (nor on the number of threads), bit for bit.
 //
 // F16 and BF16 go through the float path (StreamGemm's tiles, weights converted in registers).
 // Without AVX2 every type is dequantized a row at a time and multiplied in float (GemmDequant).
@@ -789,10 +788,11 @@ void RowsDot(const uint8_t* blocks, int64_t row_bytes, int32_t r0, int32_t r1, c
 // Weight rows per tile: 16 rows of a 1536-wide Q8_0 matrix and a block of tokens' activations
 // (26 KB + 24 KB) stay in L1 while the blocks of tokens pass.
 constexpr int32_t kTileRows = 16;
-// Tokens (activation rows) per unpacking of a unit: the unpacking costs about as much as 4 tokens'
-// products. 16, not 8 and 32: a 5-token verification's 10 rows (two terms) ran as 8 + 2, unpacking
-// every unit twice, and 32 tokens' accumulators do not fit the 32 registers. SmolLM2 Q4_1 on a Zen 5
-// EPYC, per 1-token step: 5 tokens (2 terms) 2.6x -> 2.2x, 600-token prefill 900 -> 1,030 tok/s.
+// Activation rows per unpacking of a unit: the unpacking costs about as much as 4 rows' products.
+// 16, not 8 and 32: a 9-token verification's 9 rows ran as 8 + 1 (two terms at 5 tokens: 10 rows,
+// 8 + 2), unpacking every unit twice, and 32 rows' accumulators do not fit the 32 registers.
+// SmolLM2 Q4_1 on a Zen 5 EPYC: the 9-token step 2.8-3.1x -> 2.4-2.6x a 1-token step, the 600-token
+// prefill 1,760-1,820 -> 2,020-2,060 tok/s.
 constexpr int32_t kBlock = 16;
 
 // Rows go in tiles of kTileRows over every output of a call (at most kMaxOuts): one parallel loop
@@ -1007,15 +1007,14 @@ std::vector<uint8_t> RepackForProducts(const QuantMatrix& w) {
   }
   // The cross units (CrossTails): unit c's block q = j rest + g is row c rows + j's last-unit block
   // g, rows past the matrix repeating its last one; each permuted like a whole unit.
-  const int64_t groups = w.cols / 32, full = groups / (kUnitValues / 32);
-  const int rest = units > 0 ? static_cast<int>(groups - full * (kUnitValues / 32)) : 1;
-  const int64_t rows = kUnitValues / 32 / rest;
-  std::vector<uint8_t> gguf(static_cast<size_t>(unit_bytes));  // the unit's blocks side by side
+  constexpr int64_t kB = sizeof(BlockQ4_1), kUnitBlocks = kUnitValues / 32;
+  const int64_t groups = w.cols / 32, full = groups / std::max<int64_t>(kUnitBlocks, 1);
+  const int64_t rest = units > 0 ? groups - full * kUnitBlocks : 1, rows = kUnitBlocks / rest;
+  std::vector<uint8_t> gguf(static_cast<size_t>(unit_bytes));  // [kUnitBlocks * kB]: the unit's blocks side by side
   for (int64_t c = 0; c < units; ++c) {
-    for (int64_t q = 0; q < kUnitValues / 32; ++q) {
+    for (int64_t q = 0; q < kUnitBlocks; ++q) {
       const int64_t r = std::min(c * rows + q / rest, w.rows - 1);
-      std::memcpy(&gguf[q * sizeof(BlockQ4_1)], src + r * row_bytes + (full * (kUnitValues / 32) + q % rest) * sizeof(BlockQ4_1),
-                  sizeof(BlockQ4_1));
+      std::memcpy(&gguf[q * kB], src + r * row_bytes + (full * kUnitBlocks + q % rest) * kB, kB);
     }
     const int64_t at = body + c * unit_bytes;
     UnitPermutation([&](int from, int to, int n) { std::memcpy(&out[at + to], &gguf[from], n); });
