@@ -469,12 +469,20 @@ inline float QuantizeGroup(const float* xg, int8_t* v, int32_t* sum) {
   return amax / 127.0f;
 }
 
+// The groups of a row's partial last unit where they divide a unit, so that the ends of kUnitGroups
+// / rest rows make one whole unit (CrossTails; RepackForProducts builds Q4_1's in advance); 0 where
+// the last unit is whole or its groups do not divide one.
+constexpr int CrossRest(int64_t groups) {
+  const int rest = static_cast<int>(groups % kUnitGroups);
+  return rest > 0 && kUnitGroups % rest == 0 ? rest : 0;
+}
+
 template <class T>
 Acts QuantizeActs(const float* x, int32_t m, int32_t k) {
   constexpr int kG = T::kGroup, kUnitBytes = kUnitGroups * kG;
   const int64_t full_units = k / kUnitBytes;
-  const int rest = static_cast<int>((k / kG) % kUnitGroups);
-  const bool cross = T::kCross && rest > 0 && kUnitGroups % rest == 0;
+  const int rest = T::kCross ? CrossRest(k / kG) : 0;
+  const bool cross = rest > 0;
   const int64_t units = (k + kUnitBytes - 1) / kUnitBytes + (cross ? 1 : 0), groups = units * kUnitGroups;
   const auto round64 = [](int64_t b) { return (b + 63) / 64 * 64; };
   const int64_t qs_bytes = round64(m * units * kUnitBytes), f_bytes = round64(m * groups * 4);
@@ -526,7 +534,7 @@ Acts QuantizeActs(const float* x, int32_t m, int32_t k) {
       }
     }
   }
-  return Acts{qs, d, ds, off, units, cross ? rest : 0};
+  return Acts{qs, d, ds, off, units, rest};
 }
 
 // Reduce for the partial last unit of a row, whose groups all lie in its first kAccs vectors: one
@@ -982,21 +990,27 @@ constexpr int64_t kUnitValues =
     0;
 #endif
 
-// The cross units of a matrix's rows (CrossTails): where its last unit is partial with `rest`
-// groups and rest divides a unit, one for every kUnitGroups / rest rows; else none.
-int64_t CrossUnits(int64_t rows, int64_t cols) {
-  const int64_t unit_groups = kUnitValues / 32, rest = unit_groups > 0 ? cols / 32 % unit_groups : 0;
-  if (rest == 0 || unit_groups % rest != 0) return 0;
-  return (rows + unit_groups / rest - 1) / (unit_groups / rest);
+// CrossRest of a Q4_1 matrix's rows of `cols` values: the blocks of each row's cross tail; 0: none.
+int CrossRestOf(int64_t cols) {
+#if defined(SPECULA_QUANT_WIDTH)
+  return CrossRest(cols / 32);
+#else
+  (void)cols;
+  return 0;
+#endif
 }
 
 }  // namespace
 
 std::vector<uint8_t> RepackForProducts(const QuantMatrix& w) {
   if (w.type != QuantType::kQ4_1 || kUnitValues == 0 || w.repacked) return {};
-  const int64_t row_bytes = QuantRowBytes(w.type, w.cols), unit_bytes = kUnitValues / 32 * sizeof(BlockQ4_1);
+  constexpr int64_t kB = sizeof(BlockQ4_1), kUnitBlocks = kUnitValues / 32;
+  const int64_t row_bytes = QuantRowBytes(w.type, w.cols), unit_bytes = kUnitBlocks * kB;
   const auto* src = static_cast<const uint8_t*>(w.blocks);
-  const int64_t units = CrossUnits(w.rows, w.cols), body = w.rows * row_bytes;
+  // The cross units (CrossTails): unit c's block q = j rest + g is row c rows + j's last-unit block
+  // g, rows past the matrix repeating its last one; each permuted like a whole unit.
+  const int64_t rest = CrossRestOf(w.cols), rows = rest > 0 ? kUnitBlocks / rest : 1;
+  const int64_t units = rest > 0 ? (w.rows + rows - 1) / rows : 0, body = w.rows * row_bytes;
   std::vector<uint8_t> out(static_cast<size_t>(body + units * unit_bytes));
   std::memcpy(out.data(), src, static_cast<size_t>(body));
   for (int64_t r = 0; r < w.rows; ++r) {
@@ -1005,11 +1019,7 @@ std::vector<uint8_t> RepackForProducts(const QuantMatrix& w) {
       UnitPermutation([&](int from, int to, int n) { std::memcpy(&out[at + to], src + at + from, n); });
     }
   }
-  // The cross units (CrossTails): unit c's block q = j rest + g is row c rows + j's last-unit block
-  // g, rows past the matrix repeating its last one; each permuted like a whole unit.
-  constexpr int64_t kB = sizeof(BlockQ4_1), kUnitBlocks = kUnitValues / 32;
-  const int64_t groups = w.cols / 32, full = groups / std::max<int64_t>(kUnitBlocks, 1);
-  const int64_t rest = units > 0 ? groups - full * kUnitBlocks : 1, rows = kUnitBlocks / rest;
+  const int64_t full = w.cols / 32 / std::max<int64_t>(kUnitBlocks, 1);  // the row's whole units
   std::vector<uint8_t> gguf(static_cast<size_t>(unit_bytes));  // [kUnitBlocks * kB]: the unit's blocks side by side
   for (int64_t c = 0; c < units; ++c) {
     for (int64_t q = 0; q < kUnitBlocks; ++q) {

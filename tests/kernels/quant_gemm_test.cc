@@ -187,7 +187,8 @@ TEST(QuantGemmTest, MatchesDequantizedReference) {
 }
 
 // A token's outputs are the same bits whatever the tokens around it: one at a time, or among 33
-// (blocks of equal size up to 16 activation rows, row tiles). The engine's batched and unbatched steps rely on it.
+// (blocks of equal size up to 16 activation rows, row tiles). The engine's batched and unbatched
+// steps rely on it.
 TEST(QuantGemmTest, TokensGetTheSameBitsInEveryBatch) {
   std::mt19937 rng(2);
   for (const Case& c : kCases) {
