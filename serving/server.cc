@@ -199,13 +199,20 @@ Generation::Generation(Server* server, std::vector<Request> requests)
 
 Generation::~Generation() { Cancel(); }
 
+// On the loop's thread (or Generate's, for a delta already waiting), never inside a reader's Next:
+// a reader may call Next from its listener while holding its own lock, so Next must not start
+// listeners. Sample 0's first delta submits the other samples here: its prompt's full blocks are
+// cached by then, and they run whether or not anyone reads yet.
 void Generation::Notify() {
   std::function<void()> listener;
+  std::vector<std::shared_ptr<RequestStream>> fresh;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (streams_.size() == 1 && n() > 1 && !cancelled_) fresh = SubmitUpTo(requests_.size());
     listener = listener_;
     cv_.notify_all();
   }
+  Listen(fresh);
   if (listener) listener();
 }
 
@@ -241,14 +248,7 @@ std::optional<Generation::Event> Generation::Next(std::chrono::milliseconds time
       const size_t i = (next_stream_ + k) % streams_.size();
       if (auto d = streams_[i]->Next(std::chrono::milliseconds(0))) {
         next_stream_ = i + 1;
-        Event e{static_cast<int32_t>(i), *std::move(d)};
-        // Sample 0's first delta: its prompt's full blocks are cached, the others can share them.
-        if (i == 0 && streams_.size() == 1 && !cancelled_ && n() > 1) {
-          auto fresh = SubmitUpTo(requests_.size());
-          lock.unlock();  // a listener may run at once, and it takes the lock
-          Listen(fresh);
-        }
-        return e;
+        return Event{static_cast<int32_t>(i), *std::move(d)};
       }
     }
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) return std::nullopt;

@@ -58,9 +58,10 @@ inline constexpr int32_t kMaxSamples = 128;
 class Server;
 
 // One admitted call: its n samples, each a request of its own. With n > 1 sample 0 runs first and
-// the others are submitted once it has a token: its prompt's full blocks are then in the prefix
-// cache, so the prompt's KV is computed once (each sample recomputes only the last, partial block,
-// as in vLLM). Events come in each sample's order; thread-safe.
+// the others are submitted once it has a token (by the engine loop, whether or not anyone reads):
+// its prompt's full blocks are then in the prefix cache, so the prompt's KV is computed once (each
+// sample recomputes only the last, partial block, as in vLLM). Events come in each sample's order;
+// thread-safe.
 class Generation : public std::enable_shared_from_this<Generation> {
  public:
   ~Generation();  // cancels the samples still running
@@ -83,7 +84,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   friend class Server;
   Generation(Server* server, std::vector<Request> requests);
   // Submits samples [submitted, n) (mu_ held) and returns their streams, whose listeners Listen
-  // sets once mu_ is released (a listener may run at once, and it takes mu_).
+  // sets once mu_ is released (a listener may run at once, and it takes mu_). Never from Next.
   std::vector<std::shared_ptr<RequestStream>> SubmitUpTo(size_t n);
   void Listen(const std::vector<std::shared_ptr<RequestStream>>& streams);
   void Notify();

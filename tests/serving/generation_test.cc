@@ -1,7 +1,7 @@
 // Server::Generate's samples (serving/server.h Generation) on the real tinystories target: n
 // samples of one prompt, reproducible by seed, the later ones finding the first's prompt blocks in
 // the prefix cache; a listener that reads from the engine loop's thread; a cancel before the later
-// samples were submitted still ends every sample.
+// samples were submitted still ends every sample; the later samples run with no reader.
 #include <atomic>
 #include <map>
 #include <set>
@@ -107,18 +107,43 @@ TEST_F(GenerationTest, AListenerReadsEveryEventFromTheLoopThread) {
   std::mutex mu;
   std::map<int32_t, int32_t> tokens;  // per sample, from the listener
   std::atomic<int32_t> finished{0};
+  // A listener that holds its own lock while it reads (as the gRPC front end's does) must never be
+  // called again from inside its own Next: that would deadlock here, so it fails instead.
+  static thread_local bool inside = false;
   gen->SetListener([&] {
+    if (inside) {
+      ADD_FAILURE() << "the listener was called from inside its own Next";
+      return;
+    }
+    inside = true;
     std::lock_guard<std::mutex> lock(mu);
     while (auto e = gen->Next(milliseconds(0))) {
       tokens[e->index] += static_cast<int32_t>(e->delta.tokens.size());
       if (e->delta.finished) ++finished;
     }
+    inside = false;
   });
   for (int i = 0; i < 1000 && finished < 3; ++i) std::this_thread::sleep_for(milliseconds(10));
   gen->SetListener(nullptr);
   ASSERT_EQ(finished.load(), 3);
   std::lock_guard<std::mutex> lock(mu);
   for (int32_t i = 0; i < 3; ++i) EXPECT_EQ(tokens[i], 12) << "sample " << i;
+}
+
+TEST_F(GenerationTest, TheOtherSamplesRunBeforeAnyoneReads) {
+  auto g = server_->Generate(Prompt(3));
+  ASSERT_TRUE(g.ok());
+  // Nothing reads until the server is idle: every sample must have run by then, not only sample 0.
+  ASSERT_TRUE(server_->WaitIdle(milliseconds(10000)));
+  const std::string metrics = server_->MetricsText();
+  EXPECT_NE(metrics.find("finished_reason=\"length\"} 3.0\n"),
+            std::string::npos)
+      << metrics;
+  std::set<int32_t> finished;
+  while (auto e = (*g)->Next(milliseconds(0))) {
+    if (e->delta.finished) finished.insert(e->index);
+  }
+  EXPECT_EQ(finished, (std::set<int32_t>{0, 1, 2}));
 }
 
 TEST_F(GenerationTest, CancelEndsEverySampleAndFreesTheBlocks) {
