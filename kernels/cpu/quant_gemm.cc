@@ -298,6 +298,35 @@ struct Q8_0Kernel {
   }
 };
 
+// Q8_0 in RepackForProducts' arrangement. A whole unit is 8 vectors of the signed values, vector
+// 2j + h holding TransposeUnit's w[j][h] (byte 16t + 4s + b: value 16h + 4j + b of block kV s + t),
+// then the kUnitGroups f16 scales in lane order. The rest of a row is GGUF's; its cross tails are
+// whole units after the matrix's rows, as for Q4_1Packed.
+struct Q8_0Packed : Q8_0Kernel {
+  static constexpr bool kPreTransposed = true;
+  static constexpr int kQuants = 8 * kVecBytes;  // a unit's value bytes; then d
+  template <bool kFull, int kAccs>
+  static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
+    if constexpr (!kFull) {
+      Q8_0Kernel::Prepare<false, kAccs>(row, unit, ng, u);
+    } else {
+      const uint8_t* p = row + unit * kUnitGroups * static_cast<int64_t>(sizeof(BlockQ8_0));
+      for (int j = 0; j < 4; ++j) {
+        for (int h = 0; h < 2; ++h) {
+          const IVec v = LoadI(p + (2 * j + h) * kVecBytes);
+          if constexpr (kVnni) {
+            u->w[j][h] = Xor(v, Bytes(static_cast<char>(0x80)));  // w + 128
+          } else {
+            u->w[j][h] = Abs8(v);
+            u->sign[j][h] = v;
+          }
+        }
+      }
+      u->a = HalvesToF(p + kQuants);
+    }
+  }
+};
+
 // Q4_K's 6-bit scales and mins of sub-blocks 0..7 (Q4KScaleMin) as bytes in 4 words: sc[0..3],
 // sc[4..7], mn[0..3], mn[4..7]. The high 2 bits of sub-blocks 4..7 sit in the top of bytes 0..7.
 inline void Q4KScaleWords(const uint8_t* scales, uint32_t* sc, uint32_t* mn) {
@@ -920,7 +949,9 @@ bool IntegerProducts(const float* x, int32_t m, int32_t k, const QuantOut* outs,
     case QuantType::kQ4_1:
       if (outs[0].w->repacked) return GemmQuant<Q4_1Packed>(x, m, k, outs, num_outs), true;
       return GemmQuant<Q4_1Kernel>(x, m, k, outs, num_outs), true;
-    case QuantType::kQ8_0: return GemmQuant<Q8_0Kernel>(x, m, k, outs, num_outs), true;
+    case QuantType::kQ8_0:
+      if (outs[0].w->repacked) return GemmQuant<Q8_0Packed>(x, m, k, outs, num_outs), true;
+      return GemmQuant<Q8_0Kernel>(x, m, k, outs, num_outs), true;
     case QuantType::kQ4_K: return GemmQuant<Q4KKernel>(x, m, k, outs, num_outs), true;
     case QuantType::kQ6_K: return GemmQuant<Q6KKernel>(x, m, k, outs, num_outs), true;
     default: break;
@@ -964,22 +995,33 @@ void LinearQuantMulti(const float* x, int32_t m, int32_t k, const QuantOut* outs
 
 namespace {
 
-// Block b's bytes of a row's whole unit in GGUF's arrangement <-> RepackForProducts' (Q4_1Packed):
-// visit(gguf offset, packed offset, bytes) for each piece of the unit, a permutation of its bytes.
+// Block b's bytes of a row's whole unit in GGUF's arrangement <-> RepackForProducts' (Q4_1Packed,
+// Q8_0Packed): visit(gguf offset, packed offset, bytes) for each piece of the unit, a permutation
+// of its bytes.
 template <typename Visit>
-void UnitPermutation(Visit visit) {
+void UnitPermutation(QuantType type, Visit visit) {
 #if defined(SPECULA_QUANT_WIDTH)
-  constexpr int kB = sizeof(BlockQ4_1), kQs = offsetof(BlockQ4_1, qs);
   for (int s = 0; s < 4; ++s) {
     for (int t = 0; t < kV; ++t) {
       const int g = kV * s + t, lane = 4 * t + s;
-      for (int j = 0; j < 4; ++j) visit(g * kB + kQs + 4 * j, j * kVecBytes + 16 * t + 4 * s, 4);
-      visit(g * kB + offsetof(BlockQ4_1, d), Q4_1Packed::kNibbles + 2 * lane, 2);
-      visit(g * kB + offsetof(BlockQ4_1, m), Q4_1Packed::kNibbles + 2 * kUnitGroups + 2 * lane, 2);
+      if (type == QuantType::kQ4_1) {
+        constexpr int kB = sizeof(BlockQ4_1), kQs = offsetof(BlockQ4_1, qs);
+        for (int j = 0; j < 4; ++j) visit(g * kB + kQs + 4 * j, j * kVecBytes + 16 * t + 4 * s, 4);
+        visit(g * kB + offsetof(BlockQ4_1, d), Q4_1Packed::kNibbles + 2 * lane, 2);
+        visit(g * kB + offsetof(BlockQ4_1, m), Q4_1Packed::kNibbles + 2 * kUnitGroups + 2 * lane, 2);
+      } else {
+        constexpr int kB = sizeof(BlockQ8_0), kQs = offsetof(BlockQ8_0, qs);
+        for (int j = 0; j < 4; ++j) {
+          for (int h = 0; h < 2; ++h) {
+            visit(g * kB + kQs + 16 * h + 4 * j, (2 * j + h) * kVecBytes + 16 * t + 4 * s, 4);
+          }
+        }
+        visit(g * kB + offsetof(BlockQ8_0, d), Q8_0Packed::kQuants + 2 * lane, 2);
+      }
     }
   }
 #else
-  (void)visit;
+  (void)type, (void)visit;
 #endif
 }
 
@@ -990,7 +1032,8 @@ constexpr int64_t kUnitValues =
     0;
 #endif
 
-// CrossRest of a Q4_1 matrix's rows of `cols` values: the blocks of each row's cross tail; 0: none.
+// CrossRest of a matrix's rows of `cols` values (blocks of 32): the blocks of each row's cross
+// tail; 0: none.
 int CrossRestOf(int64_t cols) {
 #if defined(SPECULA_QUANT_WIDTH)
   return CrossRest(cols / 32);
@@ -1003,9 +1046,11 @@ int CrossRestOf(int64_t cols) {
 }  // namespace
 
 std::vector<uint8_t> RepackForProducts(const QuantMatrix& w) {
-  if (w.type != QuantType::kQ4_1 || kUnitValues == 0 || w.repacked) return {};
-  constexpr int64_t kB = sizeof(BlockQ4_1), kUnitBlocks = kUnitValues / 32;
-  const int64_t row_bytes = QuantRowBytes(w.type, w.cols), unit_bytes = kUnitBlocks * kB;
+  const bool packs = w.type == QuantType::kQ4_1 || w.type == QuantType::kQ8_0;
+  if (!packs || kUnitValues == 0 || w.repacked) return {};
+  constexpr int64_t kUnitBlocks = kUnitValues / 32;
+  const int64_t block = QuantBlockBytes(w.type), row_bytes = QuantRowBytes(w.type, w.cols);
+  const int64_t unit_bytes = kUnitBlocks * block;
   const auto* src = static_cast<const uint8_t*>(w.blocks);
   // The cross units (CrossTails): unit c's block q = j rest + g is row c rows + j's last-unit block
   // g, rows past the matrix repeating its last one; each permuted like a whole unit.
@@ -1016,18 +1061,18 @@ std::vector<uint8_t> RepackForProducts(const QuantMatrix& w) {
   for (int64_t r = 0; r < w.rows; ++r) {
     for (int64_t u = 0; u < w.cols / kUnitValues; ++u) {
       const int64_t at = r * row_bytes + u * unit_bytes;
-      UnitPermutation([&](int from, int to, int n) { std::memcpy(&out[at + to], src + at + from, n); });
+      UnitPermutation(w.type, [&](int from, int to, int n) { std::memcpy(&out[at + to], src + at + from, n); });
     }
   }
   const int64_t full = w.cols / 32 / std::max<int64_t>(kUnitBlocks, 1);  // the row's whole units
-  std::vector<uint8_t> gguf(static_cast<size_t>(unit_bytes));  // [kUnitBlocks * kB]: the unit's blocks side by side
+  std::vector<uint8_t> gguf(static_cast<size_t>(unit_bytes));  // [kUnitBlocks * block]: the unit's blocks side by side
   for (int64_t c = 0; c < units; ++c) {
     for (int64_t q = 0; q < kUnitBlocks; ++q) {
       const int64_t r = std::min(c * rows + q / rest, w.rows - 1);
-      std::memcpy(&gguf[q * kB], src + r * row_bytes + (full * kUnitBlocks + q % rest) * kB, kB);
+      std::memcpy(&gguf[q * block], src + r * row_bytes + (full * kUnitBlocks + q % rest) * block, block);
     }
     const int64_t at = body + c * unit_bytes;
-    UnitPermutation([&](int from, int to, int n) { std::memcpy(&out[at + to], &gguf[from], n); });
+    UnitPermutation(w.type, [&](int from, int to, int n) { std::memcpy(&out[at + to], &gguf[from], n); });
   }
   return out;
 }
@@ -1038,9 +1083,11 @@ void QuantRow(const QuantMatrix& w, int64_t r, float* out) {
   if (!w.repacked) return DequantizeRow(w.type, row, w.cols, out);
   thread_local std::vector<uint8_t> gguf;  // [row_bytes]: the row back in GGUF's arrangement
   gguf.assign(row, row + row_bytes);
-  const int64_t unit_bytes = kUnitValues / 32 * sizeof(BlockQ4_1);
+  const int64_t unit_bytes = kUnitValues / 32 * QuantBlockBytes(w.type);
   for (int64_t u = 0; kUnitValues > 0 && u < w.cols / kUnitValues; ++u) {
-    UnitPermutation([&](int from, int to, int n) { std::memcpy(&gguf[u * unit_bytes + from], row + u * unit_bytes + to, n); });
+    UnitPermutation(w.type, [&](int from, int to, int n) {
+      std::memcpy(&gguf[u * unit_bytes + from], row + u * unit_bytes + to, n);
+    });
   }
   DequantizeRow(w.type, gguf.data(), w.cols, out);
 }

@@ -244,58 +244,61 @@ TEST(QuantGemmTest, MultiGivesEachMatrixItsOwnBits) {
   }
 }
 
-// Q4_1 repacked for the products gives the GGUF arrangement's bits: products with one and two
+// Q4_1 and Q8_0 repacked for the products give the GGUF arrangement's bits: products with one and two
 // activation terms at every token count (rows of whole units, of a unit and a cross tail, and of
 // a partial unit), in one pass with other matrices, and the embedding lookup. A permutation that
 // differed would move some group's values or scales and change the outputs.
-TEST(QuantGemmTest, RepackedQ4_1GivesTheSameBits) {
+TEST(QuantGemmTest, RepackedGivesTheSameBits) {
   std::mt19937 rng(6);
-  for (int32_t k : {32, 512, 544, 576, 1536}) {
-    const int32_t n = 21;
-    Weights w = MakeWeights(QuantType::kQ4_1, n, k, &rng);
-    std::vector<uint8_t> packed = RepackForProducts(w.w);
+  for (QuantType type : {QuantType::kQ4_1, QuantType::kQ8_0}) {
+    for (int32_t k : {32, 512, 544, 576, 1536}) {
+      SCOPED_TRACE(QuantTypeName(type));
+      const int32_t n = 21;
+      Weights w = MakeWeights(type, n, k, &rng);
+      std::vector<uint8_t> packed = RepackForProducts(w.w);
 #if !defined(__AVX2__)
-    EXPECT_TRUE(packed.empty()) << "the scalar build has no arrangement of its own";
-    continue;
+      EXPECT_TRUE(packed.empty()) << "the scalar build has no arrangement of its own";
+      continue;
 #endif
-    // The rows, then a cross unit of 16 blocks (AVX-512; 8 with AVX2, which this file's flags do
-    // not tell) for every 16 / rest rows where a row's last rest blocks divide a unit.
-    const auto size = [&](int64_t unit_blocks) {
-      int64_t cross = 0;
-      if (const int64_t rest = k / 32 % unit_blocks; rest > 0 && unit_blocks % rest == 0) {
-        cross = (n + unit_blocks / rest - 1) / (unit_blocks / rest) * unit_blocks;
+      // The rows, then a cross unit of 16 blocks (AVX-512; 8 with AVX2, which this file's flags do
+      // not tell) for every 16 / rest rows where a row's last rest blocks divide a unit.
+      const auto size = [&](int64_t unit_blocks) {
+        int64_t cross = 0;
+        if (const int64_t rest = k / 32 % unit_blocks; rest > 0 && unit_blocks % rest == 0) {
+          cross = (n + unit_blocks / rest - 1) / (unit_blocks / rest) * unit_blocks;
+        }
+        return static_cast<size_t>(QuantRowBytes(type, k) * n + cross * QuantBlockBytes(type));
+      };
+      ASSERT_TRUE(packed.size() == size(16) || packed.size() == size(8)) << "k " << k << ": " << packed.size() << " bytes";
+      if (k >= 512) {
+        const size_t rows_bytes = QuantRowBytes(type, k) * n;
+        EXPECT_NE(0, std::memcmp(packed.data(), w.w.blocks, rows_bytes)) << "k " << k << ": nothing moved";
       }
-      return static_cast<size_t>(QuantRowBytes(QuantType::kQ4_1, k) * n + cross * sizeof(BlockQ4_1));
-    };
-    ASSERT_TRUE(packed.size() == size(16) || packed.size() == size(8)) << "k " << k << ": " << packed.size() << " bytes";
-    if (k >= 512) {
-      const size_t rows_bytes = QuantRowBytes(QuantType::kQ4_1, k) * n;
-      EXPECT_NE(0, std::memcmp(packed.data(), w.w.blocks, rows_bytes)) << "k " << k << ": nothing moved";
-    }
-    QuantMatrix r = w.w;
-    r.blocks = packed.data();
-    r.repacked = true;
-    EXPECT_TRUE(RepackForProducts(r).empty()) << "repacked twice";
-    for (bool two_terms : {false, true}) {
-      w.w.two_term_activations = r.two_term_activations = two_terms;
-      for (int32_t m : {1, 2, 5, 9, 33, 40}) {
-        const std::vector<float> x = Random(static_cast<size_t>(m) * k, &rng), bias = Random(n, &rng);
-        std::vector<float> want(static_cast<size_t>(m) * n, NAN), got(want.size(), NAN);
-        LinearQuant(x.data(), w.w, bias.data(), m, n, k, want.data());
-        LinearQuant(x.data(), r, bias.data(), m, n, k, got.data());
-        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
-            << "k " << k << ", " << m << " tokens, " << (two_terms ? "two terms" : "one term");
-        std::vector<float> multi(want.size(), NAN), other(want.size(), NAN);
-        const QuantOut outs[] = {{&r, bias.data(), multi.data()}, {&r, nullptr, other.data()}};
-        LinearQuantMulti(x.data(), m, k, outs, 2);
-        ASSERT_EQ(0, std::memcmp(want.data(), multi.data(), want.size() * sizeof(float))) << "k " << k << " in one pass";
+      QuantMatrix r = w.w;
+      r.blocks = packed.data();
+      r.repacked = true;
+      EXPECT_TRUE(RepackForProducts(r).empty()) << "repacked twice";
+      for (bool two_terms : {false, true}) {
+        w.w.two_term_activations = r.two_term_activations = two_terms;
+        for (int32_t m : {1, 2, 5, 9, 33, 40}) {
+          const std::vector<float> x = Random(static_cast<size_t>(m) * k, &rng), bias = Random(n, &rng);
+          std::vector<float> want(static_cast<size_t>(m) * n, NAN), got(want.size(), NAN);
+          LinearQuant(x.data(), w.w, bias.data(), m, n, k, want.data());
+          LinearQuant(x.data(), r, bias.data(), m, n, k, got.data());
+          ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+              << "k " << k << ", " << m << " tokens, " << (two_terms ? "two terms" : "one term");
+          std::vector<float> multi(want.size(), NAN), other(want.size(), NAN);
+          const QuantOut outs[] = {{&r, bias.data(), multi.data()}, {&r, nullptr, other.data()}};
+          LinearQuantMulti(x.data(), m, k, outs, 2);
+          ASSERT_EQ(0, std::memcmp(want.data(), multi.data(), want.size() * sizeof(float))) << "k " << k << " in one pass";
+        }
       }
-    }
-    std::vector<float> want(k), got(k);
-    for (int64_t row : {0, n / 2, n - 1}) {
-      QuantRow(w.w, row, want.data());
-      QuantRow(r, row, got.data());
-      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), k * sizeof(float))) << "k " << k << " row " << row;
+      std::vector<float> want(k), got(k);
+      for (int64_t row : {0, n / 2, n - 1}) {
+        QuantRow(w.w, row, want.data());
+        QuantRow(r, row, got.data());
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), k * sizeof(float))) << "k " << k << " row " << row;
+      }
     }
   }
 }
