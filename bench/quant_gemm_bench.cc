@@ -131,7 +131,13 @@ void BM_Linear(benchmark::State& state) {
   const int32_t m = static_cast<int32_t>(state.range(2));
   const bool cold = state.range(3) != 0, two_term = state.range(4) == 2;
   if (s.k % QuantBlockSize(type) != 0) return state.SkipWithError("k is not a whole number of blocks");
-  const std::vector<uint8_t> one = RandomWeights(type, s.n, s.k);
+  std::vector<uint8_t> one = RandomWeights(type, s.n, s.k);
+  // In the arrangement the CPU backend multiplies (Q4_1 and Q8_0 repacked), and with its bytes.
+  cpu::QuantMatrix q{one.data(), type, s.n, s.k, two_term};
+  bool repacked = false;
+  if (type != QuantType::kF32) {
+    if (std::vector<uint8_t> packed = cpu::RepackForProducts(q); !packed.empty()) one = std::move(packed), repacked = true;
+  }
   const int64_t copies = cold ? std::max<int64_t>(2, kColdBytes / static_cast<int64_t>(one.size())) : 1;
   std::vector<uint8_t> all(one.size() * copies);
   for (int64_t c = 0; c < copies; ++c) std::memcpy(all.data() + c * one.size(), one.data(), one.size());
@@ -145,7 +151,8 @@ void BM_Linear(benchmark::State& state) {
     if (type == QuantType::kF32) {
       cpu::StreamGemm(x.data(), m, s.k, reinterpret_cast<const float*>(w), nullptr, s.n, y.data(), nullptr);
     } else {
-      cpu::LinearQuant(x.data(), cpu::QuantMatrix{w, type, s.n, s.k, two_term}, nullptr, m, s.n, s.k, y.data());
+      cpu::LinearQuant(x.data(), cpu::QuantMatrix{w, type, s.n, s.k, two_term, repacked}, nullptr, m, s.n, s.k,
+                       y.data());
     }
     benchmark::DoNotOptimize(y.data());
     c = (c + 1) % copies;
@@ -175,11 +182,11 @@ BENCHMARK(BM_Linear)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
-// Verification runs and prefill chunks: the weights are unpacked once per block of up to 16 activation rows.
+// Verification runs (5 tokens: k = 4) and prefill chunks: the weights are unpacked once per block of up to 16 activation rows.
 void BatchArgs(benchmark::internal::Benchmark* b) {
   for (QuantType t : {QuantType::kQ4_1, QuantType::kQ8_0, QuantType::kF32}) {
     for (int s : {0, 2, 3}) {
-      for (int m : {8, 64}) {
+      for (int m : {5, 8, 64}) {
         for (int terms : {1, 2}) {
           if (terms == 1 || t != QuantType::kF32) b->Args({static_cast<int64_t>(t), s, m, 0, terms});
         }
