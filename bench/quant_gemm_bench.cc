@@ -133,11 +133,9 @@ void BM_Linear(benchmark::State& state) {
   if (s.k % QuantBlockSize(type) != 0) return state.SkipWithError("k is not a whole number of blocks");
   std::vector<uint8_t> one = RandomWeights(type, s.n, s.k);
   // In the arrangement the CPU backend multiplies (Q4_1 and Q8_0 repacked), and with its bytes.
-  cpu::QuantMatrix q{one.data(), type, s.n, s.k, two_term};
-  bool repacked = false;
-  if (type != QuantType::kF32) {
-    if (std::vector<uint8_t> packed = cpu::RepackForProducts(q); !packed.empty()) one = std::move(packed), repacked = true;
-  }
+  std::vector<uint8_t> packed = cpu::RepackForProducts(cpu::QuantMatrix{one.data(), type, s.n, s.k, two_term});
+  const bool repacked = !packed.empty();
+  if (repacked) one = std::move(packed);
   const int64_t copies = cold ? std::max<int64_t>(2, kColdBytes / static_cast<int64_t>(one.size())) : 1;
   std::vector<uint8_t> all(one.size() * copies);
   for (int64_t c = 0; c < copies; ++c) std::memcpy(all.data() + c * one.size(), one.data(), one.size());

@@ -264,6 +264,17 @@ struct Q4_1Packed : Q4_1Kernel {
   }
 };
 
+// Q8_0's signed values as the products take them: w + 128 for VNNI's unsigned-by-signed products,
+// else |w| with the signs kept for the activations.
+inline void SignedWeights(IVec v, IVec* w, IVec* sign) {
+  if constexpr (kVnni) {
+    *w = Xor(v, Bytes(static_cast<char>(0x80)));
+  } else {
+    *w = Abs8(v);
+    *sign = v;
+  }
+}
+
 struct Q8_0Kernel {
   static constexpr int kGroup = 32, kH = 2, kOffset = kVnni ? 128 : 0, kBlockBytes = sizeof(BlockQ8_0);
   static constexpr bool kMin = false, kSigned = true, kSmall = false, kCross = true, kPreTransposed = false;
@@ -285,14 +296,7 @@ struct Q8_0Kernel {
 #else
       const IVec h[2] = {_mm256_permute2x128_si256(q[0], q[1], 0x20), _mm256_permute2x128_si256(q[0], q[1], 0x31)};
 #endif
-      for (int i = 0; i < 2; ++i) {
-        if constexpr (kVnni) {
-          u->w[s][i] = Xor(h[i], Bytes(static_cast<char>(0x80)));  // w + 128
-        } else {
-          u->w[s][i] = Abs8(h[i]);
-          u->sign[s][i] = h[i];
-        }
-      }
+      for (int i = 0; i < 2; ++i) SignedWeights(h[i], &u->w[s][i], &u->sign[s][i]);
     }
     BlockScales<kBytes, kFull>(blk, ng, &u->a, nullptr);
   }
@@ -312,15 +316,7 @@ struct Q8_0Packed : Q8_0Kernel {
     } else {
       const uint8_t* p = row + unit * kUnitGroups * static_cast<int64_t>(sizeof(BlockQ8_0));
       for (int j = 0; j < 4; ++j) {
-        for (int h = 0; h < 2; ++h) {
-          const IVec v = LoadI(p + (2 * j + h) * kVecBytes);
-          if constexpr (kVnni) {
-            u->w[j][h] = Xor(v, Bytes(static_cast<char>(0x80)));  // w + 128
-          } else {
-            u->w[j][h] = Abs8(v);
-            u->sign[j][h] = v;
-          }
-        }
+        for (int h = 0; h < 2; ++h) SignedWeights(LoadI(p + (2 * j + h) * kVecBytes), &u->w[j][h], &u->sign[j][h]);
       }
       u->a = HalvesToF(p + kQuants);
     }

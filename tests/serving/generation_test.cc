@@ -136,9 +136,7 @@ TEST_F(GenerationTest, TheOtherSamplesRunBeforeAnyoneReads) {
   // Nothing reads until the server is idle: every sample must have run by then, not only sample 0.
   ASSERT_TRUE(server_->WaitIdle(milliseconds(10000)));
   const std::string metrics = server_->MetricsText();
-  EXPECT_NE(metrics.find("finished_reason=\"length\"} 3.0\n"),
-            std::string::npos)
-      << metrics;
+  EXPECT_NE(metrics.find("finished_reason=\"length\"} 3.0\n"), std::string::npos) << metrics;
   std::set<int32_t> finished;
   while (auto e = (*g)->Next(milliseconds(0))) {
     if (e->delta.finished) finished.insert(e->index);
