@@ -36,6 +36,12 @@
 // rows go through them. A token's output is the same sequence of operations whatever the block of
 // tokens around it: results do not depend on m (nor on the number of threads), bit for bit.
 //
+// Q4_1 matrices that the CPU backend has repacked go through row tiles instead (tile_gemm.h): one
+// row per 32-bit lane, 4 activation bytes broadcast per dot product, so that a block's unpacking
+// serves every row of the tile and up to 16 tokens without reductions (SmolLM2 Q4_1 on a Zen 5
+// EPYC, quant_gemm_bench with 2 threads: gate/up at 5 tokens 19-24 -> 8.7 us, at 64 tokens 172-192
+// -> 90-93 us; the 5-token step 1.51-1.56x -> 1.19-1.21x a 1-token step).
+//
 // F16 and BF16 go through the float path (StreamGemm's tiles, weights converted in registers).
 // Without AVX2 every type is dequantized a row at a time and multiplied in float (GemmDequant).
 #include "kernels/cpu/quant_gemm.h"
@@ -52,6 +58,7 @@
 #include "kernels/cpu/quant_vec.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/stream_gemm.h"
+#include "kernels/cpu/tile_gemm.h"
 
 namespace specula::cpu {
 namespace {
@@ -126,15 +133,6 @@ inline float HalfToF(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return _cvtsh_ss(h);
-}
-
-// A vector of the f16 values at p, as floats.
-inline FVec HalvesToF(const uint8_t* p) {
-#if SPECULA_QUANT_WIDTH == 512
-  return _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-#else
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-#endif
 }
 
 // One unit of a weight row, unpacked. Prepare leaves it by group: w[s][h], lane t holds the 16
@@ -239,31 +237,6 @@ struct Q4_1Kernel {
   }
 };
 
-// Q4_1 in RepackForProducts' arrangement. A whole unit (the size of kUnitGroups blocks) is 4 vectors
-// of nibble bytes, then the kUnitGroups f16 scales d and mins m in lane order: byte 16t + 4s + b of
-// vector j is byte 4j + b of block kV s + t's qs, so that its low nibbles are TransposeUnit's
-// w[j][0] and its high ones w[j][1]. The rest of a row (a partial unit) is GGUF's; its cross
-// tails are whole units after the matrix's rows (RepackForProducts).
-struct Q4_1Packed : Q4_1Kernel {
-  static constexpr bool kPreTransposed = true;
-  static constexpr int kNibbles = 4 * kVecBytes;  // a unit's nibble bytes; then d, then m
-  template <bool kFull, int kAccs>
-  static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
-    if constexpr (!kFull) {
-      Q4_1Kernel::Prepare<false, kAccs>(row, unit, ng, u);
-    } else {
-      const uint8_t* p = row + unit * kUnitGroups * static_cast<int64_t>(sizeof(BlockQ4_1));
-      for (int j = 0; j < 4; ++j) {
-        const IVec v = LoadI(p + j * kVecBytes);
-        u->w[j][0] = And(v, Bytes(0x0F));
-        u->w[j][1] = And(Shr4(v), Bytes(0x0F));
-      }
-      u->a = HalvesToF(p + kNibbles);
-      u->b = HalvesToF(p + kNibbles + 2 * kUnitGroups);
-    }
-  }
-};
-
 // Q8_0's signed values as the products take them: w + 128 for VNNI's unsigned-by-signed products,
 // else |w| with the signs kept for the activations.
 inline void SignedWeights(IVec v, IVec* w, IVec* sign) {
@@ -305,7 +278,7 @@ struct Q8_0Kernel {
 // Q8_0 in RepackForProducts' arrangement. A whole unit is 8 vectors of the signed values, vector
 // 2j + h holding TransposeUnit's w[j][h] (byte 16t + 4s + b: value 16h + 4j + b of block kV s + t),
 // then the kUnitGroups f16 scales in lane order. The rest of a row is GGUF's; its cross tails are
-// whole units after the matrix's rows, as for Q4_1Packed.
+// whole units after the matrix's rows (CrossTails).
 struct Q8_0Packed : Q8_0Kernel {
   static constexpr bool kPreTransposed = true;
   static constexpr int kQuants = 8 * kVecBytes;  // a unit's value bytes; then d
@@ -441,61 +414,8 @@ std::vector<uint8_t>& ActsScratch() {
   return buf;
 }
 
-// One group of kG activations to int8: scale amax / 127, each value rounded to nearest even (as
-// nearbyint does under the default rounding mode); returns the scale, *sum the values' sum. The
-// AVX-512 form gives the same bits as the loops: max and integer sums are exact, and both multiply
-// by the same inverse and round the same way. (The loops took 85 cycles a group, a tenth of a
-// 5-token verification's products.)
-template <int kG>
-inline float QuantizeGroup(const float* xg, int8_t* v, int32_t* sum) {
-#if SPECULA_QUANT_WIDTH == 512
-  if constexpr (kG % 16 == 0 && kG <= 32) {  // (maskz forms: GCC 12's plain ones warn, bug 105593)
-    const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
-    __m512 a[kG / 16], m = _mm512_setzero_ps();
-    for (int h = 0; h < kG / 16; ++h) {
-      a[h] = _mm512_loadu_ps(xg + 16 * h);
-      m = _mm512_maskz_max_ps(0xFFFF, m, _mm512_castsi512_ps(_mm512_maskz_and_epi32(0xFFFF, _mm512_castps_si512(a[h]), magnitude)));
-    }
-    // Every lane's max, then its sum below, by a tree of shuffles (a store and a scalar loop cost a
-    // quarter of the group).
-    m = _mm512_maskz_max_ps(0xFFFF, m, _mm512_maskz_shuffle_f32x4(0xFFFF, m, m, _MM_SHUFFLE(1, 0, 3, 2)));
-    m = _mm512_maskz_max_ps(0xFFFF, m, _mm512_maskz_shuffle_f32x4(0xFFFF, m, m, _MM_SHUFFLE(2, 3, 0, 1)));
-    m = _mm512_maskz_max_ps(0xFFFF, m, _mm512_maskz_permute_ps(0xFFFF, m, _MM_SHUFFLE(1, 0, 3, 2)));
-    m = _mm512_maskz_max_ps(0xFFFF, m, _mm512_maskz_permute_ps(0xFFFF, m, _MM_SHUFFLE(2, 3, 0, 1)));
-    const float amax = _mm512_cvtss_f32(m);
-    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-    __m512i total = _mm512_setzero_si512();
-    for (int h = 0; h < kG / 16; ++h) {
-      const __m512i r = _mm512_maskz_cvt_roundps_epi32(0xFFFF, _mm512_mul_ps(a[h], inv),
-                                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(v + 16 * h), _mm512_maskz_cvtsepi32_epi8(0xFFFF, r));
-      total = _mm512_add_epi32(total, r);
-    }
-    total = _mm512_add_epi32(total, _mm512_maskz_shuffle_i32x4(0xFFFF, total, total, _MM_SHUFFLE(1, 0, 3, 2)));
-    total = _mm512_add_epi32(total, _mm512_maskz_shuffle_i32x4(0xFFFF, total, total, _MM_SHUFFLE(2, 3, 0, 1)));
-    total = _mm512_add_epi32(total, _mm512_maskz_shuffle_epi32(0xFFFF, total, _MM_PERM_BADC));
-    total = _mm512_add_epi32(total, _mm512_maskz_shuffle_epi32(0xFFFF, total, _MM_PERM_CDAB));
-    *sum = _mm512_cvtsi512_si32(total);
-    return amax / 127.0f;
-  }
-#endif
-  float amax = 0.0f;
-#pragma omp simd reduction(max : amax)
-  for (int j = 0; j < kG; ++j) amax = std::max(amax, std::fabs(xg[j]));
-  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-  int32_t total = 0;
-#pragma omp simd reduction(+ : total)
-  for (int j = 0; j < kG; ++j) {
-    const int32_t r = static_cast<int32_t>(std::nearbyint(xg[j] * inv));
-    v[j] = static_cast<int8_t>(r);
-    total += r;
-  }
-  *sum = total;
-  return amax / 127.0f;
-}
-
 // The groups of a row's partial last unit where they divide a unit, so that the ends of kUnitGroups
-// / rest rows make one whole unit (CrossTails; RepackForProducts builds Q4_1's in advance); 0 where
+// / rest rows make one whole unit (CrossTails; RepackForProducts builds Q8_0's in advance); 0 where
 // the last unit is whole or its groups do not divide one.
 constexpr int CrossRest(int64_t groups) {
   const int rest = static_cast<int>(groups % kUnitGroups);
@@ -631,15 +551,6 @@ inline __attribute__((always_inline)) IVec UnitDotT(const Unit& w, const int8_t*
 // The horizontal sums of a row's accumulators are taken kSumRows rows at a time, one row per lane
 // of the result (SumLanes): the same tree of adds for every row, 2 instructions a row instead of 8.
 constexpr int kSumRows = 4 * kV;
-inline FVec LoadFirst(const float* p, int32_t count) {
-#if SPECULA_QUANT_WIDTH == 512
-  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << count) - 1), p);
-#else
-  alignas(32) float t[8] = {};
-  std::memcpy(t, p, sizeof(float) * count);
-  return _mm256_load_ps(t);
-#endif
-}
 
 // Weights are prefetched this far ahead of the row being read: the hardware prefetcher alone left
 // a matrix that comes from memory at 60% of the read bandwidth (Q4_1 at one token, 49152 x 576
@@ -695,10 +606,9 @@ inline FVec RowSums(FVec v, const RowMap& map, int rest) {
 // The partial last units (a.rest groups each) of rows first .. first + count - 1, kUnitGroups /
 // rest rows at a time as one unit whose group q = j rest + g is row j's group g: tails[i], lane j,
 // is added row first + j's sum over them for token i0 + i. A row's partial unit then costs its share of
-// one unit's products instead of a whole unit's unpacking, reduction and scaling. Q4_1Packed reads
+// one unit's products instead of a whole unit's unpacking, reduction and scaling. Q8_0Packed reads
 // these units as RepackForProducts built them (`cross`: after the matrix's rows, unit c for rows
-// c rows .. c rows + rows - 1); the others copy the blocks together and transpose them (a third of
-// a 1-token Q4_1 step's products went into that).
+// c rows .. c rows + rows - 1); the others copy the blocks together and transpose them.
 template <class T, int M>
 void CrossTails(const uint8_t* blocks, int64_t row_bytes, const uint8_t* cross, int32_t first, int32_t count,
                 const Acts& a, int32_t i0, int64_t full, FVec tails[M]) {
@@ -871,6 +781,16 @@ void GemmQuantRaw(const float* x, int32_t m, int32_t k, const QuantOut* outs, in
     }
   }
 }
+// Q4_1 in RepackForProducts' arrangement: row tiles (kernels/cpu/tile_gemm.h), whose products
+// quantize the activations their own way.
+struct Q4_1Tiled {
+  static constexpr int kGroup = 32;
+};
+template <>
+void GemmQuantRaw<Q4_1Tiled>(const float* x, int32_t m, int32_t k, const QuantOut* outs, int32_t num_outs) {
+  Q4_1TileProducts(x, m, k, outs, num_outs);
+}
+
 // Two-term activations: x = hi + lo, where hi is x as QuantizeActs rounds it and lo is the rest
 // (x - hi), which is quantized again. 8-bit activations alone moved SmolLM2-135M's greedy output
 // off its float32 path on 10 of 16 prompts within 32 tokens (Q8_0 weights, where the weights are
@@ -946,7 +866,7 @@ bool IntegerProducts(const float* x, int32_t m, int32_t k, const QuantOut* outs,
   switch (outs[0].w->type) {
     case QuantType::kQ4_0: return GemmQuant<Q4_0Kernel>(x, m, k, outs, num_outs), true;
     case QuantType::kQ4_1:
-      if (outs[0].w->repacked) return GemmQuant<Q4_1Packed>(x, m, k, outs, num_outs), true;
+      if (outs[0].w->repacked) return GemmQuant<Q4_1Tiled>(x, m, k, outs, num_outs), true;
       return GemmQuant<Q4_1Kernel>(x, m, k, outs, num_outs), true;
     case QuantType::kQ8_0:
       if (outs[0].w->repacked) return GemmQuant<Q8_0Packed>(x, m, k, outs, num_outs), true;
@@ -994,33 +914,23 @@ void LinearQuantMulti(const float* x, int32_t m, int32_t k, const QuantOut* outs
 
 namespace {
 
-// Block b's bytes of a row's whole unit in GGUF's arrangement <-> RepackForProducts' (Q4_1Packed,
-// Q8_0Packed): visit(gguf offset, packed offset, bytes) for each piece of the unit, a permutation
-// of its bytes.
+// Block b's bytes of a Q8_0 row's whole unit in GGUF's arrangement <-> Q8_0Packed's:
+// visit(gguf offset, packed offset, bytes) for each piece of the unit, a permutation of its bytes.
 template <typename Visit>
-void UnitPermutation(QuantType type, Visit visit) {
+void UnitPermutation(Visit visit) {
 #if defined(SPECULA_QUANT_WIDTH)
   for (int s = 0; s < 4; ++s) {
     for (int t = 0; t < kV; ++t) {
       const int g = kV * s + t, lane = 4 * t + s;
-      if (type == QuantType::kQ4_1) {
-        constexpr int kB = sizeof(BlockQ4_1), kQs = offsetof(BlockQ4_1, qs);
-        for (int j = 0; j < 4; ++j) visit(g * kB + kQs + 4 * j, j * kVecBytes + 16 * t + 4 * s, 4);
-        visit(g * kB + offsetof(BlockQ4_1, d), Q4_1Packed::kNibbles + 2 * lane, 2);
-        visit(g * kB + offsetof(BlockQ4_1, m), Q4_1Packed::kNibbles + 2 * kUnitGroups + 2 * lane, 2);
-      } else {
-        constexpr int kB = sizeof(BlockQ8_0), kQs = offsetof(BlockQ8_0, qs);
-        for (int j = 0; j < 4; ++j) {
-          for (int h = 0; h < 2; ++h) {
-            visit(g * kB + kQs + 16 * h + 4 * j, (2 * j + h) * kVecBytes + 16 * t + 4 * s, 4);
-          }
-        }
-        visit(g * kB + offsetof(BlockQ8_0, d), Q8_0Packed::kQuants + 2 * lane, 2);
+      constexpr int kB = sizeof(BlockQ8_0), kQs = offsetof(BlockQ8_0, qs);
+      for (int j = 0; j < 4; ++j) {
+        for (int h = 0; h < 2; ++h) visit(g * kB + kQs + 16 * h + 4 * j, (2 * j + h) * kVecBytes + 16 * t + 4 * s, 4);
       }
+      visit(g * kB + offsetof(BlockQ8_0, d), Q8_0Packed::kQuants + 2 * lane, 2);
     }
   }
 #else
-  (void)type, (void)visit;
+  (void)visit;
 #endif
 }
 
@@ -1045,8 +955,9 @@ int CrossRestOf(int64_t cols) {
 }  // namespace
 
 std::vector<uint8_t> RepackForProducts(const QuantMatrix& w) {
-  const bool packs = w.type == QuantType::kQ4_1 || w.type == QuantType::kQ8_0;
-  if (!packs || kUnitValues == 0 || w.repacked) return {};
+  if (w.repacked || kUnitValues == 0) return {};
+  if (w.type == QuantType::kQ4_1) return Q4_1Tiles(w);
+  if (w.type != QuantType::kQ8_0) return {};
   constexpr int64_t kUnitBlocks = kUnitValues / 32;
   const int64_t block = QuantBlockBytes(w.type), row_bytes = QuantRowBytes(w.type, w.cols);
   const int64_t unit_bytes = kUnitBlocks * block;
@@ -1060,7 +971,7 @@ std::vector<uint8_t> RepackForProducts(const QuantMatrix& w) {
   for (int64_t r = 0; r < w.rows; ++r) {
     for (int64_t u = 0; u < w.cols / kUnitValues; ++u) {
       const int64_t at = r * row_bytes + u * unit_bytes;
-      UnitPermutation(w.type, [&](int from, int to, int n) { std::memcpy(&out[at + to], src + at + from, n); });
+      UnitPermutation([&](int from, int to, int n) { std::memcpy(&out[at + to], src + at + from, n); });
     }
   }
   const int64_t full = w.cols / 32 / std::max<int64_t>(kUnitBlocks, 1);  // the row's whole units
@@ -1071,7 +982,7 @@ std::vector<uint8_t> RepackForProducts(const QuantMatrix& w) {
       std::memcpy(&gguf[q * block], src + r * row_bytes + (full * kUnitBlocks + q % rest) * block, block);
     }
     const int64_t at = body + c * unit_bytes;
-    UnitPermutation(w.type, [&](int from, int to, int n) { std::memcpy(&out[at + to], &gguf[from], n); });
+    UnitPermutation([&](int from, int to, int n) { std::memcpy(&out[at + to], &gguf[from], n); });
   }
   return out;
 }
@@ -1080,11 +991,12 @@ void QuantRow(const QuantMatrix& w, int64_t r, float* out) {
   const int64_t row_bytes = QuantRowBytes(w.type, w.cols);
   const uint8_t* row = static_cast<const uint8_t*>(w.blocks) + r * row_bytes;
   if (!w.repacked) return DequantizeRow(w.type, row, w.cols, out);
+  if (w.type == QuantType::kQ4_1) return Q4_1TileRow(w, r, out);
   thread_local std::vector<uint8_t> gguf;  // [row_bytes]: the row back in GGUF's arrangement
   gguf.assign(row, row + row_bytes);
   const int64_t unit_bytes = kUnitValues / 32 * QuantBlockBytes(w.type);
   for (int64_t u = 0; kUnitValues > 0 && u < w.cols / kUnitValues; ++u) {
-    UnitPermutation(w.type, [&](int from, int to, int n) {
+    UnitPermutation([&](int from, int to, int n) {
       std::memcpy(&gguf[u * unit_bytes + from], row + u * unit_bytes + to, n);
     });
   }

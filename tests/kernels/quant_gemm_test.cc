@@ -1,7 +1,9 @@
 // Products on GGUF blocks (kernels/cpu/quant_gemm.h) against double-precision loops over
-// DequantizeRow's values: every weight type, one token to a prefill chunk, SmolLM2's row lengths
-// (576, 1536) and lengths that end in a partial unit of the kernels, row counts off every vector
-// width, weights at odd addresses (as rows of a mapped GGUF file are).
+// DequantizeRow's values: every weight type, in GGUF's arrangement and (Q4_1, Q8_0) in the one the
+// CPU backend multiplies (RepackForProducts: Q4_1's row tiles, Q8_0's permuted units), one token to
+// a prefill chunk, SmolLM2's row lengths (576, 1536) and lengths that end in a partial unit of the
+// kernels, row counts off every vector width and tile, weights at odd addresses (as rows of a
+// mapped GGUF file are).
 #include "kernels/cpu/quant_gemm.h"
 
 #include <algorithm>
@@ -9,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -43,8 +46,8 @@ std::vector<uint8_t> QuantizeRows(const std::vector<float>& f, int64_t n, int64_
 
 // Q4_0, Q4_1, Q8_0: random floats through the reference quantizers (a few Q8_0 values -128, which a
 // file may hold though the quantizer never writes it). Q4_K, Q6_K: random bytes with an f16 d in
-// [0.001, 0.05]. F16, BF16: random floats converted.
-Weights MakeWeights(QuantType type, int64_t n, int64_t k, std::mt19937* rng) {
+// [0.001, 0.05]. F16, BF16: random floats converted. `repacked`: in RepackForProducts' arrangement.
+Weights MakeWeights(QuantType type, int64_t n, int64_t k, std::mt19937* rng, bool repacked = false) {
   const std::vector<float> f = Random(static_cast<size_t>(n * k), rng);
   std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_real_distribution<float> scale(0.001f, 0.05f);
@@ -84,6 +87,12 @@ Weights MakeWeights(QuantType type, int64_t n, int64_t k, std::mt19937* rng) {
   out.storage.resize(bytes.size() + offset);
   std::memcpy(out.storage.data() + offset, bytes.data(), bytes.size());
   out.w = QuantMatrix{out.storage.data() + offset, type, n, k};
+  if (repacked) {
+    out.storage = RepackForProducts(out.w);
+    EXPECT_FALSE(out.storage.empty()) << QuantTypeName(type) << " has no arrangement of its own";
+    out.w.blocks = out.storage.data();
+    out.w.repacked = true;
+  }
   return out;
 }
 
@@ -128,6 +137,7 @@ bool AllFinite(const std::vector<float>& y) {
 
 struct Case {
   QuantType type;
+  bool repacked;  // in RepackForProducts' arrangement (SIMD builds only)
   // Bound on ||y - ref|| / ||ref|| over the products of one matrix (every m). The integer types
   // quantize each activation to 8 bits per group of 32 (16 for Q6_K) with step d = amax / 127: a
   // rounding error of rms d / sqrt(12), about 0.47% of a normal activation's rms for groups of 32
@@ -141,11 +151,19 @@ struct Case {
   std::vector<int32_t> ks;  // row lengths: SmolLM2's and ones that end in a partial unit
 };
 const Case kCases[] = {
-    {QuantType::kQ4_0, 1e-2, {32, 544, 576, 1536}}, {QuantType::kQ4_1, 1e-2, {32, 544, 576, 1536}},
-    {QuantType::kQ8_0, 1e-2, {32, 544, 576, 1536}}, {QuantType::kQ4_K, 1e-2, {256, 768, 1536}},
-    {QuantType::kQ6_K, 1e-2, {256, 768, 1536}},     {QuantType::kF16, 1e-5, {40, 576, 1536}},
-    {QuantType::kBF16, 1e-5, {40, 576, 1536}},
+    {QuantType::kQ4_0, false, 1e-2, {32, 544, 576, 1536}},
+    {QuantType::kQ4_1, false, 1e-2, {32, 544, 576, 1536}},
+    {QuantType::kQ8_0, false, 1e-2, {32, 544, 576, 1536}},
+    {QuantType::kQ4_K, false, 1e-2, {256, 768, 1536}},
+    {QuantType::kQ6_K, false, 1e-2, {256, 768, 1536}},
+    {QuantType::kF16, false, 1e-5, {40, 576, 1536}},
+    {QuantType::kBF16, false, 1e-5, {40, 576, 1536}},
+#if defined(__AVX2__)
+    {QuantType::kQ4_1, true, 1e-2, {32, 544, 576, 1536}},
+    {QuantType::kQ8_0, true, 1e-2, {32, 544, 576, 1536}},
+#endif
 };
+std::string Name(const Case& c) { return std::string(QuantTypeName(c.type)) + (c.repacked ? " repacked" : ""); }
 const int32_t kTokenCounts[] = {1, 2, 3, 7, 8, 9, 33};
 const int32_t kRowCounts[] = {1, 17, 67};
 
@@ -158,7 +176,7 @@ TEST(QuantGemmTest, MatchesDequantizedReference) {
     double worst = 0.0;
     for (int32_t k : c.ks) {
       for (int32_t n : kRowCounts) {
-        Weights w = MakeWeights(c.type, n, k, &rng);
+        Weights w = MakeWeights(c.type, n, k, &rng, c.repacked);
         w.w.two_term_activations = two_term;
         const std::vector<float> wf = Dequantized(w.w), bias = Random(n, &rng);
         ErrorNorm err;  // over every m: a single output's relative error says little
@@ -166,21 +184,21 @@ TEST(QuantGemmTest, MatchesDequantizedReference) {
           const std::vector<float> x = Random(static_cast<size_t>(m) * k, &rng);
           std::vector<float> y(static_cast<size_t>(m) * n, NAN);
           LinearQuant(x.data(), w.w, nullptr, m, n, k, y.data());
-          ASSERT_TRUE(AllFinite(y)) << QuantTypeName(c.type) << " m " << m << " n " << n << " k " << k;
+          ASSERT_TRUE(AllFinite(y)) << Name(c) << " m " << m << " n " << n << " k " << k;
           err.Add(y, Reference(x, wf, nullptr, m, n, k));
           // The bias is added to the same sums.
           std::vector<float> yb(y.size(), NAN);
           LinearQuant(x.data(), w.w, bias.data(), m, n, k, yb.data());
           for (size_t i = 0; i < y.size(); ++i) {
-            ASSERT_EQ(yb[i], y[i] + bias[i % n]) << QuantTypeName(c.type) << " m " << m << " n " << n << " at " << i;
+            ASSERT_EQ(yb[i], y[i] + bias[i % n]) << Name(c) << " m " << m << " n " << n << " at " << i;
           }
         }
         worst = std::max(worst, err.Relative());
-        EXPECT_LE(err.Relative(), tolerance) << QuantTypeName(c.type) << " n " << n << " k " << k << " two-term "
+        EXPECT_LE(err.Relative(), tolerance) << Name(c) << " n " << n << " k " << k << " two-term "
                                              << two_term;
       }
     }
-    std::printf("[ %s, %s ] worst relative error %.2e (bound %.0e)\n", QuantTypeName(c.type),
+    std::printf("[ %s, %s ] worst relative error %.2e (bound %.0e)\n", Name(c).c_str(),
                 two_term ? "two-term activations" : "8-bit activations", worst, tolerance);
   }
   }
@@ -193,7 +211,7 @@ TEST(QuantGemmTest, TokensGetTheSameBitsInEveryBatch) {
   std::mt19937 rng(2);
   for (const Case& c : kCases) {
     const int32_t n = 37, k = c.ks.back(), big = 33;
-    const Weights w = MakeWeights(c.type, n, k, &rng);
+    const Weights w = MakeWeights(c.type, n, k, &rng, c.repacked);
     const std::vector<float> x = Random(static_cast<size_t>(big) * k, &rng), bias = Random(n, &rng);
     std::vector<float> all(static_cast<size_t>(big) * n, NAN);
     LinearQuant(x.data(), w.w, bias.data(), big, n, k, all.data());
@@ -202,7 +220,7 @@ TEST(QuantGemmTest, TokensGetTheSameBitsInEveryBatch) {
         std::vector<float> y(static_cast<size_t>(m) * n, NAN);
         LinearQuant(x.data() + static_cast<size_t>(start) * k, w.w, bias.data(), m, n, k, y.data());
         ASSERT_EQ(0, std::memcmp(y.data(), all.data() + static_cast<size_t>(start) * n, y.size() * sizeof(float)))
-            << QuantTypeName(c.type) << ": " << m << " tokens from " << start << " differ from the same among " << big;
+            << Name(c) << ": " << m << " tokens from " << start << " differ from the same among " << big;
       }
     }
   }
@@ -218,7 +236,7 @@ TEST(QuantGemmTest, MultiGivesEachMatrixItsOwnBits) {
       for (int32_t m : {1, 5, 33}) {
         // Different row counts (a partial tile each); the last matrix is Q8_0 in the mixed case.
         std::vector<Weights> ws;
-        for (int32_t n : {37, 16, 5}) ws.push_back(MakeWeights(c.type, n, k, &rng));
+        for (int32_t n : {37, 16, 5}) ws.push_back(MakeWeights(c.type, n, k, &rng, c.repacked));
         for (bool mixed : {false, true}) {
           if (mixed) ws.back() = MakeWeights(QuantType::kQ8_0, 9, k, &rng);
           const std::vector<float> x = Random(static_cast<size_t>(m) * k, &rng), bias = Random(37, &rng);
@@ -235,7 +253,7 @@ TEST(QuantGemmTest, MultiGivesEachMatrixItsOwnBits) {
             std::vector<float> one(y[i].size(), NAN);
             LinearQuant(x.data(), ws[i].w, outs[i].bias, m, n, k, one.data());
             ASSERT_EQ(0, std::memcmp(one.data(), y[i].data(), one.size() * sizeof(float)))
-                << QuantTypeName(c.type) << " matrix " << i << " of " << ws.size() << ", " << m << " tokens, "
+                << Name(c) << " matrix " << i << " of " << ws.size() << ", " << m << " tokens, "
                 << (two_terms ? "two terms" : "one term") << (mixed ? ", mixed types" : "");
           }
         }
@@ -244,11 +262,12 @@ TEST(QuantGemmTest, MultiGivesEachMatrixItsOwnBits) {
   }
 }
 
-// Q4_1 and Q8_0 repacked for the products give the GGUF arrangement's bits: products with one and two
-// activation terms at every token count (rows of whole units, of a unit and a cross tail, and of
-// a partial unit), in one pass with other matrices, and the embedding lookup. A permutation that
-// differed would move some group's values or scales and change the outputs.
-TEST(QuantGemmTest, RepackedGivesTheSameBits) {
+// Q4_1 and Q8_0 repacked for the products hold the same matrix: the embedding lookup gives the same
+// bits, Q8_0's products (a permutation of the units, the same arithmetic) the same bits, and Q4_1's
+// (row tiles: the same integer dot products summed in another order) the same values to float
+// rounding, with one and two activation terms at every token count, alone and in one pass with
+// another matrix. A permutation that differed would move some group's values or scales.
+TEST(QuantGemmTest, RepackedIsTheSameMatrix) {
   std::mt19937 rng(6);
   for (QuantType type : {QuantType::kQ4_1, QuantType::kQ8_0}) {
     for (int32_t k : {32, 512, 544, 576, 1536}) {
@@ -260,17 +279,19 @@ TEST(QuantGemmTest, RepackedGivesTheSameBits) {
       EXPECT_TRUE(packed.empty()) << "the scalar build has no arrangement of its own";
       continue;
 #endif
-      // The rows, then a cross unit of 16 blocks (AVX-512; 8 with AVX2, which this file's flags do
-      // not tell) for every 16 / rest rows where a row's last rest blocks divide a unit.
-      const auto size = [&](int64_t unit_blocks) {
+      // Q4_1: tiles of 16 rows (AVX-512; 8 with AVX2, which this file's flags do not tell), the last
+      // one padded. Q8_0: the rows, then a cross unit of 16 (or 8) blocks for every 16 / rest rows
+      // where a row's last rest blocks divide a unit.
+      const auto size = [&](int64_t lanes) {
+        if (type == QuantType::kQ4_1) return static_cast<size_t>((n + lanes - 1) / lanes * lanes * QuantRowBytes(type, k));
         int64_t cross = 0;
-        if (const int64_t rest = k / 32 % unit_blocks; rest > 0 && unit_blocks % rest == 0) {
-          cross = (n + unit_blocks / rest - 1) / (unit_blocks / rest) * unit_blocks;
+        if (const int64_t rest = k / 32 % lanes; rest > 0 && lanes % rest == 0) {
+          cross = (n + lanes / rest - 1) / (lanes / rest) * lanes;
         }
         return static_cast<size_t>(QuantRowBytes(type, k) * n + cross * QuantBlockBytes(type));
       };
       ASSERT_TRUE(packed.size() == size(16) || packed.size() == size(8)) << "k " << k << ": " << packed.size() << " bytes";
-      if (k >= 512) {
+      if (k >= 512 || type == QuantType::kQ4_1) {
         const size_t rows_bytes = QuantRowBytes(type, k) * n;
         EXPECT_NE(0, std::memcmp(packed.data(), w.w.blocks, rows_bytes)) << "k " << k << ": nothing moved";
       }
@@ -285,12 +306,20 @@ TEST(QuantGemmTest, RepackedGivesTheSameBits) {
           std::vector<float> want(static_cast<size_t>(m) * n, NAN), got(want.size(), NAN);
           LinearQuant(x.data(), w.w, bias.data(), m, n, k, want.data());
           LinearQuant(x.data(), r, bias.data(), m, n, k, got.data());
-          ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
-              << "k " << k << ", " << m << " tokens, " << (two_terms ? "two terms" : "one term");
+          const std::string what = "k " + std::to_string(k) + ", " + std::to_string(m) + " tokens, " +
+                                   (two_terms ? "two terms" : "one term");
+          if (type == QuantType::kQ8_0) {
+            ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << what;
+          } else {
+            // Float rounding of sums of up to 48 blocks (measured <= 1.1e-7).
+            ErrorNorm err;
+            err.Add(got, std::vector<double>(want.begin(), want.end()));
+            ASSERT_LE(err.Relative(), 1e-6) << what;
+          }
           std::vector<float> multi(want.size(), NAN), other(want.size(), NAN);
           const QuantOut outs[] = {{&r, bias.data(), multi.data()}, {&r, nullptr, other.data()}};
           LinearQuantMulti(x.data(), m, k, outs, 2);
-          ASSERT_EQ(0, std::memcmp(want.data(), multi.data(), want.size() * sizeof(float))) << "k " << k << " in one pass";
+          ASSERT_EQ(0, std::memcmp(got.data(), multi.data(), got.size() * sizeof(float))) << what << ", in one pass";
         }
       }
       std::vector<float> want(k), got(k);
@@ -315,7 +344,7 @@ TEST(QuantGemmTest, IntegerPathsMatchQuantizedActivations) {
     const int group = c.type == QuantType::kQ6_K ? 16 : 32;
     for (int32_t k : c.ks) {
       const int32_t n = 19, m = 9;
-      Weights w = MakeWeights(c.type, n, k, &rng);
+      Weights w = MakeWeights(c.type, n, k, &rng, c.repacked);
       w.w.two_term_activations = false;  // one 8-bit term: exactly xq below
       const std::vector<float> wf = Dequantized(w.w), x = Random(static_cast<size_t>(m) * k, &rng);
       std::vector<float> xq(x.size());  // the activations as the kernels see them
@@ -328,24 +357,26 @@ TEST(QuantGemmTest, IntegerPathsMatchQuantizedActivations) {
       LinearQuant(x.data(), w.w, nullptr, m, n, k, y.data());
       ErrorNorm err;
       err.Add(y, Reference(xq, wf, nullptr, m, n, k));
-      EXPECT_LE(err.Relative(), 1e-5) << QuantTypeName(c.type) << " k " << k;
+      EXPECT_LE(err.Relative(), 1e-5) << Name(c) << " k " << k;
     }
   }
 }
 #endif
 
-// The embedding lookup gives DequantizeRow's values, bit for bit.
+// The embedding lookup gives DequantizeRow's values, bit for bit (RepackedGivesTheSameBits checks
+// the other arrangements' rows).
 TEST(QuantGemmTest, RowIsDequantizeRow) {
   std::mt19937 rng(4);
   for (const Case& c : kCases) {
+    if (c.repacked) continue;
     const int32_t n = 9, k = c.ks.back();
-    const Weights w = MakeWeights(c.type, n, k, &rng);
+    const Weights w = MakeWeights(c.type, n, k, &rng, c.repacked);
     const int64_t row_bytes = QuantRowBytes(c.type, k);
     for (int64_t r : {0, 4, 8}) {
       std::vector<float> got(k, NAN), want(k, NAN);
       QuantRow(w.w, r, got.data());
       DequantizeRow(c.type, static_cast<const uint8_t*>(w.w.blocks) + r * row_bytes, k, want.data());
-      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), k * sizeof(float))) << QuantTypeName(c.type) << " row " << r;
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), k * sizeof(float))) << Name(c) << " row " << r;
     }
   }
 }
