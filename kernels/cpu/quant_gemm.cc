@@ -36,11 +36,13 @@
 // rows go through them. A token's output is the same sequence of operations whatever the block of
 // tokens around it: results do not depend on m (nor on the number of threads), bit for bit.
 //
-// Q4_1 matrices that the CPU backend has repacked go through row tiles instead (tile_gemm.h): one
-// row per 32-bit lane, 4 activation bytes broadcast per dot product, so that a block's unpacking
-// serves every row of the tile and up to 16 tokens without reductions (SmolLM2 Q4_1 on a Zen 5
-// EPYC, quant_gemm_bench with 2 threads: gate/up at 5 tokens 19-24 -> 8.7 us, at 64 tokens 172-192
-// -> 90-93 us; the 5-token step 1.51-1.56x -> 1.19-1.21x a 1-token step).
+// Q4_1 and Q8_0 matrices that the CPU backend has repacked go through row tiles instead
+// (tile_gemm.h): one row per 32-bit lane, 4 activation bytes broadcast per dot product, so that a
+// block's unpacking serves every row of the tile and up to 16 tokens without reductions. On a Zen 5
+// EPYC (quant_gemm_bench, 2 threads, weights hot) against this file's units: Q4_1 gate/up at 5
+// tokens 19-24 -> 8.7 us, at 64 tokens 172-192 -> 90-93; Q8_0 gate/up at 5 tokens 19-21 -> 8.4-8.8,
+// at 64 175-179 -> 87-91, and its 49,152 x 576 output head at one token from memory 836-965 ->
+// 672-701.
 //
 // F16 and BF16 go through the float path (StreamGemm's tiles, weights converted in registers).
 // Without AVX2 every type is dequantized a row at a time and multiplied in float (GemmDequant).
@@ -217,7 +219,7 @@ inline void UnpackNibbleBlocks(const uint8_t* blk, int ng, Unit* u) {
 // in 2 blocks, which cost a quarter of a unit instead of a whole one).
 struct Q4_0Kernel {
   static constexpr int kGroup = 32, kH = 2, kOffset = 8, kBlockBytes = sizeof(BlockQ4_0);
-  static constexpr bool kMin = false, kSigned = false, kSmall = true, kCross = true, kPreTransposed = false;
+  static constexpr bool kMin = false, kSigned = false, kSmall = true, kCross = true;
   template <bool kFull, int kAccs>
   static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
     const uint8_t* blk = row + unit * kUnitGroups * static_cast<int64_t>(sizeof(BlockQ4_0));
@@ -228,7 +230,7 @@ struct Q4_0Kernel {
 
 struct Q4_1Kernel {
   static constexpr int kGroup = 32, kH = 2, kOffset = 0, kBlockBytes = sizeof(BlockQ4_1);
-  static constexpr bool kMin = true, kSigned = false, kSmall = true, kCross = true, kPreTransposed = false;
+  static constexpr bool kMin = true, kSigned = false, kSmall = true, kCross = true;
   template <bool kFull, int kAccs>
   static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
     const uint8_t* blk = row + unit * kUnitGroups * static_cast<int64_t>(sizeof(BlockQ4_1));
@@ -237,20 +239,9 @@ struct Q4_1Kernel {
   }
 };
 
-// Q8_0's signed values as the products take them: w + 128 for VNNI's unsigned-by-signed products,
-// else |w| with the signs kept for the activations.
-inline void SignedWeights(IVec v, IVec* w, IVec* sign) {
-  if constexpr (kVnni) {
-    *w = Xor(v, Bytes(static_cast<char>(0x80)));
-  } else {
-    *w = Abs8(v);
-    *sign = v;
-  }
-}
-
 struct Q8_0Kernel {
   static constexpr int kGroup = 32, kH = 2, kOffset = kVnni ? 128 : 0, kBlockBytes = sizeof(BlockQ8_0);
-  static constexpr bool kMin = false, kSigned = true, kSmall = false, kCross = true, kPreTransposed = false;
+  static constexpr bool kMin = false, kSigned = true, kSmall = false, kCross = true;
   template <bool kFull, int kAccs>
   static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
     constexpr int kBytes = sizeof(BlockQ8_0);
@@ -275,27 +266,6 @@ struct Q8_0Kernel {
   }
 };
 
-// Q8_0 in RepackForProducts' arrangement. A whole unit is 8 vectors of the signed values, vector
-// 2j + h holding TransposeUnit's w[j][h] (byte 16t + 4s + b: value 16h + 4j + b of block kV s + t),
-// then the kUnitGroups f16 scales in lane order. The rest of a row is GGUF's; its cross tails are
-// whole units after the matrix's rows (CrossTails).
-struct Q8_0Packed : Q8_0Kernel {
-  static constexpr bool kPreTransposed = true;
-  static constexpr int kQuants = 8 * kVecBytes;  // a unit's value bytes; then d
-  template <bool kFull, int kAccs>
-  static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
-    if constexpr (!kFull) {
-      Q8_0Kernel::Prepare<false, kAccs>(row, unit, ng, u);
-    } else {
-      const uint8_t* p = row + unit * kUnitGroups * static_cast<int64_t>(sizeof(BlockQ8_0));
-      for (int j = 0; j < 4; ++j) {
-        for (int h = 0; h < 2; ++h) SignedWeights(LoadI(p + (2 * j + h) * kVecBytes), &u->w[j][h], &u->sign[j][h]);
-      }
-      u->a = HalvesToF(p + kQuants);
-    }
-  }
-};
-
 // Q4_K's 6-bit scales and mins of sub-blocks 0..7 (Q4KScaleMin) as bytes in 4 words: sc[0..3],
 // sc[4..7], mn[0..3], mn[4..7]. The high 2 bits of sub-blocks 4..7 sit in the top of bytes 0..7.
 inline void Q4KScaleWords(const uint8_t* scales, uint32_t* sc, uint32_t* mn) {
@@ -311,7 +281,7 @@ inline void Q4KScaleWords(const uint8_t* scales, uint32_t* sc, uint32_t* mn) {
 // their high nibbles the next.
 struct Q4KKernel {
   static constexpr int kGroup = 32, kH = 2, kOffset = 0;
-  static constexpr bool kMin = true, kSigned = false, kSmall = true, kCross = false, kPreTransposed = false;
+  static constexpr bool kMin = true, kSigned = false, kSmall = true, kCross = false;
   static constexpr int kBlockBytes = 0;  // no cross units (Acts::rest)
   template <bool kFull, int kAccs>
   static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
@@ -359,7 +329,7 @@ struct Q4KKernel {
 // nibbles) and l + 64, l + 96 (high), qh[l] their high bits in bit pairs 0, 2, 4, 6.
 struct Q6KKernel {
   static constexpr int kGroup = 16, kH = 1, kOffset = 32;
-  static constexpr bool kMin = false, kSigned = false, kSmall = false, kCross = false, kPreTransposed = false;
+  static constexpr bool kMin = false, kSigned = false, kSmall = false, kCross = false;
   static constexpr int kBlockBytes = 0;
   template <bool kFull, int kAccs>
   static void Prepare(const uint8_t* row, int64_t unit, int ng, Unit* u) {
@@ -415,7 +385,7 @@ std::vector<uint8_t>& ActsScratch() {
 }
 
 // The groups of a row's partial last unit where they divide a unit, so that the ends of kUnitGroups
-// / rest rows make one whole unit (CrossTails; RepackForProducts builds Q8_0's in advance); 0 where
+// / rest rows make one whole unit (CrossTails); 0 where
 // the last unit is whole or its groups do not divide one.
 constexpr int CrossRest(int64_t groups) {
   const int rest = static_cast<int>(groups % kUnitGroups);
@@ -606,29 +576,24 @@ inline FVec RowSums(FVec v, const RowMap& map, int rest) {
 // The partial last units (a.rest groups each) of rows first .. first + count - 1, kUnitGroups /
 // rest rows at a time as one unit whose group q = j rest + g is row j's group g: tails[i], lane j,
 // is added row first + j's sum over them for token i0 + i. A row's partial unit then costs its share of
-// one unit's products instead of a whole unit's unpacking, reduction and scaling. Q8_0Packed reads
-// these units as RepackForProducts built them (`cross`: after the matrix's rows, unit c for rows
-// c rows .. c rows + rows - 1); the others copy the blocks together and transpose them.
+// one unit's products instead of a whole unit's unpacking, reduction and scaling: the blocks are
+// copied together and transposed.
 template <class T, int M>
-void CrossTails(const uint8_t* blocks, int64_t row_bytes, const uint8_t* cross, int32_t first, int32_t count,
+void CrossTails(const uint8_t* blocks, int64_t row_bytes, int32_t first, int32_t count,
                 const Acts& a, int32_t i0, int64_t full, FVec tails[M]) {
   constexpr int kBytes = std::max(T::kBlockBytes, 1);
   const int rest = a.rest, rows = kUnitGroups / rest;
   const int64_t gstride = a.units * kUnitGroups, qstride = gstride * T::kGroup, tu = a.units - 1;
   for (int j0 = 0; j0 < count; j0 += rows) {
     Unit w;
-    if constexpr (T::kPreTransposed) {
-      T::template Prepare<true, 4>(cross, (first + j0) / rows, kUnitGroups, &w);  // first: a multiple of kSumRows
-    } else {
-      alignas(64) uint8_t buf[kUnitGroups * kBytes];  // the unit's blocks, side by side; rows past count repeat the last
-      for (int q = 0; q < kUnitGroups; ++q) {
-        const int32_t j = std::min(j0 + q / rest, count - 1);
-        const uint8_t* block = blocks + (first + j) * row_bytes + (full * kUnitGroups + q % rest) * kBytes;
-        std::memcpy(buf + q * kBytes, block, kBytes);
-      }
-      T::template Prepare<true, 4>(buf, 0, kUnitGroups, &w);
-      TransposeUnit<T>(&w);
+    alignas(64) uint8_t buf[kUnitGroups * kBytes];  // the unit's blocks, side by side; rows past count repeat the last
+    for (int q = 0; q < kUnitGroups; ++q) {
+      const int32_t j = std::min(j0 + q / rest, count - 1);
+      const uint8_t* block = blocks + (first + j) * row_bytes + (full * kUnitGroups + q % rest) * kBytes;
+      std::memcpy(buf + q * kBytes, block, kBytes);
     }
+    T::template Prepare<true, 4>(buf, 0, kUnitGroups, &w);
+    TransposeUnit<T>(&w);
     std::optional<RowMap> partial;  // the last block of a matrix whose rows are not a whole number of units
     const RowMap& map = count - j0 >= rows ? WholeRowMap(rest, j0) : partial.emplace(rest, j0, count - j0);
     for (int i = 0; i < M; ++i) {
@@ -694,7 +659,7 @@ void RowsDot(const uint8_t* blocks, int64_t row_bytes, int32_t r0, int32_t r1, c
     for (int64_t u = 0; u < full; ++u) {
       Unit w;
       T::template Prepare<true, 4>(row, u, kUnitGroups, &w);
-      if constexpr (!T::kPreTransposed) TransposeUnit<T>(&w);
+      TransposeUnit<T>(&w);
       if (u == 0) {
         step.template operator()<0, true>(u, w);
       } else {
@@ -717,7 +682,7 @@ void RowsDot(const uint8_t* blocks, int64_t row_bytes, int32_t r0, int32_t r1, c
       FVec tails[M];
       for (int i = 0; i < M; ++i) tails[i] = ZeroF();
       if constexpr (T::kCross) {
-        if (a.rest != 0) CrossTails<T, M>(blocks, row_bytes, blocks + n * row_bytes, first, count, a, i0, full, tails);
+        if (a.rest != 0) CrossTails<T, M>(blocks, row_bytes, first, count, a, i0, full, tails);
       }
       for (int i = 0; i < M; ++i) {
         for (int j = count; j < kSumRows; ++j) sums[i][j] = ZeroF();
@@ -781,14 +746,14 @@ void GemmQuantRaw(const float* x, int32_t m, int32_t k, const QuantOut* outs, in
     }
   }
 }
-// Q4_1 in RepackForProducts' arrangement: row tiles (kernels/cpu/tile_gemm.h), whose products
-// quantize the activations their own way.
-struct Q4_1Tiled {
+// Q4_1 and Q8_0 in RepackForProducts' arrangement: row tiles (kernels/cpu/tile_gemm.h), whose
+// products quantize the activations their own way.
+struct Tiled {
   static constexpr int kGroup = 32;
 };
 template <>
-void GemmQuantRaw<Q4_1Tiled>(const float* x, int32_t m, int32_t k, const QuantOut* outs, int32_t num_outs) {
-  Q4_1TileProducts(x, m, k, outs, num_outs);
+void GemmQuantRaw<Tiled>(const float* x, int32_t m, int32_t k, const QuantOut* outs, int32_t num_outs) {
+  TileProducts(x, m, k, outs, num_outs);
 }
 
 // Two-term activations: x = hi + lo, where hi is x as QuantizeActs rounds it and lo is the rest
@@ -866,10 +831,10 @@ bool IntegerProducts(const float* x, int32_t m, int32_t k, const QuantOut* outs,
   switch (outs[0].w->type) {
     case QuantType::kQ4_0: return GemmQuant<Q4_0Kernel>(x, m, k, outs, num_outs), true;
     case QuantType::kQ4_1:
-      if (outs[0].w->repacked) return GemmQuant<Q4_1Tiled>(x, m, k, outs, num_outs), true;
+      if (outs[0].w->repacked) return GemmQuant<Tiled>(x, m, k, outs, num_outs), true;
       return GemmQuant<Q4_1Kernel>(x, m, k, outs, num_outs), true;
     case QuantType::kQ8_0:
-      if (outs[0].w->repacked) return GemmQuant<Q8_0Packed>(x, m, k, outs, num_outs), true;
+      if (outs[0].w->repacked) return GemmQuant<Tiled>(x, m, k, outs, num_outs), true;
       return GemmQuant<Q8_0Kernel>(x, m, k, outs, num_outs), true;
     case QuantType::kQ4_K: return GemmQuant<Q4KKernel>(x, m, k, outs, num_outs), true;
     case QuantType::kQ6_K: return GemmQuant<Q6KKernel>(x, m, k, outs, num_outs), true;
@@ -912,95 +877,14 @@ void LinearQuantMulti(const float* x, int32_t m, int32_t k, const QuantOut* outs
   }
 }
 
-namespace {
-
-// Block b's bytes of a Q8_0 row's whole unit in GGUF's arrangement <-> Q8_0Packed's:
-// visit(gguf offset, packed offset, bytes) for each piece of the unit, a permutation of its bytes.
-template <typename Visit>
-void UnitPermutation(Visit visit) {
-#if defined(SPECULA_QUANT_WIDTH)
-  for (int s = 0; s < 4; ++s) {
-    for (int t = 0; t < kV; ++t) {
-      const int g = kV * s + t, lane = 4 * t + s;
-      constexpr int kB = sizeof(BlockQ8_0), kQs = offsetof(BlockQ8_0, qs);
-      for (int j = 0; j < 4; ++j) {
-        for (int h = 0; h < 2; ++h) visit(g * kB + kQs + 16 * h + 4 * j, (2 * j + h) * kVecBytes + 16 * t + 4 * s, 4);
-      }
-      visit(g * kB + offsetof(BlockQ8_0, d), Q8_0Packed::kQuants + 2 * lane, 2);
-    }
-  }
-#else
-  (void)visit;
-#endif
-}
-
-constexpr int64_t kUnitValues =
-#if defined(SPECULA_QUANT_WIDTH)
-    kUnitGroups * 32;
-#else
-    0;
-#endif
-
-// CrossRest of a matrix's rows of `cols` values (blocks of 32): the blocks of each row's cross
-// tail; 0: none.
-int CrossRestOf(int64_t cols) {
-#if defined(SPECULA_QUANT_WIDTH)
-  return CrossRest(cols / 32);
-#else
-  (void)cols;
-  return 0;
-#endif
-}
-
-}  // namespace
-
 std::vector<uint8_t> RepackForProducts(const QuantMatrix& w) {
-  if (w.repacked || kUnitValues == 0) return {};
-  if (w.type == QuantType::kQ4_1) return Q4_1Tiles(w);
-  if (w.type != QuantType::kQ8_0) return {};
-  constexpr int64_t kUnitBlocks = kUnitValues / 32;
-  const int64_t block = QuantBlockBytes(w.type), row_bytes = QuantRowBytes(w.type, w.cols);
-  const int64_t unit_bytes = kUnitBlocks * block;
-  const auto* src = static_cast<const uint8_t*>(w.blocks);
-  // The cross units (CrossTails): unit c's block q = j rest + g is row c rows + j's last-unit block
-  // g, rows past the matrix repeating its last one; each permuted like a whole unit.
-  const int64_t rest = CrossRestOf(w.cols), rows = rest > 0 ? kUnitBlocks / rest : 1;
-  const int64_t units = rest > 0 ? (w.rows + rows - 1) / rows : 0, body = w.rows * row_bytes;
-  std::vector<uint8_t> out(static_cast<size_t>(body + units * unit_bytes));
-  std::memcpy(out.data(), src, static_cast<size_t>(body));
-  for (int64_t r = 0; r < w.rows; ++r) {
-    for (int64_t u = 0; u < w.cols / kUnitValues; ++u) {
-      const int64_t at = r * row_bytes + u * unit_bytes;
-      UnitPermutation([&](int from, int to, int n) { std::memcpy(&out[at + to], src + at + from, n); });
-    }
-  }
-  const int64_t full = w.cols / 32 / std::max<int64_t>(kUnitBlocks, 1);  // the row's whole units
-  std::vector<uint8_t> gguf(static_cast<size_t>(unit_bytes));  // [kUnitBlocks * block]: the unit's blocks side by side
-  for (int64_t c = 0; c < units; ++c) {
-    for (int64_t q = 0; q < kUnitBlocks; ++q) {
-      const int64_t r = std::min(c * rows + q / rest, w.rows - 1);
-      std::memcpy(&gguf[q * block], src + r * row_bytes + (full * kUnitBlocks + q % rest) * block, block);
-    }
-    const int64_t at = body + c * unit_bytes;
-    UnitPermutation([&](int from, int to, int n) { std::memcpy(&out[at + to], &gguf[from], n); });
-  }
-  return out;
+  if (w.repacked) return {};
+  return RepackTiles(w);
 }
 
 void QuantRow(const QuantMatrix& w, int64_t r, float* out) {
-  const int64_t row_bytes = QuantRowBytes(w.type, w.cols);
-  const uint8_t* row = static_cast<const uint8_t*>(w.blocks) + r * row_bytes;
-  if (!w.repacked) return DequantizeRow(w.type, row, w.cols, out);
-  if (w.type == QuantType::kQ4_1) return Q4_1TileRow(w, r, out);
-  thread_local std::vector<uint8_t> gguf;  // [row_bytes]: the row back in GGUF's arrangement
-  gguf.assign(row, row + row_bytes);
-  const int64_t unit_bytes = kUnitValues / 32 * QuantBlockBytes(w.type);
-  for (int64_t u = 0; kUnitValues > 0 && u < w.cols / kUnitValues; ++u) {
-    UnitPermutation([&](int from, int to, int n) {
-      std::memcpy(&gguf[u * unit_bytes + from], row + u * unit_bytes + to, n);
-    });
-  }
-  DequantizeRow(w.type, gguf.data(), w.cols, out);
+  if (w.repacked) return TileRow(w, r, out);
+  DequantizeRow(w.type, static_cast<const uint8_t*>(w.blocks) + r * QuantRowBytes(w.type, w.cols), w.cols, out);
 }
 
 }  // namespace specula::cpu

@@ -220,6 +220,17 @@ inline float QuantizeGroup(const float* xg, int8_t* v, int32_t* sum) {
   return amax / 127.0f;
 }
 
+// Q8_0's signed values as the products take them: w + 128 for VNNI's unsigned-by-signed products,
+// else |w| with the signs kept for the activations.
+inline void SignedWeights(IVec v, IVec* w, IVec* sign) {
+  if constexpr (kVnni) {
+    *w = Xor(v, Bytes(static_cast<char>(0x80)));
+  } else {
+    *w = Abs8(v);
+    *sign = v;
+  }
+}
+
 // The first count floats at p, the rest zero.
 inline FVec LoadFirst(const float* p, int32_t count) {
 #if SPECULA_QUANT_WIDTH == 512

@@ -17,25 +17,25 @@ namespace specula::cpu {
 namespace {
 
 #if defined(SPECULA_QUANT_WIDTH)
-constexpr int kRows = 4 * kV;              // rows per tile: one per 32-bit lane
-constexpr int kVecBytes = 4 * kRows;       // a vector: 4 bytes of each row
-constexpr int kNibbles = 4 * kVecBytes;    // a tile-block's nibble vectors; then kRows d, kRows m (f16)
-constexpr int kTileBlock = kNibbles + 4 * kRows;  // = kRows 20-byte blocks
-constexpr int kMaxOuts = 4;                // matrices in one pass, as LinearQuantMulti's
+constexpr int kRows = 4 * kV;         // rows per tile: one per 32-bit lane
+constexpr int kVecBytes = 4 * kRows;  // a vector: 4 bytes of each row
+constexpr int kMaxOuts = 4;           // matrices in one pass, as LinearQuantMulti's
 // Tokens per unpacking of a block: 16 accumulators fit AVX-512's 32 registers beside the block's 8
-// and its scales (SmolLM2 Q4_1 on a Zen 5 EPYC, 16 tokens over 576 x 576: 16 in one pass 16.1 us,
-// two of 8 17.8). AVX2's 16 registers hold 4.
+// vectors and its scales (SmolLM2 Q4_1 on a Zen 5 EPYC, 16 tokens over 576 x 576: 16 in one pass
+// 16.1 us, two of 8 17.8). With AVX2's 16 registers, 8 (some spilled) beat 4 at 5 and 8 tokens.
 constexpr int kMaxTokens = SPECULA_QUANT_WIDTH == 512 ? 16 : 8;
 // The weights are prefetched this far ahead of the block being read (they stream from memory at one
 // token; 8 KB, as the GGUF arrangement's rows).
 constexpr int64_t kPrefetchBytes = 8192;
 
 // The activations quantized per block of 32 (QuantizeGroup): values [blocks, m, 32], so that a
-// block's tokens lie together at immediate offsets; their scales dx and dx * sum, [blocks, m].
+// block's tokens lie together at immediate offsets; their scales dx and dx * sum and the integer
+// offset of Q8_0's unsigned weights, 128 sum, [blocks, m].
 struct TileActs {
   const int8_t* q;
   const float* dx;
   const float* sx;
+  const int32_t* off;
   int32_t m;
 };
 
@@ -44,11 +44,12 @@ TileActs QuantizeTileActs(const float* x, int32_t m, int32_t k) {
   const auto round64 = [](int64_t b) { return (b + 63) / 64 * 64; };
   const int64_t q_bytes = round64(static_cast<int64_t>(m) * k), f_bytes = round64(m * blocks * 4);
   thread_local std::vector<uint8_t> buf;  // the calling thread's, read by every thread of the call
-  buf.resize(static_cast<size_t>(q_bytes + 2 * f_bytes + 64));
+  buf.resize(static_cast<size_t>(q_bytes + 3 * f_bytes + 64));
   uint8_t* base = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
   auto* q = reinterpret_cast<int8_t*>(base);
   auto* dx = reinterpret_cast<float*>(base + q_bytes);
   auto* sx = reinterpret_cast<float*>(base + q_bytes + f_bytes);
+  auto* off = reinterpret_cast<int32_t*>(base + q_bytes + 2 * f_bytes);
 #pragma omp parallel for schedule(static) if (static_cast<int64_t>(m) * k >= (1 << 16))
   for (int32_t i = 0; i < m; ++i) {
     for (int64_t b = 0; b < blocks; ++b) {
@@ -56,9 +57,10 @@ TileActs QuantizeTileActs(const float* x, int32_t m, int32_t k) {
       const int64_t at = b * m + i;
       dx[at] = QuantizeGroup<32>(x + static_cast<int64_t>(i) * k + 32 * b, q + 32 * at, &sum);
       sx[at] = dx[at] * static_cast<float>(sum);
+      off[at] = 128 * sum;
     }
   }
-  return TileActs{q, dx, sx, m};
+  return TileActs{q, dx, sx, off, m};
 }
 
 // 4 activation bytes at p in every 32-bit lane.
@@ -69,50 +71,103 @@ inline IVec Bcast4(const int8_t* p) {
   return _mm256_broadcastd_epi32(_mm_loadu_si32(p));
 #endif
 }
+inline IVec Bcast32(const int32_t* p) { return Bcast4(reinterpret_cast<const int8_t*>(p)); }
 
-// Lane r: row r's integer dot product of a block (unpacked: lo[c], hi[c]) with a token's 32 values.
-inline __attribute__((always_inline)) IVec BlockDot(const IVec lo[4], const IVec hi[4], const int8_t* x) {
-#if SPECULA_QUANT_WIDTH == 512 && defined(__AVX512VNNI__)
-  // Two chains of 4: half the latency of one of 8.
-  IVec p0 = _mm512_dpbusd_epi32(ZeroI(), lo[0], Bcast4(x)), p1 = _mm512_dpbusd_epi32(ZeroI(), hi[0], Bcast4(x + 16));
-  for (int c = 1; c < 4; ++c) {
-    p0 = _mm512_dpbusd_epi32(p0, lo[c], Bcast4(x + 4 * c));
-    p1 = _mm512_dpbusd_epi32(p1, hi[c], Bcast4(x + 16 + 4 * c));
+// The weight types' blocks in a tile. kVecs vectors of 4 bytes per row, then kRows f16 scales d
+// (and Q4_1's mins m). Unpack reads one block; Dot gives lane r: row r's integer dot product with a
+// token's 32 values x.
+struct Q4_1Tile {  // vector c: bytes 4c..4c+3 of the row's 16, values 4c.. (low nibbles), 16 + 4c.. (high)
+  static constexpr int kVecs = 4, kBlockBytes = sizeof(BlockQ4_1), kQs = offsetof(BlockQ4_1, qs);
+  static constexpr bool kMin = true, kOffset = false;
+  struct Block {
+    IVec lo[4], hi[4];
+    FVec d, m;
+  };
+  static __attribute__((always_inline)) void Unpack(const uint8_t* w, Block* k) {
+    for (int c = 0; c < 4; ++c) {
+      const IVec v = LoadI(w + c * kVecBytes);
+      k->lo[c] = And(v, Bytes(0x0F));
+      k->hi[c] = And(Shr4(v), Bytes(0x0F));
+    }
+    k->d = HalvesToF(w + kVecs * kVecBytes);
+    k->m = HalvesToF(w + kVecs * kVecBytes + 2 * kRows);
   }
-  return Add32(p0, p1);
+  static __attribute__((always_inline)) IVec Dot(const Block& k, const int8_t* x) {
+#if SPECULA_QUANT_WIDTH == 512 && defined(__AVX512VNNI__)
+    // Two chains of 4: half the latency of one of 8.
+    IVec p0 = _mm512_dpbusd_epi32(ZeroI(), k.lo[0], Bcast4(x)), p1 = _mm512_dpbusd_epi32(ZeroI(), k.hi[0], Bcast4(x + 16));
+    for (int c = 1; c < 4; ++c) {
+      p0 = _mm512_dpbusd_epi32(p0, k.lo[c], Bcast4(x + 4 * c));
+      p1 = _mm512_dpbusd_epi32(p1, k.hi[c], Bcast4(x + 16 + 4 * c));
+    }
+    return Add32(p0, p1);
 #else
-  // Each vpmaddubsw pair is below 2 * 15 * 127 in magnitude, and 8 of them below 2^15: one int16 sum.
-  IVec s = Add16(Maddubs(lo[0], Bcast4(x)), Maddubs(hi[0], Bcast4(x + 16)));
-  for (int c = 1; c < 4; ++c) s = Add16(s, Add16(Maddubs(lo[c], Bcast4(x + 4 * c)), Maddubs(hi[c], Bcast4(x + 16 + 4 * c))));
-  return Madd1(s, ZeroI());
+    // Each vpmaddubsw pair is below 2 * 15 * 127 in magnitude, and 8 of them below 2^15: one int16 sum.
+    IVec s = Add16(Maddubs(k.lo[0], Bcast4(x)), Maddubs(k.hi[0], Bcast4(x + 16)));
+    for (int c = 1; c < 4; ++c) {
+      s = Add16(s, Add16(Maddubs(k.lo[c], Bcast4(x + 4 * c)), Maddubs(k.hi[c], Bcast4(x + 16 + 4 * c))));
+    }
+    return Madd1(s, ZeroI());
 #endif
+  }
+};
+
+struct Q8_0Tile {  // vector c: values 4c..4c+3. With VNNI they go in as w + 128 (less the offset)
+  static constexpr int kVecs = 8, kBlockBytes = sizeof(BlockQ8_0), kQs = offsetof(BlockQ8_0, qs);
+  static constexpr bool kMin = false, kOffset = kVnni;
+  struct Block {
+    IVec w[8], sign[8];  // the weights as the products take them; without VNNI, |w| and w's signs
+    FVec d, m;
+  };
+  static __attribute__((always_inline)) void Unpack(const uint8_t* w, Block* k) {
+    for (int c = 0; c < 8; ++c) SignedWeights(LoadI(w + c * kVecBytes), &k->w[c], &k->sign[c]);
+    k->d = HalvesToF(w + kVecs * kVecBytes);
+  }
+  static __attribute__((always_inline)) IVec Dot(const Block& k, const int8_t* x) {
+#if SPECULA_QUANT_WIDTH == 512 && defined(__AVX512VNNI__)
+    IVec p0 = _mm512_dpbusd_epi32(ZeroI(), k.w[0], Bcast4(x)), p1 = _mm512_dpbusd_epi32(ZeroI(), k.w[1], Bcast4(x + 4));
+    for (int c = 2; c < 8; c += 2) {
+      p0 = _mm512_dpbusd_epi32(p0, k.w[c], Bcast4(x + 4 * c));
+      p1 = _mm512_dpbusd_epi32(p1, k.w[c + 1], Bcast4(x + 4 * c + 4));
+    }
+    return Add32(p0, p1);
+#else
+    // |w| <= 128, |x| <= 127: each vpmaddubsw pair fits int16, two do not.
+    IVec s = ZeroI();
+    for (int c = 0; c < 8; ++c) s = Madd1(Maddubs(k.w[c], Sign8(Bcast4(x + 4 * c), k.sign[c])), s);
+    return s;
+#endif
+  }
+};
+
+template <class K>
+constexpr int TileBlockBytes() {
+  return K::kBlockBytes * kRows;
 }
 
 // y[i, r] (i < M, r < rows, y's rows ldy apart) = tile row r . token i0 + i + bias[r] (bias may be
-// null): every block unpacked once for the M tokens, whose sums stay in registers.
-template <int M>
+// null): every block unpacked once for the M tokens, whose sums stay in registers. Per block:
+// y += (d dx) idot + m sx (Q4_1), y += (d dx) (idot - off) (Q8_0 with VNNI), y += (d dx) idot.
+template <class K, int M>
 void TileDot(const uint8_t* w, int64_t blocks, const TileActs& a, int32_t i0, const float* bias, int32_t rows,
              int64_t ldy, float* y) {
   FVec acc[M];
   for (int i = 0; i < M; ++i) acc[i] = ZeroF();
-  for (int64_t b = 0; b < blocks; ++b, w += kTileBlock) {
+  for (int64_t b = 0; b < blocks; ++b, w += TileBlockBytes<K>()) {
     // (Past the matrix's end too: a thread's next tile follows, and a prefetch never faults.)
-    for (int64_t o = 0; o < kTileBlock; o += 64) {
+    for (int64_t o = 0; o < TileBlockBytes<K>(); o += 64) {
       __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(w) + kPrefetchBytes + o));
     }
-    IVec lo[4], hi[4];
-    for (int c = 0; c < 4; ++c) {
-      const IVec v = LoadI(w + c * kVecBytes);
-      lo[c] = And(v, Bytes(0x0F));
-      hi[c] = And(Shr4(v), Bytes(0x0F));
-    }
-    const FVec d = HalvesToF(w + kNibbles), mn = HalvesToF(w + kNibbles + 2 * kRows);
+    typename K::Block k;
+    K::Unpack(w, &k);
     const int64_t at = b * a.m + i0;
     const int8_t* xq = a.q + 32 * at;
 #pragma GCC unroll 16
     for (int i = 0; i < M; ++i) {
-      acc[i] = FmaF(ToF(BlockDot(lo, hi, xq + 32 * i)), MulF(d, SetF(a.dx[at + i])), acc[i]);
-      acc[i] = FmaF(mn, SetF(a.sx[at + i]), acc[i]);
+      IVec dot = K::Dot(k, xq + 32 * i);
+      if constexpr (K::kOffset) dot = Sub32(dot, Bcast32(a.off + at + i));
+      acc[i] = FmaF(ToF(dot), MulF(k.d, SetF(a.dx[at + i])), acc[i]);
+      if constexpr (K::kMin) acc[i] = FmaF(k.m, SetF(a.sx[at + i]), acc[i]);
     }
   }
   for (int i = 0; i < M; ++i) {
@@ -121,67 +176,51 @@ void TileDot(const uint8_t* w, int64_t blocks, const TileActs& a, int32_t i0, co
   }
 }
 
-template <int... I>
-constexpr auto TileFns(std::integer_sequence<int, I...>) {
-  using Fn = void (*)(const uint8_t*, int64_t, const TileActs&, int32_t, const float*, int32_t, int64_t, float*);
-  return std::array<Fn, sizeof...(I)>{&TileDot<I + 1>...};
-}
-#endif  // SPECULA_QUANT_WIDTH
-
-}  // namespace
-
-int Q4_1TileRows() {
-#if defined(SPECULA_QUANT_WIDTH)
-  return kRows;
-#else
-  return 0;
-#endif
+using TileFn = void (*)(const uint8_t*, int64_t, const TileActs&, int32_t, const float*, int32_t, int64_t, float*);
+template <class K, int... I>
+constexpr std::array<TileFn, sizeof...(I)> TileFns(std::integer_sequence<int, I...>) {
+  return {&TileDot<K, I + 1>...};
 }
 
-std::vector<uint8_t> Q4_1Tiles(const QuantMatrix& w) {
-#if defined(SPECULA_QUANT_WIDTH)
+// The bytes of row r's block b in GGUF's arrangement <-> in its tile: visit(gguf offset, tile
+// offset, bytes), relative to the block and to the tile's block.
+template <class K, typename Visit>
+void BlockPermutation(int lane, Visit visit) {
+  for (int c = 0; c < K::kVecs; ++c) visit(K::kQs + 4 * c, c * kVecBytes + 4 * lane, 4);
+  visit(0, K::kVecs * kVecBytes + 2 * lane, 2);  // d
+  if constexpr (K::kMin) visit(2, K::kVecs * kVecBytes + 2 * kRows + 2 * lane, 2);
+}
+
+template <class K>
+std::vector<uint8_t> Tiles(const QuantMatrix& w) {
   const int64_t blocks = w.cols / 32, tiles = (w.rows + kRows - 1) / kRows;
-  std::vector<uint8_t> out(static_cast<size_t>(tiles * blocks * kTileBlock), 0);
-  const auto* src = static_cast<const BlockQ4_1*>(w.blocks);
+  std::vector<uint8_t> out(static_cast<size_t>(tiles * blocks * TileBlockBytes<K>()), 0);
+  const auto* src = static_cast<const uint8_t*>(w.blocks);
   for (int64_t r = 0; r < w.rows; ++r) {
-    const int lane = static_cast<int>(r % kRows);
     for (int64_t b = 0; b < blocks; ++b) {
-      const BlockQ4_1& blk = src[r * blocks + b];
-      uint8_t* t = &out[static_cast<size_t>((r / kRows * blocks + b) * kTileBlock)];
-      for (int c = 0; c < 4; ++c) std::memcpy(t + c * kVecBytes + 4 * lane, blk.qs + 4 * c, 4);
-      std::memcpy(t + kNibbles + 2 * lane, &blk.d, 2);
-      std::memcpy(t + kNibbles + 2 * kRows + 2 * lane, &blk.m, 2);
+      const uint8_t* blk = src + (r * blocks + b) * K::kBlockBytes;
+      uint8_t* t = &out[static_cast<size_t>((r / kRows * blocks + b) * TileBlockBytes<K>())];
+      BlockPermutation<K>(r % kRows, [&](int from, int to, int n) { std::memcpy(t + to, blk + from, n); });
     }
   }
   return out;
-#else
-  (void)w;
-  return {};
-#endif
 }
 
-void Q4_1TileRow(const QuantMatrix& w, int64_t r, float* out) {
-#if defined(SPECULA_QUANT_WIDTH)
+template <class K>
+void TileRow(const QuantMatrix& w, int64_t r, float* out) {
   const int64_t blocks = w.cols / 32;
-  thread_local std::vector<BlockQ4_1> row;  // [blocks]: the row in GGUF's arrangement
-  row.resize(static_cast<size_t>(blocks));
-  const int lane = static_cast<int>(r % kRows);
+  thread_local std::vector<uint8_t> row;  // [blocks * kBlockBytes]: the row in GGUF's arrangement
+  row.resize(static_cast<size_t>(blocks * K::kBlockBytes));
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* t = static_cast<const uint8_t*>(w.blocks) + (r / kRows * blocks + b) * kTileBlock;
-    for (int c = 0; c < 4; ++c) std::memcpy(row[b].qs + 4 * c, t + c * kVecBytes + 4 * lane, 4);
-    std::memcpy(&row[b].d, t + kNibbles + 2 * lane, 2);
-    std::memcpy(&row[b].m, t + kNibbles + 2 * kRows + 2 * lane, 2);
+    const uint8_t* t = static_cast<const uint8_t*>(w.blocks) + (r / kRows * blocks + b) * TileBlockBytes<K>();
+    BlockPermutation<K>(r % kRows, [&](int from, int to, int n) { std::memcpy(&row[b * K::kBlockBytes + from], t + to, n); });
   }
-  DequantizeRow(QuantType::kQ4_1, row.data(), w.cols, out);
-#else
-  (void)w, (void)r, (void)out;
-  std::abort();  // no tiles in this build
-#endif
+  DequantizeRow(w.type, row.data(), w.cols, out);
 }
 
-void Q4_1TileProducts(const float* x, int32_t m, int32_t k, const QuantOut* outs, int32_t num_outs) {
-#if defined(SPECULA_QUANT_WIDTH)
-  static constexpr auto kFns = TileFns(std::make_integer_sequence<int, kMaxTokens>());
+template <class K>
+void TileProducts(const float* x, int32_t m, int32_t k, const QuantOut* outs, int32_t num_outs) {
+  static constexpr auto kFns = TileFns<K>(std::make_integer_sequence<int, kMaxTokens>());
   const TileActs a = QuantizeTileActs(x, m, k);
   const int64_t blocks = k / 32;
   int32_t first_tile[kMaxOuts + 1] = {0};  // output o's tiles: [first_tile[o], first_tile[o + 1])
@@ -200,17 +239,51 @@ void Q4_1TileProducts(const float* x, int32_t m, int32_t k, const QuantOut* outs
     const QuantOut& out = outs[o];
     const int32_t n = static_cast<int32_t>(out.w->rows), t = tile - first_tile[o], r0 = t * kRows;
     const int32_t rows = std::min(kRows, n - r0);
-    const uint8_t* w = static_cast<const uint8_t*>(out.w->blocks) + t * blocks * kTileBlock;
+    const uint8_t* w = static_cast<const uint8_t*>(out.w->blocks) + t * blocks * TileBlockBytes<K>();
     const float* bias = out.bias != nullptr ? out.bias + r0 : nullptr;
     for (int32_t i0 = 0; i0 < m; i0 += per) {
       const int32_t count = std::min(per, m - i0);
       kFns[count - 1](w, blocks, a, i0, bias, rows, n, out.y + static_cast<int64_t>(i0) * n + r0);
     }
   }
+}
+#endif  // SPECULA_QUANT_WIDTH
+
+}  // namespace
+
+int TileRows() {
+#if defined(SPECULA_QUANT_WIDTH)
+  return kRows;
 #else
-  (void)x, (void)m, (void)k, (void)outs, (void)num_outs;
-  std::abort();  // no tiles in this build
+  return 0;
 #endif
+}
+
+std::vector<uint8_t> RepackTiles(const QuantMatrix& w) {
+#if defined(SPECULA_QUANT_WIDTH)
+  if (w.type == QuantType::kQ4_1) return Tiles<Q4_1Tile>(w);
+  if (w.type == QuantType::kQ8_0) return Tiles<Q8_0Tile>(w);
+#endif
+  (void)w;
+  return {};
+}
+
+void TileRow(const QuantMatrix& w, int64_t r, float* out) {
+#if defined(SPECULA_QUANT_WIDTH)
+  if (w.type == QuantType::kQ4_1) return TileRow<Q4_1Tile>(w, r, out);
+  if (w.type == QuantType::kQ8_0) return TileRow<Q8_0Tile>(w, r, out);
+#endif
+  (void)w, (void)r, (void)out;
+  std::abort();  // no tiles of this type in this build
+}
+
+void TileProducts(const float* x, int32_t m, int32_t k, const QuantOut* outs, int32_t num_outs) {
+#if defined(SPECULA_QUANT_WIDTH)
+  if (outs[0].w->type == QuantType::kQ4_1) return TileProducts<Q4_1Tile>(x, m, k, outs, num_outs);
+  if (outs[0].w->type == QuantType::kQ8_0) return TileProducts<Q8_0Tile>(x, m, k, outs, num_outs);
+#endif
+  (void)x, (void)m, (void)k, (void)outs, (void)num_outs;
+  std::abort();  // no tiles of this type in this build
 }
 
 }  // namespace specula::cpu

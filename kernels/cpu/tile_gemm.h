@@ -1,13 +1,17 @@
-// Q4_1 products on row tiles: the arrangement RepackForProducts gives Q4_1 matrices where the build
-// has integer vectors (AVX2 or AVX-512), and the products that read it.
+// Q4_1 and Q8_0 products on row tiles: the arrangement RepackForProducts gives these types where the
+// build has integer vectors (AVX2 or AVX-512), and the products that read it.
 //
 // A tile is kTileRows consecutive rows (16 with AVX-512, 8 with AVX2: one per 32-bit lane), stored
-// block by block: for each block of 32 values, 4 vectors of nibble bytes, dword r of vector c holding
-// bytes 4c..4c+3 of row r's 16 (low nibbles: values 4c..4c+3, high: 16 + 4c..), then the kTileRows
-// f16 scales d, then the mins m. A product broadcasts 4 activation bytes per u8 x s8 dot product
-// (vpdpbusd, or vpmaddubsw + vpmaddwd) and so accumulates every row of the tile at once, one row per
-// lane: no horizontal sums, no partial units, and each unpacked block serves up to 16 tokens from
-// registers. Per row and token, y = sum over blocks of (d dx) idot + m (dx sum), in block order.
+// block by block: for each block of 32 values, the rows' quants as vectors of 4 bytes per row, then
+// the rows' f16 scales d (and Q4_1's mins m). Q4_1: vector c (of 4) holds bytes 4c..4c+3 of each
+// row's 16, values 4c.. in the low nibbles and 16 + 4c.. in the high ones. Q8_0: vector c (of 8)
+// holds values 4c..4c+3. A product broadcasts 4 activation bytes per u8 x s8 dot product (vpdpbusd,
+// or vpmaddubsw + vpmaddwd) and so accumulates every row of the tile at once, one row per lane: no
+// horizontal sums, no partial units, and each unpacked block serves up to 16 tokens from registers.
+// Per row and token, summed over blocks in order (idot = sum w x, x: the token's int8 values, dx
+// their scale, sum their sum):
+//   Q4_1: y += (d dx) idot + m (dx sum)           Q8_0: y += (d dx) idot
+// (Q8_0 with VNNI: vpdpbusd wants unsigned weights, so they go in as w + 128 and idot - 128 sum.)
 //
 // Rows past the matrix's last (the last tile's) are zeros. A token's outputs are the same bits
 // whatever the tokens and threads around it. They differ from the GGUF arrangement's products
@@ -23,17 +27,17 @@
 namespace specula::cpu {
 
 // Rows per tile in this build; 0 where it has no integer vectors (no tiles).
-int Q4_1TileRows();
+int TileRows();
 
-// w (GGUF Q4_1 blocks) in tiles, as above: ceil(rows / Q4_1TileRows()) tiles of Q4_1TileRows()
-// rows' bytes each. Empty without tiles.
-std::vector<uint8_t> Q4_1Tiles(const QuantMatrix& w);
+// w (GGUF Q4_1 or Q8_0 blocks) in tiles, as above: ceil(rows / TileRows()) tiles of TileRows()
+// rows' bytes each. Empty for other types and without tiles.
+std::vector<uint8_t> RepackTiles(const QuantMatrix& w);
 
 // out[cols] = row r of a tiled matrix, dequantized: DequantizeRow's values, bit for bit.
-void Q4_1TileRow(const QuantMatrix& w, int64_t r, float* out);
+void TileRow(const QuantMatrix& w, int64_t r, float* out);
 
-// outs[i].y = x w_i^T + bias_i for tiled Q4_1 matrices (at most 4) with one activation term, x
-// quantized once for all of them.
-void Q4_1TileProducts(const float* x, int32_t m, int32_t k, const QuantOut* outs, int32_t num_outs);
+// outs[i].y = x w_i^T + bias_i for tiled matrices of one type (at most 4) with one activation term,
+// x quantized once for all of them.
+void TileProducts(const float* x, int32_t m, int32_t k, const QuantOut* outs, int32_t num_outs);
 
 }  // namespace specula::cpu
