@@ -377,13 +377,6 @@ struct Acts {
   int rest;
 };
 
-// The calling thread's scratch for them, reused from call to call and read by every thread of a
-// call.
-std::vector<uint8_t>& ActsScratch() {
-  thread_local std::vector<uint8_t> buf;
-  return buf;
-}
-
 // The groups of a row's partial last unit where they divide a unit, so that the ends of kUnitGroups
 // / rest rows make one whole unit (CrossTails); 0 where
 // the last unit is whole or its groups do not divide one.
@@ -399,15 +392,10 @@ Acts QuantizeActs(const float* x, int32_t m, int32_t k) {
   const int rest = T::kCross ? CrossRest(k / kG) : 0;
   const bool cross = rest > 0;
   const int64_t units = (k + kUnitBytes - 1) / kUnitBytes + (cross ? 1 : 0), groups = units * kUnitGroups;
-  const auto round64 = [](int64_t b) { return (b + 63) / 64 * 64; };
-  const int64_t qs_bytes = round64(m * units * kUnitBytes), f_bytes = round64(m * groups * 4);
-  std::vector<uint8_t>& buf = ActsScratch();
-  buf.resize(static_cast<size_t>(qs_bytes + 3 * f_bytes + 64));
-  uint8_t* base = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
-  auto* qs = reinterpret_cast<int8_t*>(base);
-  auto* d = reinterpret_cast<float*>(base + qs_bytes);
-  auto* ds = reinterpret_cast<float*>(base + qs_bytes + f_bytes);
-  auto* off = reinterpret_cast<int32_t*>(base + qs_bytes + 2 * f_bytes);
+  const ActsScratch scratch = GetActsScratch(m * units * kUnitBytes, m * groups);
+  int8_t* qs = scratch.q;
+  float *d = scratch.d, *ds = scratch.s;
+  int32_t* off = scratch.off;
 #pragma omp parallel for schedule(static) if (static_cast<int64_t>(m) * k >= (1 << 16))
   for (int32_t i = 0; i < m; ++i) {
     for (int64_t g = 0; g < groups - (cross ? kUnitGroups : 0); ++g) {

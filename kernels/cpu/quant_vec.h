@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/simd.h"
 
@@ -229,6 +230,25 @@ inline void SignedWeights(IVec v, IVec* w, IVec* sign) {
     *w = Abs8(v);
     *sign = v;
   }
+}
+
+// The calling thread's scratch for one call's quantized activations, reused from call to call and
+// read by every thread of the call: `q_bytes` of int8 values, then three arrays of `entries` 4-byte
+// values (scales, scaled sums, integer offsets), each 64-byte aligned.
+struct ActsScratch {
+  int8_t* q;
+  float* d;
+  float* s;
+  int32_t* off;
+};
+inline ActsScratch GetActsScratch(int64_t q_bytes, int64_t entries) {
+  const auto round64 = [](int64_t b) { return (b + 63) / 64 * 64; };
+  const int64_t qb = round64(q_bytes), fb = round64(entries * 4);
+  thread_local std::vector<uint8_t> buf;
+  buf.resize(static_cast<size_t>(qb + 3 * fb + 64));
+  uint8_t* base = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
+  return ActsScratch{reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + qb),
+                     reinterpret_cast<float*>(base + qb + fb), reinterpret_cast<int32_t*>(base + qb + 2 * fb)};
 }
 
 // The first count floats at p, the rest zero.

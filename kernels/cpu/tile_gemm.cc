@@ -41,15 +41,10 @@ struct TileActs {
 
 TileActs QuantizeTileActs(const float* x, int32_t m, int32_t k) {
   const int64_t blocks = k / 32;
-  const auto round64 = [](int64_t b) { return (b + 63) / 64 * 64; };
-  const int64_t q_bytes = round64(static_cast<int64_t>(m) * k), f_bytes = round64(m * blocks * 4);
-  thread_local std::vector<uint8_t> buf;  // the calling thread's, read by every thread of the call
-  buf.resize(static_cast<size_t>(q_bytes + 3 * f_bytes + 64));
-  uint8_t* base = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
-  auto* q = reinterpret_cast<int8_t*>(base);
-  auto* dx = reinterpret_cast<float*>(base + q_bytes);
-  auto* sx = reinterpret_cast<float*>(base + q_bytes + f_bytes);
-  auto* off = reinterpret_cast<int32_t*>(base + q_bytes + 2 * f_bytes);
+  const ActsScratch scratch = GetActsScratch(static_cast<int64_t>(m) * k, m * blocks);
+  int8_t* q = scratch.q;
+  float *dx = scratch.d, *sx = scratch.s;
+  int32_t* off = scratch.off;
 #pragma omp parallel for schedule(static) if (static_cast<int64_t>(m) * k >= (1 << 16))
   for (int32_t i = 0; i < m; ++i) {
     for (int64_t b = 0; b < blocks; ++b) {
