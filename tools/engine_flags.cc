@@ -38,7 +38,7 @@ const char kEngineFlagsHelp[] = R"(  --model PATH          GGUF file (llama, mis
                         (a quarter of f32's bytes; cpu only). Changes the target's output slightly
   --two-term-activations  GGUF quantized weights multiply activations rounded to two 8-bit terms
                         per group of 32: within ~1e-4 of float32, at twice the integer work (a
-                        5-token step 1.7x slower, prefill 2x). Default (--int8-activations): one
+                        5-token step 1.5x slower, prefill 1.9x). Default (--int8-activations): one
                         term, as llama.cpp does, whose logits differ from float32's by ~1% (cpu)
   --kv-cache-dtype D    element type of the KV cache: f32 or bf16 (default on cpu: bf16, which halves
                         the bytes attention reads; on cuda: the compute dtype, the only one offered)
