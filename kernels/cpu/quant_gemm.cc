@@ -57,6 +57,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "kernels/cpu/parallel_rows.h"
 #include "kernels/cpu/quant_vec.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/stream_gemm.h"
@@ -694,8 +695,8 @@ constexpr int32_t kTileRows = 16;
 // prefill 1,760-1,820 -> 2,020-2,060 tok/s.
 constexpr int32_t kBlock = 16;
 
-// Rows go in tiles of kTileRows over every output of a call (at most kMaxOuts): one parallel loop
-// for all of them.
+// Rows go in tiles of kTileRows over every output of a call (at most kMaxOuts) in one parallel loop,
+// the tokens in passes of equal size (at most kBlock).
 template <class T>
 void GemmQuantRaw(const float* x, int32_t m, int32_t k, const QuantOut* outs, int32_t num_outs) {
   const Acts acts = QuantizeActs<T>(x, m, k);
@@ -706,24 +707,14 @@ void GemmQuantRaw(const float* x, int32_t m, int32_t k, const QuantOut* outs, in
       nullptr,         &RowsDot<T, 1>,  &RowsDot<T, 2>,  &RowsDot<T, 3>,  &RowsDot<T, 4>,  &RowsDot<T, 5>,
       &RowsDot<T, 6>,  &RowsDot<T, 7>,  &RowsDot<T, 8>,  &RowsDot<T, 9>,  &RowsDot<T, 10>, &RowsDot<T, 11>,
       &RowsDot<T, 12>, &RowsDot<T, 13>, &RowsDot<T, 14>, &RowsDot<T, 15>, &RowsDot<T, 16>};
-  int32_t first_tile[kMaxOuts + 1] = {0};  // output i's tiles: [first_tile[i], first_tile[i + 1])
-  int64_t size = 0;
-  for (int32_t i = 0; i < num_outs; ++i) {
-    const int32_t n = static_cast<int32_t>(outs[i].w->rows);
-    first_tile[i + 1] = first_tile[i] + (n + kTileRows - 1) / kTileRows;
-    size += static_cast<int64_t>(n) * k * m;
-  }
-#pragma omp parallel for schedule(static) if (size >= (1 << 16))
-  for (int32_t tile = 0; tile < first_tile[num_outs]; ++tile) {
-    int32_t o = 0;
-    while (tile >= first_tile[o + 1]) ++o;
+  const int32_t size = EqualPassSize(m, kBlock);
+  const auto rows_of = [&](int32_t o) { return outs[o].w->rows; };
+  ForEachRowTile(num_outs, rows_of, kTileRows, static_cast<int64_t>(k) * m, [&](int32_t o, int32_t r0) {
     const QuantOut& out = outs[o];
     const auto* base = static_cast<const uint8_t*>(out.w->blocks);
-    const int32_t n = static_cast<int32_t>(out.w->rows);
-    const int32_t r0 = (tile - first_tile[o]) * kTileRows, r1 = std::min(n, r0 + kTileRows);
-    // Blocks of equal size (18 rows as 9 + 9, not 16 + 2); whole ones by a direct call, which the
-    // compiler specializes (10% faster than through the table).
-    const int32_t passes = (m + kBlock - 1) / kBlock, size = (m + passes - 1) / passes;
+    const int32_t n = static_cast<int32_t>(out.w->rows), r1 = std::min(n, r0 + kTileRows);
+    // Whole blocks by a direct call, which the compiler specializes (10% faster than through the
+    // table).
     for (int32_t i0 = 0; i0 < m; i0 += size) {
       const int32_t rows = std::min(size, m - i0);
       if (rows == kBlock) {
@@ -732,7 +723,7 @@ void GemmQuantRaw(const float* x, int32_t m, int32_t k, const QuantOut* outs, in
         kRowsFns[rows](base, row_bytes, r0, r1, acts, i0, groups, out.bias, n, out.y);
       }
     }
-  }
+  });
 }
 // Q4_1 and Q8_0 in RepackForProducts' arrangement: row tiles (kernels/cpu/tile_gemm.h), whose
 // products quantize the activations their own way.

@@ -31,16 +31,10 @@ struct QuantMatrix {
 };
 
 // A copy of w's blocks (GGUF's arrangement) in the one the products read fastest, or empty where
-// there is none (types other than Q4_1 and Q8_0, builds without AVX2).
-// - Q4_1: row tiles (kernels/cpu/tile_gemm.h), whose products sum the same integer dot products in
-//   another order: the GGUF arrangement's values to float rounding, not its bits.
-// - Q8_0: the rows keep their size. Each row's whole units of 4 blocks per 128 bits of vector (16 on
-//   AVX-512) have their values in the order the products take them and their scales in lane order,
-//   so that a unit is unpacked by loads with no shuffle or gather; the rest of the row is as it was.
-//   Where a row ends in a few blocks that divide a unit (SmolLM2's 576: 2 of 16), copies of them
-//   follow the rows, the ends of kUnitGroups / rest rows arranged as one whole unit (1/9 more bytes
-//   for SmolLM2). The products give the same bits on either arrangement.
-// QuantRow gives the same bits on every arrangement.
+// there is none (types other than Q4_1 and Q8_0, builds without AVX2): row tiles
+// (kernels/cpu/tile_gemm.h), whose products sum the same integer dot products as GGUF's arrangement
+// in another order, so they give its values to float rounding, not its bits. QuantRow gives the
+// same bits on either arrangement.
 std::vector<uint8_t> RepackForProducts(const QuantMatrix& w);
 
 // y[m, n] = x[m, k] dequant(w)[n, k]^T + bias[n] (bias may be null); k == w.cols (a multiple of

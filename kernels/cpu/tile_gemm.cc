@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/quant.h"
+#include "kernels/cpu/parallel_rows.h"
 #include "kernels/cpu/quant_vec.h"
 #include "kernels/cpu/simd.h"
 
@@ -17,9 +18,8 @@ namespace specula::cpu {
 namespace {
 
 #if defined(SPECULA_QUANT_WIDTH)
-constexpr int kRows = 4 * kV;         // rows per tile: one per 32-bit lane
-constexpr int kVecBytes = 4 * kRows;  // a vector: 4 bytes of each row
-constexpr int kMaxOuts = 4;           // matrices in one pass, as LinearQuantMulti's
+constexpr int kTileRows = 4 * kV;         // rows per tile: one per 32-bit lane
+constexpr int kVecBytes = 4 * kTileRows;  // a vector: 4 bytes of each row
 // Tokens per unpacking of a block: 16 accumulators fit AVX-512's 32 registers beside the block's 8
 // vectors and its scales (SmolLM2 Q4_1 on a Zen 5 EPYC, 16 tokens over 576 x 576: 16 in one pass
 // 16.1 us, two of 8 17.8). With AVX2's 16 registers, 8 (some spilled) beat 4 at 5, 8 and 64
@@ -69,7 +69,7 @@ inline IVec Bcast4(const int8_t* p) {
 }
 inline IVec Bcast32(const int32_t* p) { return Bcast4(reinterpret_cast<const int8_t*>(p)); }
 
-// The weight types' blocks in a tile. kVecs vectors of 4 bytes per row, then kRows f16 scales d
+// The weight types' blocks in a tile. kVecs vectors of 4 bytes per row, then kTileRows f16 scales d
 // (and Q4_1's mins m). Unpack reads one block; Dot gives lane r: row r's integer dot product with a
 // token's 32 values x.
 struct Q4_1Tile {  // vector c: bytes 4c..4c+3 of the row's 16, values 4c.. (low nibbles), 16 + 4c.. (high)
@@ -86,12 +86,13 @@ struct Q4_1Tile {  // vector c: bytes 4c..4c+3 of the row's 16, values 4c.. (low
       k->hi[c] = And(Shr4(v), Bytes(0x0F));
     }
     k->d = HalvesToF(w + kVecs * kVecBytes);
-    k->m = HalvesToF(w + kVecs * kVecBytes + 2 * kRows);
+    k->m = HalvesToF(w + kVecs * kVecBytes + 2 * kTileRows);
   }
   static __attribute__((always_inline)) IVec Dot(const Block& k, const int8_t* x) {
 #if SPECULA_QUANT_WIDTH == 512 && defined(__AVX512VNNI__)
     // Two chains of 4: half the latency of one of 8.
-    IVec p0 = _mm512_dpbusd_epi32(ZeroI(), k.lo[0], Bcast4(x)), p1 = _mm512_dpbusd_epi32(ZeroI(), k.hi[0], Bcast4(x + 16));
+    IVec p0 = _mm512_dpbusd_epi32(ZeroI(), k.lo[0], Bcast4(x));
+    IVec p1 = _mm512_dpbusd_epi32(ZeroI(), k.hi[0], Bcast4(x + 16));
     for (int c = 1; c < 4; ++c) {
       p0 = _mm512_dpbusd_epi32(p0, k.lo[c], Bcast4(x + 4 * c));
       p1 = _mm512_dpbusd_epi32(p1, k.hi[c], Bcast4(x + 16 + 4 * c));
@@ -113,7 +114,7 @@ struct Q8_0Tile {  // vector c: values 4c..4c+3. With VNNI they go in as w + 128
   static constexpr bool kMin = false, kOffset = kVnni;
   struct Block {
     IVec w[8], sign[8];  // the weights as the products take them; without VNNI, |w| and w's signs
-    FVec d, m;
+    FVec d;
   };
   static __attribute__((always_inline)) void Unpack(const uint8_t* w, Block* k) {
     for (int c = 0; c < 8; ++c) SignedWeights(LoadI(w + c * kVecBytes), &k->w[c], &k->sign[c]);
@@ -138,7 +139,7 @@ struct Q8_0Tile {  // vector c: values 4c..4c+3. With VNNI they go in as w + 128
 
 template <class K>
 constexpr int TileBlockBytes() {
-  return K::kBlockBytes * kRows;
+  return K::kBlockBytes * kTileRows;
 }
 
 // y[i, r] (i < M, r < rows, y's rows ldy apart) = tile row r . token i0 + i + bias[r] (bias may be
@@ -184,19 +185,19 @@ template <class K, typename Visit>
 void BlockPermutation(int lane, Visit visit) {
   for (int c = 0; c < K::kVecs; ++c) visit(K::kQs + 4 * c, c * kVecBytes + 4 * lane, 4);
   visit(0, K::kVecs * kVecBytes + 2 * lane, 2);  // d
-  if constexpr (K::kMin) visit(2, K::kVecs * kVecBytes + 2 * kRows + 2 * lane, 2);
+  if constexpr (K::kMin) visit(2, K::kVecs * kVecBytes + 2 * kTileRows + 2 * lane, 2);
 }
 
 template <class K>
 std::vector<uint8_t> Tiles(const QuantMatrix& w) {
-  const int64_t blocks = w.cols / 32, tiles = (w.rows + kRows - 1) / kRows;
+  const int64_t blocks = w.cols / 32, tiles = (w.rows + kTileRows - 1) / kTileRows;
   std::vector<uint8_t> out(static_cast<size_t>(tiles * blocks * TileBlockBytes<K>()), 0);
   const auto* src = static_cast<const uint8_t*>(w.blocks);
   for (int64_t r = 0; r < w.rows; ++r) {
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* blk = src + (r * blocks + b) * K::kBlockBytes;
-      uint8_t* t = &out[static_cast<size_t>((r / kRows * blocks + b) * TileBlockBytes<K>())];
-      BlockPermutation<K>(r % kRows, [&](int from, int to, int n) { std::memcpy(t + to, blk + from, n); });
+      uint8_t* t = &out[static_cast<size_t>((r / kTileRows * blocks + b) * TileBlockBytes<K>())];
+      BlockPermutation<K>(r % kTileRows, [&](int from, int to, int n) { std::memcpy(t + to, blk + from, n); });
     }
   }
   return out;
@@ -208,8 +209,9 @@ void TileRow(const QuantMatrix& w, int64_t r, float* out) {
   thread_local std::vector<uint8_t> row;  // [blocks * kBlockBytes]: the row in GGUF's arrangement
   row.resize(static_cast<size_t>(blocks * K::kBlockBytes));
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* t = static_cast<const uint8_t*>(w.blocks) + (r / kRows * blocks + b) * TileBlockBytes<K>();
-    BlockPermutation<K>(r % kRows, [&](int from, int to, int n) { std::memcpy(&row[b * K::kBlockBytes + from], t + to, n); });
+    const uint8_t* t = static_cast<const uint8_t*>(w.blocks) + (r / kTileRows * blocks + b) * TileBlockBytes<K>();
+    uint8_t* gguf = &row[b * K::kBlockBytes];
+    BlockPermutation<K>(r % kTileRows, [&](int from, int to, int n) { std::memcpy(gguf + from, t + to, n); });
   }
   DequantizeRow(w.type, row.data(), w.cols, out);
 }
@@ -219,41 +221,22 @@ void TileProducts(const float* x, int32_t m, int32_t k, const QuantOut* outs, in
   static constexpr auto kFns = TileFns<K>(std::make_integer_sequence<int, kMaxTokens>());
   const TileActs a = QuantizeTileActs(x, m, k);
   const int64_t blocks = k / 32;
-  int32_t first_tile[kMaxOuts + 1] = {0};  // output o's tiles: [first_tile[o], first_tile[o + 1])
-  int64_t size = 0;
-  for (int32_t o = 0; o < num_outs; ++o) {
-    const int64_t n = outs[o].w->rows;
-    first_tile[o + 1] = first_tile[o] + static_cast<int32_t>((n + kRows - 1) / kRows);
-    size += n * k * m;
-  }
-  // Passes of equal size (18 tokens as 9 + 9, not 16 + 2).
-  const int32_t passes = (m + kMaxTokens - 1) / kMaxTokens, per = (m + passes - 1) / passes;
-#pragma omp parallel for schedule(static) if (size >= (1 << 16))
-  for (int32_t tile = 0; tile < first_tile[num_outs]; ++tile) {
-    int32_t o = 0;
-    while (tile >= first_tile[o + 1]) ++o;
+  const int32_t per = EqualPassSize(m, kMaxTokens);
+  const auto rows_of = [&](int32_t o) { return outs[o].w->rows; };
+  ForEachRowTile(num_outs, rows_of, kTileRows, static_cast<int64_t>(k) * m, [&](int32_t o, int32_t r0) {
     const QuantOut& out = outs[o];
-    const int32_t n = static_cast<int32_t>(out.w->rows), t = tile - first_tile[o], r0 = t * kRows;
-    const int32_t rows = std::min(kRows, n - r0);
-    const uint8_t* w = static_cast<const uint8_t*>(out.w->blocks) + t * blocks * TileBlockBytes<K>();
+    const int32_t n = static_cast<int32_t>(out.w->rows), rows = std::min(kTileRows, n - r0);
+    const uint8_t* w = static_cast<const uint8_t*>(out.w->blocks) + r0 / kTileRows * blocks * TileBlockBytes<K>();
     const float* bias = out.bias != nullptr ? out.bias + r0 : nullptr;
     for (int32_t i0 = 0; i0 < m; i0 += per) {
       const int32_t count = std::min(per, m - i0);
       kFns[count - 1](w, blocks, a, i0, bias, rows, n, out.y + static_cast<int64_t>(i0) * n + r0);
     }
-  }
+  });
 }
 #endif  // SPECULA_QUANT_WIDTH
 
 }  // namespace
-
-int TileRows() {
-#if defined(SPECULA_QUANT_WIDTH)
-  return kRows;
-#else
-  return 0;
-#endif
-}
 
 std::vector<uint8_t> RepackTiles(const QuantMatrix& w) {
 #if defined(SPECULA_QUANT_WIDTH)

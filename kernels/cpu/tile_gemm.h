@@ -26,11 +26,8 @@
 
 namespace specula::cpu {
 
-// Rows per tile in this build; 0 where it has no integer vectors (no tiles).
-int TileRows();
-
-// w (GGUF Q4_1 or Q8_0 blocks) in tiles, as above: ceil(rows / TileRows()) tiles of TileRows()
-// rows' bytes each. Empty for other types and without tiles.
+// w (GGUF Q4_1 or Q8_0 blocks) in tiles, as above: ceil(rows / kTileRows) tiles of kTileRows rows'
+// bytes each. Empty for other types and without tiles (builds without AVX2).
 std::vector<uint8_t> RepackTiles(const QuantMatrix& w);
 
 // out[cols] = row r of a tiled matrix, dequantized: DequantizeRow's values, bit for bit.

@@ -1,9 +1,8 @@
 // Products on GGUF blocks (kernels/cpu/quant_gemm.h) against double-precision loops over
 // DequantizeRow's values: every weight type, in GGUF's arrangement and (Q4_1, Q8_0) in the one the
-// CPU backend multiplies (RepackForProducts: Q4_1's row tiles, Q8_0's permuted units), one token to
-// a prefill chunk, SmolLM2's row lengths (576, 1536) and lengths that end in a partial unit of the
-// kernels, row counts off every vector width and tile, weights at odd addresses (as rows of a
-// mapped GGUF file are).
+// CPU backend multiplies (RepackForProducts' row tiles), one token to a prefill chunk, SmolLM2's row
+// lengths (576, 1536) and lengths that end in a partial unit of the kernels, row counts off every
+// vector width and tile, weights at odd addresses (as rows of a mapped GGUF file are).
 #include "kernels/cpu/quant_gemm.h"
 
 #include <algorithm>
