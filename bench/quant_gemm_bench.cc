@@ -3,6 +3,9 @@
 //
 //  BM_StreamSum                  GB/s of a float sum over 1 GiB, every thread: the read bound.
 //  BM_Int8Peak                   GOP/s of independent vpdpbusd chains, every thread: the int8 bound.
+//  BM_AmxPeak                    GOP/s of tdpbssd on 4 independent tiles, every thread: AMX's int8
+//                                bound (machines with AMX; the products use it from 2 rows on, the
+//                                label says "AMX"; SPECULA_NO_AMX=1 gives the vector path to compare).
 //  BM_Linear/type:T/shape:S/tokens:M/cold:C/terms:A
 //                                y[M, n] = x[M, k] w^T for the weight type T (QuantType id, 0 =
 //                                f32 through StreamGemm, the float path), shape S of kShapes below,
@@ -28,8 +31,10 @@
 
 #include "core/dtype.h"
 #include "core/quant.h"
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/quant_gemm.h"
 #include "kernels/cpu/stream_gemm.h"
+#include "kernels/cpu/tile_gemm.h"
 
 namespace specula {
 namespace {
@@ -125,6 +130,33 @@ void BM_Int8Peak(benchmark::State& state) {
 }
 BENCHMARK(BM_Int8Peak)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// AMX's int8 bound: tdpbssd into 4 accumulators (tiles 4-7) from two 16 x 64-byte tiles, each a
+// 16 x 16 x 64 dot product, every thread (each configures its own tiles).
+void BM_AmxPeak(benchmark::State& state) {
+  if (!cpu::amx::Usable()) return state.SkipWithError("no AMX here (or Linux refused it, or SPECULA_NO_AMX is set)");
+  constexpr int64_t kIters = 2'000'000;
+  for (auto _ : state) {
+    const double t0 = omp_get_wtime();
+#pragma omp parallel
+    {
+      alignas(64) uint8_t config[64] = {}, src[16 * 64] = {};
+      config[0] = 1;
+      for (int t = 0; t < 8; ++t) config[16 + 2 * t] = 64, config[48 + t] = 16;
+      asm volatile("ldtilecfg %0" ::"m"(config) : "memory");
+      asm volatile("tileloadd (%0,%1,1), %%tmm0\n\ttileloadd (%0,%1,1), %%tmm1" ::"r"(src), "r"(64L) : "memory");
+      for (int64_t it = 0; it < kIters; ++it) {
+        asm volatile(
+            "tdpbssd %%tmm1, %%tmm0, %%tmm4\n\ttdpbssd %%tmm1, %%tmm0, %%tmm5\n\t"
+            "tdpbssd %%tmm1, %%tmm0, %%tmm6\n\ttdpbssd %%tmm1, %%tmm0, %%tmm7" ::);
+      }
+      asm volatile("tilerelease" ::);
+    }
+    const double seconds = omp_get_wtime() - t0;
+    state.counters["GOP/s"] = 2.0 * 16 * 16 * 64 * 4 * kIters * omp_get_max_threads() / seconds / 1e9;
+  }
+}
+BENCHMARK(BM_AmxPeak)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 void BM_Linear(benchmark::State& state) {
   const auto type = static_cast<QuantType>(state.range(0));
   const Shape s = kShapes[state.range(1)];
@@ -159,7 +191,8 @@ void BM_Linear(benchmark::State& state) {
   state.counters["GFLOP/s"] =
       benchmark::Counter(2.0 * m * s.n * s.k * state.iterations() / 1e9, benchmark::Counter::kIsRate);
   const char* acts = QuantBlockSize(type) == 1 ? "" : two_term ? " 2x8b" : " 8b";
-  state.SetLabel(std::string(QuantTypeName(type)) + " " + s.what + acts);
+  const bool amx = repacked && cpu::CurrentTileEngine() == cpu::TileEngine::kAmx && (two_term ? 2 : 1) * m >= cpu::kAmxMinTokens;
+  state.SetLabel(std::string(QuantTypeName(type)) + " " + s.what + acts + (amx ? " AMX" : ""));
 }
 
 void DecodeArgs(benchmark::internal::Benchmark* b) {

@@ -36,6 +36,7 @@ using IVec = __m512i;
 using FVec = __m512;
 constexpr int kV = 4;  // 128-bit lanes per vector
 inline IVec LoadI(const void* p) { return _mm512_loadu_si512(p); }
+inline void StoreI(void* p, IVec v) { _mm512_storeu_si512(p, v); }
 inline IVec ZeroI() { return _mm512_setzero_si512(); }
 inline IVec Bytes(char b) { return _mm512_set1_epi8(b); }
 inline IVec And(IVec a, IVec b) { return _mm512_and_si512(a, b); }
@@ -106,6 +107,7 @@ using IVec = __m256i;
 using FVec = __m256;
 constexpr int kV = 2;
 inline IVec LoadI(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline void StoreI(void* p, IVec v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
 inline IVec ZeroI() { return _mm256_setzero_si256(); }
 inline IVec Bytes(char b) { return _mm256_set1_epi8(b); }
 inline IVec And(IVec a, IVec b) { return _mm256_and_si256(a, b); }
@@ -245,7 +247,8 @@ inline ActsScratch GetActsScratch(int64_t q_bytes, int64_t entries) {
   const auto round64 = [](int64_t b) { return (b + 63) / 64 * 64; };
   const int64_t qb = round64(q_bytes), fb = round64(entries * 4);
   thread_local std::vector<uint8_t> buf;
-  buf.resize(static_cast<size_t>(qb + 3 * fb + 64));
+  // 512 bytes of slack: AMX's tile loads read 16 tokens' values where fewer remain (tile_gemm.cc).
+  buf.resize(static_cast<size_t>(qb + 3 * fb + 64 + 512));
   uint8_t* base = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
   return ActsScratch{reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + qb),
                      reinterpret_cast<float*>(base + qb + fb), reinterpret_cast<int32_t*>(base + qb + 2 * fb)};

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "core/quant.h"
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/parallel_rows.h"
 #include "kernels/cpu/quant_vec.h"
 #include "kernels/cpu/simd.h"
@@ -107,6 +109,23 @@ struct Q4_1Tile {  // vector c: bytes 4c..4c+3 of the row's 16, values 4c.. (low
     return Madd1(s, ZeroI());
 #endif
   }
+  // AMX's B for the block (kernels/cpu/amx.h): its nibbles as 8 vectors of unsigned bytes in buf[512],
+  // values 4j..4j+3 in vector j.
+  static constexpr bool kSignedB = false;
+  static const void* AmxB(const uint8_t* w, uint8_t* buf) {
+    for (int c = 0; c < 4; ++c) {
+      const IVec v = LoadI(w + c * kVecBytes);
+      StoreI(buf + c * kVecBytes, And(v, Bytes(0x0F)));
+      StoreI(buf + (4 + c) * kVecBytes, And(Shr4(v), Bytes(0x0F)));
+    }
+    return buf;
+  }
+  struct Scales {
+    FVec d, m;
+  };
+  static Scales ScalesOf(const uint8_t* w) {
+    return {HalvesToF(w + kVecs * kVecBytes), HalvesToF(w + kVecs * kVecBytes + 2 * kTileRows)};
+  }
 };
 
 struct Q8_0Tile {  // vector c: values 4c..4c+3. With VNNI they go in as w + 128 (less the offset)
@@ -135,6 +154,13 @@ struct Q8_0Tile {  // vector c: values 4c..4c+3. With VNNI they go in as w + 128
     return s;
 #endif
   }
+  // AMX's B for the block: its 8 vectors as they are, signed.
+  static constexpr bool kSignedB = true;
+  static const void* AmxB(const uint8_t* w, uint8_t*) { return w; }
+  struct Scales {
+    FVec d;
+  };
+  static Scales ScalesOf(const uint8_t* w) { return {HalvesToF(w + kVecs * kVecBytes)}; }
 };
 
 template <class K>
@@ -145,16 +171,37 @@ constexpr int TileBlockBytes() {
 // y[i, r] (i < M, r < rows, y's rows ldy apart) = tile row r . token i0 + i + bias[r] (bias may be
 // null): every block unpacked once for the M tokens, whose sums stay in registers. Per block:
 // y += (d dx) idot + m sx (Q4_1), y += (d dx) (idot - off) (Q8_0 with VNNI), y += (d dx) idot.
+// One block's integer dots idot (lane r: row r) into a token's sums, at activation entry `at`.
+// s: the block's scales d (and Q4_1's mins m).
+template <class K, class S>
+__attribute__((always_inline)) inline FVec Accumulate(IVec idot, const S& s, const TileActs& a, int64_t at, FVec acc) {
+  acc = FmaF(ToF(idot), MulF(s.d, SetF(a.dx[at])), acc);
+  if constexpr (K::kMin) acc = FmaF(s.m, SetF(a.sx[at]), acc);
+  return acc;
+}
+
+inline void Prefetch(const uint8_t* w, int64_t bytes) {
+  // (Past the matrix's end too: a thread's next tile follows, and a prefetch never faults.)
+  for (int64_t o = 0; o < bytes; o += 64) {
+    __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(w) + kPrefetchBytes + o));
+  }
+}
+
+template <int M>
+void StoreTokens(const FVec (&acc)[M], const float* bias, int32_t rows, int64_t ldy, float* y) {
+  for (int i = 0; i < M; ++i) {
+    const FVec v = bias != nullptr ? acc[i] + LoadFirst(bias, rows) : acc[i];
+    SimdQ::StoreFirst(y + i * ldy, v, rows);
+  }
+}
+
 template <class K, int M>
 void TileDot(const uint8_t* w, int64_t blocks, const TileActs& a, int32_t i0, const float* bias, int32_t rows,
              int64_t ldy, float* y) {
   FVec acc[M];
   for (int i = 0; i < M; ++i) acc[i] = ZeroF();
   for (int64_t b = 0; b < blocks; ++b, w += TileBlockBytes<K>()) {
-    // (Past the matrix's end too: a thread's next tile follows, and a prefetch never faults.)
-    for (int64_t o = 0; o < TileBlockBytes<K>(); o += 64) {
-      __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(w) + kPrefetchBytes + o));
-    }
+    Prefetch(w, TileBlockBytes<K>());
     typename K::Block k;
     K::Unpack(w, &k);
     const int64_t at = b * a.m + i0;
@@ -163,21 +210,57 @@ void TileDot(const uint8_t* w, int64_t blocks, const TileActs& a, int32_t i0, co
     for (int i = 0; i < M; ++i) {
       IVec dot = K::Dot(k, xq + 32 * i);
       if constexpr (K::kOffset) dot = Sub32(dot, Bcast32(a.off + at + i));
-      acc[i] = FmaF(ToF(dot), MulF(k.d, SetF(a.dx[at + i])), acc[i]);
-      if constexpr (K::kMin) acc[i] = FmaF(k.m, SetF(a.sx[at + i]), acc[i]);
+      acc[i] = Accumulate<K>(dot, k, a, at + i, acc[i]);
     }
   }
-  for (int i = 0; i < M; ++i) {
-    const FVec v = bias != nullptr ? acc[i] + LoadFirst(bias, rows) : acc[i];
-    SimdQ::StoreFirst(y + i * ldy, v, rows);
-  }
+  StoreTokens<M>(acc, bias, rows, ldy, y);
 }
+
+#if SPECULA_QUANT_WIDTH == 512
+// TileDot on AMX's int8 tiles (kernels/cpu/amx.h), Ops: amx::Hw or amx::Emulated. Per block, one tile
+// product gives the M tokens' integer dots with the tile's 16 rows (exact, as the vector paths'
+// are); the float steps that follow are TileDot's, in its order: the same bits. A's 16 rows are
+// always loaded (the configuration is fixed per thread): rows past M read the next tokens or the
+// scratch's slack (GetActsScratch), and their dots go unused.
+template <class K, class Ops, int M>
+void TileDotAmx(const uint8_t* w, int64_t blocks, const TileActs& a, int32_t i0, const float* bias, int32_t rows,
+                int64_t ldy, float* y) {
+  Ops::Configure();
+  alignas(64) int32_t c[16][16];  // [token, row]
+  alignas(64) uint8_t b_bytes[8 * kVecBytes];
+  FVec acc[M];
+  for (int i = 0; i < M; ++i) acc[i] = ZeroF();
+  for (int64_t b = 0; b < blocks; ++b, w += TileBlockBytes<K>()) {
+    Prefetch(w, TileBlockBytes<K>());
+    const int64_t at = b * a.m + i0;
+    Ops::LoadA(a.q + 32 * at);
+    Ops::LoadB(K::AmxB(w, b_bytes));
+    Ops::ZeroC();
+    if constexpr (K::kSignedB) {
+      Ops::DpSS();
+    } else {
+      Ops::DpSU();
+    }
+    Ops::StoreC(&c[0][0]);
+    const typename K::Scales s = K::ScalesOf(w);
+#pragma GCC unroll 16
+    for (int i = 0; i < M; ++i) acc[i] = Accumulate<K>(LoadI(c[i]), s, a, at + i, acc[i]);
+  }
+  StoreTokens<M>(acc, bias, rows, ldy, y);
+}
+#endif
 
 using TileFn = void (*)(const uint8_t*, int64_t, const TileActs&, int32_t, const float*, int32_t, int64_t, float*);
 template <class K, int... I>
 constexpr std::array<TileFn, sizeof...(I)> TileFns(std::integer_sequence<int, I...>) {
   return {&TileDot<K, I + 1>...};
 }
+#if SPECULA_QUANT_WIDTH == 512
+template <class K, class Ops, int... I>
+constexpr std::array<TileFn, sizeof...(I)> AmxFns(std::integer_sequence<int, I...>) {
+  return {&TileDotAmx<K, Ops, I + 1>...};
+}
+#endif
 
 // The bytes of row r's block b in GGUF's arrangement <-> in its tile: visit(gguf offset, tile
 // offset, bytes), relative to the block and to the tile's block.
@@ -216,9 +299,26 @@ void TileRow(const QuantMatrix& w, int64_t r, float* out) {
   DequantizeRow(w.type, row.data(), w.cols, out);
 }
 
+// The products of M tokens (index M - 1) that the engine runs for steps of m tokens.
+template <class K>
+const std::array<TileFn, kMaxTokens>& DotsFor(int32_t m) {
+  static constexpr auto kVectorDots = TileFns<K>(std::make_integer_sequence<int, kMaxTokens>());
+#if SPECULA_QUANT_WIDTH == 512
+  static constexpr auto kAmxDots = AmxFns<K, amx::Hw>(std::make_integer_sequence<int, kMaxTokens>());
+  static constexpr auto kEmulatedDots = AmxFns<K, amx::Emulated>(std::make_integer_sequence<int, kMaxTokens>());
+  if (m >= kAmxMinTokens) {
+    const TileEngine e = CurrentTileEngine();
+    if (e == TileEngine::kAmx) return kAmxDots;
+    if (e == TileEngine::kAmxEmulated) return kEmulatedDots;
+  }
+#endif
+  (void)m;
+  return kVectorDots;
+}
+
 template <class K>
 void TileProducts(const float* x, int32_t m, int32_t k, const QuantOut* outs, int32_t num_outs) {
-  static constexpr auto kFns = TileFns<K>(std::make_integer_sequence<int, kMaxTokens>());
+  const std::array<TileFn, kMaxTokens>& kFns = DotsFor<K>(m);
   const TileActs a = QuantizeTileActs(x, m, k);
   const int64_t blocks = k / 32;
   const int32_t per = EqualPassSize(m, kMaxTokens);
@@ -236,7 +336,33 @@ void TileProducts(const float* x, int32_t m, int32_t k, const QuantOut* outs, in
 }
 #endif  // SPECULA_QUANT_WIDTH
 
+std::atomic<int> g_engine{-1};  // a TileEngine; -1: not chosen yet
+
 }  // namespace
+
+bool TileEngineAvailable(TileEngine e) {
+#if SPECULA_QUANT_WIDTH == 512
+  if (e == TileEngine::kAmx) return amx::Usable();
+  return true;
+#else
+  return e == TileEngine::kVector;
+#endif
+}
+
+bool SetTileEngine(TileEngine e) {
+  if (!TileEngineAvailable(e)) return false;
+  g_engine.store(static_cast<int>(e), std::memory_order_relaxed);
+  return true;
+}
+
+TileEngine CurrentTileEngine() {
+  int e = g_engine.load(std::memory_order_relaxed);
+  if (e < 0) {
+    e = static_cast<int>(TileEngineAvailable(TileEngine::kAmx) ? TileEngine::kAmx : TileEngine::kVector);
+    g_engine.store(e, std::memory_order_relaxed);
+  }
+  return static_cast<TileEngine>(e);
+}
 
 std::vector<uint8_t> RepackTiles(const QuantMatrix& w) {
 #if defined(SPECULA_QUANT_WIDTH)

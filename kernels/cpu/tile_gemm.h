@@ -37,4 +37,21 @@ void TileRow(const QuantMatrix& w, int64_t r, float* out);
 // x quantized once for all of them.
 void TileProducts(const float* x, int32_t m, int32_t k, const QuantOut* outs, int32_t num_outs);
 
+// AMX's tiles serve products of this many activation rows and more (tokens; twice as many with two
+// activation terms). A guess, not a measurement (no machine with AMX has run them yet): a one-row
+// product streams its weights, and one tile product per block does 16 rows' work whatever the count.
+constexpr int32_t kAmxMinTokens = 2;
+
+// What runs TileProducts for kAmxMinTokens or more: the vector path above, AMX's int8 tiles (one tile
+// product per block does the integer dots of 16 tokens with the tile's 16 rows; kernels/cpu/amx.h),
+// or the AMX path on emulated tiles (for the tests of machines without AMX). All three give the same
+// bits: the integer dots are exact and the float steps the same. The default is kAmx where
+// amx::Usable() (the CPU has AMX, Linux permits it, SPECULA_NO_AMX is unset), else kVector.
+enum class TileEngine { kVector, kAmx, kAmxEmulated };
+// kAmx and kAmxEmulated need the AVX-512 build (16-row tiles); kAmx needs amx::Usable() too.
+bool TileEngineAvailable(TileEngine e);
+// Process-wide, for tests and benchmarks. False, and nothing changed, where e is not available.
+bool SetTileEngine(TileEngine e);
+TileEngine CurrentTileEngine();
+
 }  // namespace specula::cpu

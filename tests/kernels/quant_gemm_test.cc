@@ -16,6 +16,8 @@
 #include "core/dtype.h"
 #include "core/quant.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/amx.h"
+#include "kernels/cpu/tile_gemm.h"
 
 namespace specula::cpu {
 namespace {
@@ -352,7 +354,7 @@ TEST(QuantGemmTest, IntegerPathsMatchQuantizedActivations) {
 }
 #endif
 
-// The embedding lookup gives DequantizeRow's values, bit for bit (RepackedGivesTheSameBits checks
+// The embedding lookup gives DequantizeRow's values, bit for bit (RepackedIsTheSameMatrix checks
 // the other arrangements' rows).
 TEST(QuantGemmTest, RowIsDequantizeRow) {
   std::mt19937 rng(4);
@@ -368,6 +370,57 @@ TEST(QuantGemmTest, RowIsDequantizeRow) {
       EXPECT_EQ(0, std::memcmp(got.data(), want.data(), k * sizeof(float))) << Name(c) << " row " << r;
     }
   }
+}
+
+// The row tiles' products on `engine` (tile_gemm.h) give the vector path's bits: Q4_1 and Q8_0,
+// alone and two in one pass, with one and two activation terms, at token counts around AMX's 16
+// rows and its threshold, row counts off the 16-row tile, and SmolLM2's row lengths.
+void ExpectVectorBits(TileEngine engine) {
+  const TileEngine before = CurrentTileEngine();
+  std::mt19937 rng(7);
+  for (QuantType type : {QuantType::kQ4_1, QuantType::kQ8_0}) {
+    for (int32_t k : {32, 576, 1536}) {
+      for (int32_t n : {5, 16, 37}) {
+        Weights w = MakeWeights(type, n, k, &rng, /*repacked=*/true);
+        for (int32_t m : {1, 2, 3, 8, 15, 16, 17, 40}) {
+          w.w.two_term_activations = m % 2 == 0;  // two terms: 2m rows of activations
+          const std::vector<float> x = Random(static_cast<size_t>(m) * k, &rng), bias = Random(n, &rng);
+          std::vector<float> y[2][2];  // [engine: vector, tested][output]
+          for (int e = 0; e < 2; ++e) {
+            ASSERT_TRUE(SetTileEngine(e == 0 ? TileEngine::kVector : engine));
+            for (auto& v : y[e]) v.assign(static_cast<size_t>(m) * n, NAN);
+            const QuantOut outs[] = {{&w.w, bias.data(), y[e][0].data()}, {&w.w, nullptr, y[e][1].data()}};
+            const int64_t before_products = amx::Emulated::products.load();
+            LinearQuantMulti(x.data(), m, k, outs, 2);
+            if (e == 1 && engine == TileEngine::kAmxEmulated) {
+              const bool amx_steps = (w.w.two_term_activations ? 2 : 1) * m >= kAmxMinTokens;
+              ASSERT_EQ(amx_steps, amx::Emulated::products.load() > before_products) << m << " tokens";
+            }
+          }
+          for (int o = 0; o < 2; ++o) {
+            ASSERT_EQ(0, std::memcmp(y[0][o].data(), y[1][o].data(), y[0][o].size() * sizeof(float)))
+                << QuantTypeName(type) << " k " << k << " n " << n << ", " << m << " tokens, "
+                << (w.w.two_term_activations ? "two terms" : "one term") << ", output " << o;
+          }
+        }
+      }
+    }
+  }
+  SetTileEngine(before);
+}
+
+TEST(QuantGemmTest, AmxOnEmulatedTilesGivesTheVectorBits) {
+  if (!TileEngineAvailable(TileEngine::kAmxEmulated)) GTEST_SKIP() << "AMX's products need the AVX-512 build's 16-row tiles";
+  ExpectVectorBits(TileEngine::kAmxEmulated);
+}
+
+// The same on the hardware's tiles, in every worker thread (each loads its own configuration).
+TEST(QuantGemmTest, AmxGivesTheVectorBits) {
+  if (!TileEngineAvailable(TileEngine::kAmx)) {
+    GTEST_SKIP() << "no AMX here: the CPU lacks amx_tile/amx_int8, Linux refused the tile state, SPECULA_NO_AMX "
+                    "is set, or the build has no 16-row tiles";
+  }
+  ExpectVectorBits(TileEngine::kAmx);
 }
 
 }  // namespace
