@@ -68,6 +68,13 @@ absl::Status Engine::Validate() const {
 
 void Engine::HandOffThreads() { omp_pause_resource_all(omp_pause_soft); }
 
+void Engine::MeasureSpeculationCosts() {
+  if (speculation_ == nullptr) return;
+  speculation_->MeasureRemaining();
+  stats_.cost_measure_seconds = speculation_->measure_seconds();
+  stats_.cost_measured_tokens = speculation_->measured_tokens();
+}
+
 double Engine::NowMs() const {
   return (clock_->NowSeconds() - start_s_) * 1000.0;
 }

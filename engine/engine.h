@@ -99,6 +99,9 @@ class Engine {
   // idle, they still count against the cores, so libgomp stops its workers spinning between
   // parallel regions and every region of every step waits on a futex wake.
   void HandOffThreads();
+  // With adaptive speculation: measures now the forward shapes it would measure between later
+  // steps (AdaptiveSpeculation::MeasureRemaining), so that a timed run's steps carry none of them.
+  void MeasureSpeculationCosts();
   // Called in every step that ran, with its plan (k chosen), its result and when it began (the
   // clock's seconds), after the scheduler's update: how a test compares the engine's schedule with
   // the simulator's (sim/replica.h), and how a calibration times served steps.

@@ -19,6 +19,7 @@
 #include "experiments/in_process_client.h"
 #include "experiments/step_periods.h"
 #include "sim/step_time.h"
+#include "spec/cost_cache.h"
 
 namespace specula::experiments {
 namespace {
@@ -41,6 +42,8 @@ EngineOptions PointOptions(const Experiment& s, const Point& p) {
     if (p.spec_method == "draft") o.speculation.draft_model = s.draft().path();
   }
   o.ignore_eos = s.workload().ignore_eos();
+  // The CLI's and the server's cache of measured step costs: the runs after the first measure nothing.
+  o.speculation.cost_cache = DefaultCostCacheDir();
   return o;
 }
 
@@ -75,7 +78,11 @@ uint64_t HashTokens(const std::vector<std::vector<TokenId>>& outputs) {
 // engine pay for first-touched memory and cold caches, which adaptive k's startup measurement
 // happens to pay before its runs. Without this, "none" measured 7-18% below an adaptive k that
 // chose k = 0 on every step. Its prompt fills no whole KV block, so nothing of it is cached.
+// Adaptive k's larger shapes are measured here too, not between the run's steps: 3-4 forwards of
+// 20-110 ms each in every SmolLM2 ONLINE run, stalls that `serve` pays only until its cost cache
+// holds them, and that the simulator does not model.
 absl::Status WarmUp(Engine& engine, int32_t block_size) {
+  engine.MeasureSpeculationCosts();
   Request r;
   r.id = 1 << 30;
   for (int32_t i = 0; i < std::max(1, block_size / 2); ++i) r.prompt.push_back(1 + i % 7);

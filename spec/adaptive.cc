@@ -100,6 +100,14 @@ void AdaptiveSpeculation::MeasureMore(double step_seconds) {
   }
 }
 
+void AdaptiveSpeculation::MeasureRemaining() {
+  if (drafts_cannot_pay_) return;  // its controller and measurements are off
+  while (MeasureNext(&target_meter_)) {
+  }
+  while (MeasureNext(&draft_meter_)) {
+  }
+}
+
 void AdaptiveSpeculation::Choose(StepPlan* plan, absl::Span<const SpecCandidate> candidates) {
   if (candidates.empty() || drafts_cannot_pay_) return;
   double tokens = 0, positions = 0;  // the step's work without drafts

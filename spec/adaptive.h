@@ -69,6 +69,10 @@ class AdaptiveSpeculation {
                const StepTiming& timing);
   // The request finished or was preempted.
   void Forget(RequestId id) { controller_->Forget(id); }
+  // Measures now every shape that Observe would measure later, between steps (up to the largest):
+  // for timed runs, whose steps should not carry the measurement's forwards. With a cost cache, the
+  // shapes another process measured cost nothing.
+  void MeasureRemaining();
 
   bool drafts_cannot_pay() const { return drafts_cannot_pay_; }
   double measure_seconds() const { return measure_seconds_; }  // at startup and between steps
