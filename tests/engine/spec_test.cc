@@ -773,6 +773,42 @@ TEST(SpecCostTest, MeasuresLargerShapesWithinItsShareOfTheSteps) {
   EXPECT_EQ(e8.stats().cost_measured_tokens, 16);
 }
 
+// What a timed run calls first (experiments' warm-up): every shape measured now, the target's up to
+// the largest (512 tokens), so that the run's steps carry no measurement.
+TEST(SpecCostTest, MeasuringUpFrontLeavesNothingForTheSteps) {
+  auto target = Load(testing::TinyStoriesDir() + "/stories260K.bin");
+  ModelConfig dc = target->config();
+  dc.num_layers = 1;
+  const std::string dd = testing::MakeTempDir();
+  ASSERT_TRUE(WriteRandomModel(dc, dd, DType::kF32, 3).ok());
+  auto draft = Load(dd);
+  DraftModelProposer proposer(draft.get(), 16, 2048);
+  SpecConfig spec;
+  spec.proposer = &proposer;
+  spec.adaptive = true;
+  Engine e(target.get(), nullptr, Config(*target, 32, 2048, 8), spec);
+  ASSERT_TRUE(e.Validate().ok()) << e.Validate();
+  ASSERT_EQ(e.stats().cost_measured_tokens, 8);
+  const double startup = e.stats().cost_measure_seconds;
+  e.MeasureSpeculationCosts();
+  EXPECT_EQ(e.stats().cost_measured_tokens, 512);
+  const double up_front = e.stats().cost_measure_seconds;
+  EXPECT_GT(up_front, startup);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 32; ++i) {
+    Request r;
+    r.id = i;
+    r.prompt = {1, 100 + i % 50, 200 + i % 7};
+    r.max_tokens = 64;
+    r.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  RunToEnd(e, reqs);
+  EXPECT_GT(e.stats().steps, 0);
+  EXPECT_EQ(e.stats().cost_measure_seconds, up_front) << "a step measured a shape";
+  EXPECT_EQ(e.stats().cost_measured_tokens, 512);
+}
+
 TEST(SpecConfigTest, SyntheticProposerIsRefusedOutsideBenchmarks) {
   auto target = Load(testing::TinyStoriesDir() + "/stories260K.bin");
   NgramProposer p(1, 3);
