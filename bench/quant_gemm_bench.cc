@@ -4,7 +4,7 @@
 //  BM_StreamSum                  GB/s of a float sum over 1 GiB, every thread: the read bound.
 //  BM_Int8Peak                   GOP/s of independent vpdpbusd chains, every thread: the int8 bound.
 //  BM_AmxPeak                    GOP/s of tdpbssd on 4 independent tiles, every thread: AMX's int8
-//                                bound (machines with AMX; the products use it from 2 rows on, the
+//                                bound (machines with AMX; the products use it from 4 rows on, the
 //                                label says "AMX"; SPECULA_NO_AMX=1 gives the vector path to compare).
 //  BM_Linear/type:T/shape:S/tokens:M/cold:C/terms:A
 //                                y[M, n] = x[M, k] w^T for the weight type T (QuantType id, 0 =

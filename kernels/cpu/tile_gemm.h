@@ -38,9 +38,11 @@ void TileRow(const QuantMatrix& w, int64_t r, float* out);
 void TileProducts(const float* x, int32_t m, int32_t k, const QuantOut* outs, int32_t num_outs);
 
 // AMX's tiles serve products of this many activation rows and more (tokens; twice as many with two
-// activation terms). A guess, not a measurement (no machine with AMX has run them yet): a one-row
-// product streams its weights, and one tile product per block does 16 rows' work whatever the count.
-constexpr int32_t kAmxMinTokens = 2;
+// activation terms). Reasoned, not measured (no machine with AMX has run them yet): a tile product
+// (~16 cycles a block) does 16 rows' work whatever the count, and adds Q4_1's unpacking to memory
+// and a store and reload of its sums, where VNNI spends 8 dot products a row and block: about even
+// at 4 rows, ahead past it. A two-term decode (2 rows) stays on the vector path.
+constexpr int32_t kAmxMinTokens = 4;
 
 // What runs TileProducts for kAmxMinTokens or more: the vector path above, AMX's int8 tiles (one tile
 // product per block does the integer dots of 16 tokens with the tile's 16 rows; kernels/cpu/amx.h),

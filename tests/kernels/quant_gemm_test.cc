@@ -382,7 +382,7 @@ void ExpectVectorBits(TileEngine engine) {
     for (int32_t k : {32, 576, 1536}) {
       for (int32_t n : {5, 16, 37}) {
         Weights w = MakeWeights(type, n, k, &rng, /*repacked=*/true);
-        for (int32_t m : {1, 2, 3, 8, 15, 16, 17, 40}) {
+        for (int32_t m : {1, 2, 3, 4, 5, 8, 15, 16, 17, 40}) {
           w.w.two_term_activations = m % 2 == 0;  // two terms: 2m rows of activations
           const std::vector<float> x = Random(static_cast<size_t>(m) * k, &rng), bias = Random(n, &rng);
           std::vector<float> y[2][2];  // [engine: vector, tested][output]
