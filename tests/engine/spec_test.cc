@@ -722,19 +722,29 @@ TEST(SpecCostTest, ASecondEngineStartsFromTheCostCache) {
   }
 }
 
+// --num-spec-tokens auto with costs measured as the engine measures them.
+SpecConfig MeasuredAuto(Proposer* proposer) {
+  SpecConfig spec;
+  spec.proposer = proposer;
+  spec.adaptive = true;
+  return spec;
+}
+
+// A random draft of one layer in the target's shape.
+std::unique_ptr<LlamaModel> OneLayerDraft(const LlamaModel& target) {
+  ModelConfig dc = target.config();
+  dc.num_layers = 1;
+  const std::string dd = testing::MakeTempDir();
+  EXPECT_TRUE(WriteRandomModel(dc, dd, DType::kF32, 3).ok());
+  return Load(dd);
+}
+
 TEST(SpecCostTest, MeasuresLargerShapesWithinItsShareOfTheSteps) {
   const std::string dir = testing::TinyStoriesDir();
   auto target = Load(dir + "/stories260K.bin");  // not measured yet
-  ModelConfig dc = target->config();
-  dc.num_layers = 1;
-  const std::string dd = testing::MakeTempDir();
-  ASSERT_TRUE(WriteRandomModel(dc, dd, DType::kF32, 3).ok());
-  auto draft = Load(dd);
+  auto draft = OneLayerDraft(*target);
   DraftModelProposer proposer(draft.get(), 16, 2048);
-  SpecConfig spec;
-  spec.proposer = &proposer;
-  spec.adaptive = true;
-  Engine e(target.get(), nullptr, Config(*target, 32, 2048, 8), spec);
+  Engine e(target.get(), nullptr, Config(*target, 32, 2048, 8), MeasuredAuto(&proposer));
   ASSERT_TRUE(e.Validate().ok()) << e.Validate();
   EXPECT_FALSE(e.stats().drafts_cannot_pay);
   EXPECT_EQ(e.stats().cost_measured_tokens, 8);
@@ -767,8 +777,7 @@ TEST(SpecCostTest, MeasuresLargerShapesWithinItsShareOfTheSteps) {
   // A target loaded anew (measurements are kept per loaded model: e's 32 tokens would be found).
   auto target8 = Load(dir + "/stories260K.bin");
   DraftModelProposer proposer8(draft.get(), 16, 2048);
-  spec.proposer = &proposer8;
-  Engine e8(target8.get(), nullptr, Config(*target8, 8, 2048, 8), spec);
+  Engine e8(target8.get(), nullptr, Config(*target8, 8, 2048, 8), MeasuredAuto(&proposer8));
   EXPECT_FALSE(e8.stats().drafts_cannot_pay);
   EXPECT_EQ(e8.stats().cost_measured_tokens, 16);
 }
@@ -777,16 +786,9 @@ TEST(SpecCostTest, MeasuresLargerShapesWithinItsShareOfTheSteps) {
 // the largest (512 tokens), so that the run's steps carry no measurement.
 TEST(SpecCostTest, MeasuringUpFrontLeavesNothingForTheSteps) {
   auto target = Load(testing::TinyStoriesDir() + "/stories260K.bin");
-  ModelConfig dc = target->config();
-  dc.num_layers = 1;
-  const std::string dd = testing::MakeTempDir();
-  ASSERT_TRUE(WriteRandomModel(dc, dd, DType::kF32, 3).ok());
-  auto draft = Load(dd);
+  auto draft = OneLayerDraft(*target);
   DraftModelProposer proposer(draft.get(), 16, 2048);
-  SpecConfig spec;
-  spec.proposer = &proposer;
-  spec.adaptive = true;
-  Engine e(target.get(), nullptr, Config(*target, 32, 2048, 8), spec);
+  Engine e(target.get(), nullptr, Config(*target, 32, 2048, 8), MeasuredAuto(&proposer));
   ASSERT_TRUE(e.Validate().ok()) << e.Validate();
   ASSERT_EQ(e.stats().cost_measured_tokens, 8);
   const double startup = e.stats().cost_measure_seconds;
