@@ -191,7 +191,7 @@ void BM_Linear(benchmark::State& state) {
   state.counters["GFLOP/s"] =
       benchmark::Counter(2.0 * m * s.n * s.k * state.iterations() / 1e9, benchmark::Counter::kIsRate);
   const char* acts = QuantBlockSize(type) == 1 ? "" : two_term ? " 2x8b" : " 8b";
-  const bool amx = repacked && cpu::CurrentTileEngine() == cpu::TileEngine::kAmx && (two_term ? 2 : 1) * m >= cpu::kAmxMinTokens;
+  const bool amx = repacked && cpu::AmxServes((two_term ? 2 : 1) * m);
   state.SetLabel(std::string(QuantTypeName(type)) + " " + s.what + acts + (amx ? " AMX" : ""));
 }
 

@@ -37,8 +37,7 @@ Engine::Engine(LlamaModel* model, const Tokenizer* tokenizer, const SchedulerCon
     return;
   }
   speculation_ = std::move(s).value();
-  stats_.cost_measure_seconds = speculation_->measure_seconds();
-  stats_.cost_measured_tokens = speculation_->measured_tokens();
+  CopyCostStats();
   if (speculation_->drafts_cannot_pay()) {
     stats_.drafts_cannot_pay = true;
     scheduler_.StopSpeculation();  // the stats still count the plain decode steps (CountSpeculation)
@@ -71,6 +70,10 @@ void Engine::HandOffThreads() { omp_pause_resource_all(omp_pause_soft); }
 void Engine::MeasureSpeculationCosts() {
   if (speculation_ == nullptr) return;
   speculation_->MeasureRemaining();
+  CopyCostStats();
+}
+
+void Engine::CopyCostStats() {
   stats_.cost_measure_seconds = speculation_->measure_seconds();
   stats_.cost_measured_tokens = speculation_->measured_tokens();
 }
@@ -131,8 +134,7 @@ std::vector<RequestDelta> Engine::Step() {
   if (speculation_ != nullptr) {
     ran->timing.seconds = clock_->NowSeconds() - start;
     speculation_->Observe(plan, candidates, *result, ran->timing);
-    stats_.cost_measure_seconds = speculation_->measure_seconds();
-    stats_.cost_measured_tokens = speculation_->measured_tokens();
+    CopyCostStats();
   }
   Update(plan, *result, drafts);
   if (step_observer_) step_observer_(plan, *result, start);

@@ -147,6 +147,8 @@ class Engine {
 
   // Counts the step's decoding sequences by the drafts they were given.
   void CountSpeculation(const StepPlan& plan, absl::Span<const SpecCandidate> candidates);
+  // The adaptive speculation's measurement counters into stats_.
+  void CopyCostStats();
   // Fails the step's requests (a forward that failed: a bug or corrupt state), keeping the rest.
   void FailStep(const StepPlan& plan, const absl::Status& status);
   // Ends a request everywhere: scheduler (already finished there), proposer, speculation, outputs.

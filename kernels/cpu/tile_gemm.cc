@@ -81,14 +81,23 @@ struct Q4_1Tile {  // vector c: bytes 4c..4c+3 of the row's 16, values 4c.. (low
     IVec lo[4], hi[4];
     FVec d, m;
   };
+  struct Scales {
+    FVec d, m;
+  };
+  static Scales ScalesOf(const uint8_t* w) {
+    return {HalvesToF(w + kVecs * kVecBytes), HalvesToF(w + kVecs * kVecBytes + 2 * kTileRows)};
+  }
+  // Vector c's low and high nibbles, each in a byte.
+  static __attribute__((always_inline)) void Nibbles(const uint8_t* w, int c, IVec* lo, IVec* hi) {
+    const IVec v = LoadI(w + c * kVecBytes);
+    *lo = And(v, Bytes(0x0F));
+    *hi = And(Shr4(v), Bytes(0x0F));
+  }
   static __attribute__((always_inline)) void Unpack(const uint8_t* w, Block* k) {
-    for (int c = 0; c < 4; ++c) {
-      const IVec v = LoadI(w + c * kVecBytes);
-      k->lo[c] = And(v, Bytes(0x0F));
-      k->hi[c] = And(Shr4(v), Bytes(0x0F));
-    }
-    k->d = HalvesToF(w + kVecs * kVecBytes);
-    k->m = HalvesToF(w + kVecs * kVecBytes + 2 * kTileRows);
+    for (int c = 0; c < 4; ++c) Nibbles(w, c, &k->lo[c], &k->hi[c]);
+    const Scales s = ScalesOf(w);
+    k->d = s.d;
+    k->m = s.m;
   }
   static __attribute__((always_inline)) IVec Dot(const Block& k, const int8_t* x) {
 #if SPECULA_QUANT_WIDTH == 512 && defined(__AVX512VNNI__)
@@ -114,17 +123,12 @@ struct Q4_1Tile {  // vector c: bytes 4c..4c+3 of the row's 16, values 4c.. (low
   static constexpr bool kSignedB = false;
   static const void* AmxB(const uint8_t* w, uint8_t* buf) {
     for (int c = 0; c < 4; ++c) {
-      const IVec v = LoadI(w + c * kVecBytes);
-      StoreI(buf + c * kVecBytes, And(v, Bytes(0x0F)));
-      StoreI(buf + (4 + c) * kVecBytes, And(Shr4(v), Bytes(0x0F)));
+      IVec lo, hi;
+      Nibbles(w, c, &lo, &hi);
+      StoreI(buf + c * kVecBytes, lo);
+      StoreI(buf + (4 + c) * kVecBytes, hi);
     }
     return buf;
-  }
-  struct Scales {
-    FVec d, m;
-  };
-  static Scales ScalesOf(const uint8_t* w) {
-    return {HalvesToF(w + kVecs * kVecBytes), HalvesToF(w + kVecs * kVecBytes + 2 * kTileRows)};
   }
 };
 
@@ -135,9 +139,13 @@ struct Q8_0Tile {  // vector c: values 4c..4c+3. With VNNI they go in as w + 128
     IVec w[8], sign[8];  // the weights as the products take them; without VNNI, |w| and w's signs
     FVec d;
   };
+  struct Scales {
+    FVec d;
+  };
+  static Scales ScalesOf(const uint8_t* w) { return {HalvesToF(w + kVecs * kVecBytes)}; }
   static __attribute__((always_inline)) void Unpack(const uint8_t* w, Block* k) {
     for (int c = 0; c < 8; ++c) SignedWeights(LoadI(w + c * kVecBytes), &k->w[c], &k->sign[c]);
-    k->d = HalvesToF(w + kVecs * kVecBytes);
+    k->d = ScalesOf(w).d;
   }
   static __attribute__((always_inline)) IVec Dot(const Block& k, const int8_t* x) {
 #if SPECULA_QUANT_WIDTH == 512 && defined(__AVX512VNNI__)
@@ -157,10 +165,6 @@ struct Q8_0Tile {  // vector c: values 4c..4c+3. With VNNI they go in as w + 128
   // AMX's B for the block: its 8 vectors as they are, signed.
   static constexpr bool kSignedB = true;
   static const void* AmxB(const uint8_t* w, uint8_t*) { return w; }
-  struct Scales {
-    FVec d;
-  };
-  static Scales ScalesOf(const uint8_t* w) { return {HalvesToF(w + kVecs * kVecBytes)}; }
 };
 
 template <class K>
@@ -168,9 +172,6 @@ constexpr int TileBlockBytes() {
   return K::kBlockBytes * kTileRows;
 }
 
-// y[i, r] (i < M, r < rows, y's rows ldy apart) = tile row r . token i0 + i + bias[r] (bias may be
-// null): every block unpacked once for the M tokens, whose sums stay in registers. Per block:
-// y += (d dx) idot + m sx (Q4_1), y += (d dx) (idot - off) (Q8_0 with VNNI), y += (d dx) idot.
 // One block's integer dots idot (lane r: row r) into a token's sums, at activation entry `at`.
 // s: the block's scales d (and Q4_1's mins m).
 template <class K, class S>
@@ -195,6 +196,9 @@ void StoreTokens(const FVec (&acc)[M], const float* bias, int32_t rows, int64_t 
   }
 }
 
+// y[i, r] (i < M, r < rows, y's rows ldy apart) = tile row r . token i0 + i + bias[r] (bias may be
+// null): every block unpacked once for the M tokens, whose sums stay in registers. Per block:
+// y += (d dx) idot + m sx (Q4_1), y += (d dx) (idot - off) (Q8_0 with VNNI), y += (d dx) idot.
 template <class K, int M>
 void TileDot(const uint8_t* w, int64_t blocks, const TileActs& a, int32_t i0, const float* bias, int32_t rows,
              int64_t ldy, float* y) {
@@ -306,11 +310,7 @@ const std::array<TileFn, kMaxTokens>& DotsFor(int32_t m) {
 #if SPECULA_QUANT_WIDTH == 512
   static constexpr auto kAmxDots = AmxFns<K, amx::Hw>(std::make_integer_sequence<int, kMaxTokens>());
   static constexpr auto kEmulatedDots = AmxFns<K, amx::Emulated>(std::make_integer_sequence<int, kMaxTokens>());
-  if (m >= kAmxMinTokens) {
-    const TileEngine e = CurrentTileEngine();
-    if (e == TileEngine::kAmx) return kAmxDots;
-    if (e == TileEngine::kAmxEmulated) return kEmulatedDots;
-  }
+  if (AmxServes(m)) return CurrentTileEngine() == TileEngine::kAmx ? kAmxDots : kEmulatedDots;
 #endif
   (void)m;
   return kVectorDots;
@@ -354,6 +354,8 @@ bool SetTileEngine(TileEngine e) {
   g_engine.store(static_cast<int>(e), std::memory_order_relaxed);
   return true;
 }
+
+bool AmxServes(int32_t rows) { return rows >= kAmxMinTokens && CurrentTileEngine() != TileEngine::kVector; }
 
 TileEngine CurrentTileEngine() {
   int e = g_engine.load(std::memory_order_relaxed);

@@ -55,5 +55,7 @@ bool TileEngineAvailable(TileEngine e);
 // Process-wide, for tests and benchmarks. False, and nothing changed, where e is not available.
 bool SetTileEngine(TileEngine e);
 TileEngine CurrentTileEngine();
+// Whether a product of `rows` activation rows runs on AMX's tiles (real or emulated) now.
+bool AmxServes(int32_t rows);
 
 }  // namespace specula::cpu
