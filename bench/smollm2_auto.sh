@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-40}"
-if (( rounds % 2 )); then echo "ROUNDS must be even (blocks of two rounds)" >&2; exit 2; fi
+if (( rounds < 2 || rounds % 2 )); then echo "ROUNDS must be even and at least 2 (blocks of two rounds), got $rounds" >&2; exit 2; fi
 shift || true
 batches=("$@")
 if [ ${#batches[@]} -eq 0 ]; then batches=(8 32); fi
