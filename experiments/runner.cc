@@ -29,6 +29,8 @@ EngineOptions PointOptions(const Experiment& s, const Point& p) {
   EngineOptions o;
   o.target.model = s.model().path();
   o.target.tokenizer = s.model().tokenizer();
+  if (!s.model().device().empty()) o.target.device = s.model().device();
+  o.target.dtype = s.model().dtype();
   o.target.kv_cache_dtype = p.kv_cache_dtype;
   o.target.quantization = p.quantization;
   o.defaults.max_tokens = s.workload().max_tokens();

@@ -192,6 +192,17 @@ absl::Status ValidateInputs(const Locator& at, const Experiment& s, const std::s
       return bad({f.message, f.field}, absl::StrCat(f.message, ".", f.field, ": ", Resolve(spec_path, f.value), " does not exist"));
     }
   }
+  const std::string& device = s.model().device();
+  if (!device.empty() && device != "cpu" && device != "cuda") {
+    return bad({"model", "device"}, absl::StrCat("model.device: '", device, "' is not cpu or cuda"));
+  }
+  const std::string& dtype = s.model().dtype();
+  if (!dtype.empty() && dtype != "f32" && dtype != "bf16" && dtype != "f16") {
+    return bad({"model", "dtype"}, absl::StrCat("model.dtype: '", dtype, "' is not f32, bf16 or f16"));
+  }
+  if (!s.endpoint().empty() && (!device.empty() || !dtype.empty())) {
+    return bad({"model", "device"}, "model.device and model.dtype are for local points: an endpoint's server chose its own");
+  }
   // Workload.
   const v1::Workload& w = s.workload();
   if (w.source_case() == v1::Workload::SOURCE_NOT_SET) {

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -136,7 +137,8 @@ absl::Status WriteRandomModel(const ModelConfig& config, const std::string& dir,
   if (c.vocab_size < 3) return absl::InvalidArgumentError("make-model: vocab must be at least 3");
   c.bos_token_id = c.vocab_size - 2;
   c.eos_token_ids = {c.vocab_size - 1};
-  ::mkdir(dir.c_str(), 0755);
+  std::error_code ec;  // parents too, as `mkdir -p`: a failure shows in the check below
+  std::filesystem::create_directories(dir, ec);
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot create the output directory"));

@@ -10,7 +10,8 @@
 # $SPECULA_BENCH_FILTER and $SPECULA_BENCH_ARGS passed on), variants
 # (decode steps under the SPECULA_CUDA_* knobs, cuBLAS-only included), hf
 # (bench/hf_generate_bench.py), some (ctest -R $SPECULA_CTEST_REGEX), ncu (per-kernel times of decode steps at batch 1), suite (ctest
-# without the gpu label). SPECULA_CHECK_DEADLINE (seconds, default 570) stops starting stages
+# without the gpu label), fidelity (bench/sim_fidelity.sh gpu-1b: the simulator against ONLINE runs on
+# this GPU, $SPECULA_FIDELITY_REQUESTS requests a run, 2 repeats; packed as $out/fidelity.tar.gz). SPECULA_CHECK_DEADLINE (seconds, default 570) stops starting stages
 # that would run past it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -74,6 +75,10 @@ for s in "$@"; do
     suite) OMP_NUM_THREADS=2 stage suite 400 ctest --test-dir "$build" -LE gpu -j 8 --output-on-failure --timeout 300 ;;
     # Part of the suite: the tests whose names match $SPECULA_CTEST_REGEX.
     some) OMP_NUM_THREADS=2 stage some 200 ctest --test-dir "$build" -R "${SPECULA_CTEST_REGEX:-.}" -LE gpu -j 8 --output-on-failure ;;
+    fidelity) rm -rf "$TMPDIR/fidelity"
+      SPECULA_BIN=$here/$build/specula SPECULA_FIDELITY_AFTER=0 stage fidelity 480 \
+        bash bench/sim_fidelity.sh "$TMPDIR/fidelity" gpu-1b "${SPECULA_FIDELITY_REQUESTS:-240}" 2
+      tar -czf "$out/fidelity.tar.gz" -C "$TMPDIR" fidelity ;;
     *) echo "gpu_check: unknown stage '$s'" >&2; exit 2 ;;
   esac
 done

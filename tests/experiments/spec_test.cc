@@ -194,6 +194,21 @@ TEST_F(SpecTest, ADraftMethodWithoutADraftModelNamesTheField) {
   ExpectError(no_draft, 4, 26, "sweep.spec_method[1]: \"draft\" needs draft { path: ... }");
 }
 
+// model.device and model.dtype run local points on a GPU; a value the engine lacks is named, and an
+// endpoint's server keeps its own.
+TEST_F(SpecTest, TheModelsDeviceAndDtypeAreCheckedByName) {
+  const std::string model = "model { path: \"" + kModels + "/stories260K.bin\" ";
+  const std::string rest = "workload { prompts_file: \"prompts.jsonl\" }\n";
+  auto cuda = Parse(model + "device: \"cuda\" dtype: \"bf16\" }\n" + rest);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  EXPECT_EQ(cuda->spec.model().device(), "cuda");
+  const int col = static_cast<int>(model.size()) + 1;
+  ExpectError(model + "device: \"tpu\" }\n" + rest, 1, col, "model.device: 'tpu' is not cpu or cuda");
+  ExpectError(model + "dtype: \"fp8\" }\n" + rest, 1, col, "model.dtype: 'fp8' is not f32, bf16 or f16");
+  ExpectError(model + "device: \"cuda\" }\n" + rest + "mode: ONLINE\nendpoint: \"grpc://h:1\"\nsweep { request_rate: [4] }\n", 1,
+              col, "model.device and model.dtype are for local points");
+}
+
 TEST_F(SpecTest, FilesMustExistAndPromptsMustParse) {
   ExpectError("model { path: \"nope.bin\" }\n", 1, 9, "model.path: " + dir_ + "/nope.bin does not exist");
   ExpectError("workload { num_requests: 4 }\n", 1, 1, "model.path is required");

@@ -71,6 +71,18 @@ TEST(MakeModelTest, NamedShapesAreRealAndWeightsAreNotDegenerate) {
 namespace specula {
 namespace {
 
+// The output directory is made with its parents, as `mkdir -p`; a path through a file is refused by name.
+TEST(MakeModelTest, CreatesParentDirectoriesAndNamesAPathItCannotMake) {
+  const std::string root = testing::MakeTempDir();
+  ModelConfig c = *NamedShape("tiny");
+  ASSERT_TRUE(WriteRandomModel(c, root + "/a/b", DType::kF32, 1).ok());
+  EXPECT_TRUE(SafetensorsFile::Open(root + "/a/b/model.safetensors").ok());
+  std::ofstream(root + "/file") << "x";
+  const absl::Status st = WriteRandomModel(c, root + "/file/m", DType::kF32, 1);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find(root + "/file/m: cannot create the output directory"), std::string::npos) << st;
+}
+
 // A model split into two shards with model.safetensors.index.json loads to the same weights.
 TEST(ShardedTest, IndexedShardsLoadLikeOneFile) {
   const std::string one = testing::MakeTempDir(), sharded = testing::MakeTempDir();
