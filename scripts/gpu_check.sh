@@ -11,7 +11,8 @@
 # (decode steps under the SPECULA_CUDA_* knobs, cuBLAS-only included), hf
 # (bench/hf_generate_bench.py), some (ctest -R $SPECULA_CTEST_REGEX), ncu (per-kernel times of decode steps at batch 1), suite (ctest
 # without the gpu label), fidelity (bench/sim_fidelity.sh gpu-1b: the simulator against ONLINE runs on
-# this GPU, $SPECULA_FIDELITY_REQUESTS requests a run, 2 repeats; packed as $out/fidelity.tar.gz). SPECULA_CHECK_DEADLINE (seconds, default 570) stops starting stages
+# this GPU, $SPECULA_FIDELITY_REQUESTS requests a run, 2 repeats; packed as $out/fidelity.tar.gz),
+# calibrate (`specula experiment calibrate` of the llama-3.2-1b shape on this GPU). SPECULA_CHECK_DEADLINE (seconds, default 570) stops starting stages
 # that would run past it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -75,6 +76,9 @@ for s in "$@"; do
     suite) OMP_NUM_THREADS=2 stage suite 400 ctest --test-dir "$build" -LE gpu -j 8 --output-on-failure --timeout 300 ;;
     # Part of the suite: the tests whose names match $SPECULA_CTEST_REGEX.
     some) OMP_NUM_THREADS=2 stage some 200 ctest --test-dir "$build" -R "${SPECULA_CTEST_REGEX:-.}" -LE gpu -j 8 --output-on-failure ;;
+    # A step-cost calibration of the llama-3.2-1b shape (bf16, random weights) on this GPU: $out/gpu-1b-cost.json.
+    calibrate) [[ -f $model/config.json ]] || "$build/specula" make-model --shape llama-3.2-1b --dtype bf16 --out "$model" > /dev/null
+      stage calibrate 200 "$build/specula" experiment calibrate --model "$model" --device cuda --out "$out/gpu-1b-cost.json" --no-progress ;;
     fidelity) rm -rf "$TMPDIR/fidelity"
       SPECULA_BIN=$here/$build/specula SPECULA_FIDELITY_AFTER=0 stage fidelity 480 \
         bash bench/sim_fidelity.sh "$TMPDIR/fidelity" gpu-1b "${SPECULA_FIDELITY_REQUESTS:-240}" 2

@@ -49,9 +49,11 @@ absl::StatusOr<StepCostFile> LoadStepCostFile(const std::string& path,
 // A ForwardShape as JSON fields and back (the file's "shape").
 std::string ShapeJson(const ForwardShape& s);
 
-// The H100 and H200 decode steps measured by the GPU benchmarks (docs/gpu.md: llama-3.2-1b shape,
-// bf16, context 512), with longer steps (prefill, verification) from the roofline of the device
-// scaled to meet the measured points. Errors: no measured table for that device and shape.
+// Measured GPU steps of the llama-3.2-1b shape in bf16 (docs/gpu.md). H200: whole served engine
+// steps (decodes, verifications, a prompt's prefill) from calibrations on the device, with prefills
+// past 1,024 tokens from its roofline scaled to the measured one. H100: decode steps of the GPU
+// benchmark (kernels alone, context 512), with longer steps from its roofline scaled to them.
+// Errors: no measured table for that device and shape.
 absl::StatusOr<StepTimeModel> MeasuredDeviceModel(const std::string& device, const std::string& shape);
 
 }  // namespace specula

@@ -93,6 +93,25 @@ TEST(StepTimeModel, RooflineIsBandwidthBoundAtOneTokenAndComputeBoundAtMany) {
   EXPECT_NE(NamedForwardShape("gpt-5").status().message().find("known: "), std::string::npos);
 }
 
+// The measured GPU tables: the H200's fit passes near its served steps (a decode, a verification
+// and a prefill, sim/cost_file.cc's table) and grows past them; a shape without a table is refused.
+TEST(StepTimeModel, MeasuredGpuTablesFollowTheirPoints) {
+  auto h200 = MeasuredDeviceModel("h200", "llama-3.2-1b");
+  ASSERT_TRUE(h200.ok()) << h200.status();
+  EXPECT_EQ(h200->origin(), CostOrigin::kMeasured);
+  EXPECT_NE(h200->description().find("h200 served steps"), std::string::npos);
+  for (auto [w, ms] : {std::pair<StepWork, double>{{1, 1, 1, 290}, 1.38}, {{16, 16, 16, 16889}, 4.74},
+                       {{32, 160, 160, 76470}, 10.86}, {{1, 256, 1, 32896}, 5.82}}) {
+    EXPECT_NEAR(h200->Seconds(w) * 1e3, ms, 0.15 * ms) << w.seqs << " x " << w.tokens;
+  }
+  EXPECT_GT(h200->Seconds({8, 8192, 8, 8 * 524800.0}), 4 * h200->Seconds({1, 1024, 1, 524800}));
+  auto h100 = MeasuredDeviceModel("h100", "llama-3.2-1b");
+  ASSERT_TRUE(h100.ok()) << h100.status();
+  EXPECT_NEAR(h100->Seconds({1, 1, 1, 513}) * 1e3, 1.72, 0.15 * 1.72);
+  EXPECT_TRUE(absl::IsNotFound(MeasuredDeviceModel("h200", "llama-3.1-8b").status()));
+  EXPECT_TRUE(absl::IsNotFound(MeasuredDeviceModel("a100", "llama-3.2-1b").status()));
+}
+
 TEST(Acceptance, FixedAlphaGivesTheGeometricMean) {
   auto a = PositionalAcceptance::Create({0.7});
   ASSERT_TRUE(a.ok());
