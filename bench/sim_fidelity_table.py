@@ -4,7 +4,8 @@
 Each cell is the prediction's error against the mean of the repeats, and a cell passes when it is
 within the bound (P50 5%, P99 10%, throughput 3%, goodput and refusals 10%), or within the spread
 of the repeats where that is wider (the prediction lies inside [min, max] of what ran). Also the knee:
-per configuration, the first rate whose P99 TTFT passes the SLO, measured and predicted.
+per configuration, the first rate whose P99 TTFT passes the SLO, measured and predicted; and, by kind
+of step, the model's total over the runs' own recorded steps against their measured total.
 
     python3 bench/sim_fidelity_table.py SLO_MS FILE.json [FILE.json ...]
 """
@@ -50,6 +51,17 @@ def knee(points, slo, which):
     return out
 
 
+def step_errors(points):
+    """The model over the runs' own steps ("step_times"), summed over every point, by kind of step."""
+    total = {}
+    for p in points:
+        for kind, k in (p.get("step_times") or {}).items():
+            t = total.setdefault(kind, [0.0, 0.0])
+            t[0] += k["measured_s"]
+            t[1] += k["predicted_s"]
+    return ", ".join(f"{kind} {100 * (p - m) / m:+.0f}%" for kind, (m, p) in total.items() if m > 0)
+
+
 def main():
     slo = float(sys.argv[1])
     points = []
@@ -71,6 +83,9 @@ def main():
         m, s = measured[key], predicted.get(key, 0)
         step = abs(rates.index(m) - rates.index(s)) if m in rates and s in rates else "?"
         print(f"knee ({key[0]}, {key[1]:g}x burst): measured {m} req/s, predicted {s} req/s ({step} step(s) apart)")
+    errors = step_errors(points)
+    if errors:
+        print(f"the model over the runs' own steps: {errors}")
 
 
 if __name__ == "__main__":
