@@ -38,7 +38,6 @@ case $which in
     slo=200 burst="burst_start_s: 0.3 burst_duration_s: 0.3" ;;  # runs of a second or two: an early window
   gpu-1b)
     dir=${SPECULA_GPU_MODEL:-${TMPDIR:-/tmp}/specula_bench/llama-3.2-1b-bf16}
-    mkdir -p "$(dirname "$dir")"
     [ -f "$dir/config.json" ] || "$bin" make-model --shape llama-3.2-1b --dtype bf16 --out "$dir" > /dev/null
     model="model { path: \"$dir\" device: \"cuda\" }"
     draft=""

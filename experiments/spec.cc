@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/dtype.h"
 #include "core/mapped_file.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
@@ -197,7 +198,7 @@ absl::Status ValidateInputs(const Locator& at, const Experiment& s, const std::s
     return bad({"model", "device"}, absl::StrCat("model.device: '", device, "' is not cpu or cuda"));
   }
   const std::string& dtype = s.model().dtype();
-  if (!dtype.empty() && dtype != "f32" && dtype != "bf16" && dtype != "f16") {
+  if (!dtype.empty() && !ParseDType(dtype).ok()) {
     return bad({"model", "dtype"}, absl::StrCat("model.dtype: '", dtype, "' is not f32, bf16 or f16"));
   }
   if (!s.endpoint().empty() && (!device.empty() || !dtype.empty())) {

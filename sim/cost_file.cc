@@ -19,10 +19,10 @@ constexpr char kFormat[] = "specula.step_cost.v1";
 
 const std::vector<std::pair<const char*, double ForwardShape::*>>& ShapeFields() {
   static const std::vector<std::pair<const char*, double ForwardShape::*>> f = {
-      {"dim", &ForwardShape::dim},           {"q_dim", &ForwardShape::q_dim},
-      {"kv_dim", &ForwardShape::kv_dim},     {"hidden_dim", &ForwardShape::hidden_dim},
-      {"head_dim", &ForwardShape::head_dim}, {"num_heads", &ForwardShape::num_heads},
-      {"num_layers", &ForwardShape::num_layers}, {"vocab_size", &ForwardShape::vocab_size}};
+    {"dim", &ForwardShape::dim},           {"q_dim", &ForwardShape::q_dim},
+    {"kv_dim", &ForwardShape::kv_dim},     {"hidden_dim", &ForwardShape::hidden_dim},
+    {"head_dim", &ForwardShape::head_dim}, {"num_heads", &ForwardShape::num_heads},
+    {"num_layers", &ForwardShape::num_layers}, {"vocab_size", &ForwardShape::vocab_size}};
   return f;
 }
 
@@ -189,33 +189,33 @@ namespace {
 // times in each: decodes and verifications of 1 to 32 sequences at contexts 32, 256 and 1024, and
 // one prompt's prefill. {seqs, tokens, rows, positions, milliseconds}.
 constexpr double kH200Steps[][5] = {
-      {1, 1, 1, 66, 1.33}, {1, 1, 1, 290, 1.38}, {1, 1, 1, 1058, 1.50}, {2, 2, 2, 132, 1.52},
-      {2, 2, 2, 580, 1.56}, {2, 2, 2, 2116, 1.79}, {4, 4, 4, 263, 1.69}, {4, 4, 4, 1159, 1.80},
-      {4, 4, 4, 4233, 2.22}, {8, 8, 8, 525, 1.61}, {8, 8, 8, 2317, 1.81}, {8, 8, 8, 8473, 2.62},
-      {16, 16, 16, 1049, 1.83}, {16, 16, 16, 4641, 2.49}, {16, 16, 16, 16889, 4.74}, {32, 32, 32, 2097, 2.26},
-      {32, 32, 32, 9313, 3.22}, {1, 2, 2, 219, 1.51}, {1, 2, 2, 667, 1.56}, {1, 2, 2, 2311, 1.80},
-      {1, 3, 3, 1200, 1.66}, {1, 3, 3, 3819, 2.03}, {1, 5, 5, 2560, 1.83}, {1, 5, 5, 4385, 2.06},
-      {2, 4, 4, 440, 1.72}, {2, 4, 4, 1330, 1.81}, {2, 4, 4, 4608, 2.25}, {2, 6, 6, 2448, 1.84},
-      {2, 6, 6, 7548, 2.48}, {2, 10, 10, 5140, 2.14}, {2, 10, 10, 8805, 2.53}, {4, 8, 8, 876, 1.63},
-      {4, 8, 8, 2670, 1.86}, {4, 8, 8, 9186, 2.64}, {4, 12, 12, 4812, 2.13}, {4, 12, 12, 15081, 3.49},
-      {4, 20, 20, 10260, 2.77}, {4, 20, 20, 17005, 3.59}, {8, 16, 16, 1754, 1.88}, {8, 16, 16, 5322, 2.51},
-      {8, 16, 16, 18268, 4.85}, {8, 24, 24, 9750, 3.32}, {8, 24, 24, 29462, 6.82}, {8, 40, 40, 20495, 4.00},
-      {8, 40, 40, 30605, 5.28}, {16, 32, 32, 3528, 2.18}, {16, 32, 32, 10692, 3.17}, {16, 32, 32, 35738, 6.68},
-      {16, 48, 48, 18123, 4.86}, {16, 48, 48, 56478, 11.67}, {16, 80, 80, 41412, 6.55}, {16, 80, 80, 56260, 8.30},
-      {32, 64, 64, 6993, 2.98}, {32, 64, 64, 14108, 3.91}, {32, 96, 96, 32904, 6.20}, {32, 160, 160, 76470, 10.86},
-      {1, 32, 1, 528, 2.08}, {1, 256, 1, 32896, 5.82}, {1, 1024, 1, 524800, 56.21}};
+    {1, 1, 1, 66, 1.33}, {1, 1, 1, 290, 1.38}, {1, 1, 1, 1058, 1.50}, {2, 2, 2, 132, 1.52},
+    {2, 2, 2, 580, 1.56}, {2, 2, 2, 2116, 1.79}, {4, 4, 4, 263, 1.69}, {4, 4, 4, 1159, 1.80},
+    {4, 4, 4, 4233, 2.22}, {8, 8, 8, 525, 1.61}, {8, 8, 8, 2317, 1.81}, {8, 8, 8, 8473, 2.62},
+    {16, 16, 16, 1049, 1.83}, {16, 16, 16, 4641, 2.49}, {16, 16, 16, 16889, 4.74}, {32, 32, 32, 2097, 2.26},
+    {32, 32, 32, 9313, 3.22}, {1, 2, 2, 219, 1.51}, {1, 2, 2, 667, 1.56}, {1, 2, 2, 2311, 1.80},
+    {1, 3, 3, 1200, 1.66}, {1, 3, 3, 3819, 2.03}, {1, 5, 5, 2560, 1.83}, {1, 5, 5, 4385, 2.06},
+    {2, 4, 4, 440, 1.72}, {2, 4, 4, 1330, 1.81}, {2, 4, 4, 4608, 2.25}, {2, 6, 6, 2448, 1.84},
+    {2, 6, 6, 7548, 2.48}, {2, 10, 10, 5140, 2.14}, {2, 10, 10, 8805, 2.53}, {4, 8, 8, 876, 1.63},
+    {4, 8, 8, 2670, 1.86}, {4, 8, 8, 9186, 2.64}, {4, 12, 12, 4812, 2.13}, {4, 12, 12, 15081, 3.49},
+    {4, 20, 20, 10260, 2.77}, {4, 20, 20, 17005, 3.59}, {8, 16, 16, 1754, 1.88}, {8, 16, 16, 5322, 2.51},
+    {8, 16, 16, 18268, 4.85}, {8, 24, 24, 9750, 3.32}, {8, 24, 24, 29462, 6.82}, {8, 40, 40, 20495, 4.00},
+    {8, 40, 40, 30605, 5.28}, {16, 32, 32, 3528, 2.18}, {16, 32, 32, 10692, 3.17}, {16, 32, 32, 35738, 6.68},
+    {16, 48, 48, 18123, 4.86}, {16, 48, 48, 56478, 11.67}, {16, 80, 80, 41412, 6.55}, {16, 80, 80, 56260, 8.30},
+    {32, 64, 64, 6993, 2.98}, {32, 64, 64, 14108, 3.91}, {32, 96, 96, 32904, 6.20}, {32, 160, 160, 76470, 10.86},
+    {1, 32, 1, 528, 2.08}, {1, 256, 1, 32896, 5.82}, {1, 1024, 1, 524800, 56.21}};
 
 // The H100's decode steps, kernels alone (BM_GpuDecodeStep with CUDA graphs, context 512,
 // 2026-11-23; docs/gpu.md): {seqs, seconds}. Served steps on the H200 ran 1.0-1.5x its own such
 // table (docs/simulator.md).
 constexpr double kH100Decode[][2] = {{1, 1.72e-3}, {8, 2.56e-3}, {32, 5.26e-3}, {64, 9.20e-3}};
 
-// Steps of `tokens` prompt tokens in sequences of 1,024 (2,048 to 16,384 tokens, past the tables),
-// priced by the roofline times `ratio`.
-void RooflinePrefills(const StepTimeModel& roof, double ratio, double context, std::vector<StepSample>* out) {
+// Prefills of whole 1,024-token prompts, 2,048 to 16,384 tokens a step (past the table), priced by
+// the roofline times `ratio`.
+void RooflinePrefills(const StepTimeModel& roof, double ratio, std::vector<StepSample>* out) {
   for (double tokens = 2048; tokens <= 16384; tokens *= 2) {
     const double seqs = tokens / 1024;
-    const StepWork w{seqs, tokens, seqs, seqs * AttendedPositions(context, 1024)};
+    const StepWork w{seqs, tokens, seqs, seqs * AttendedPositions(0, 1024)};
     out->push_back({w, ratio * roof.Seconds(w)});
   }
 }
@@ -232,22 +232,19 @@ absl::StatusOr<StepTimeModel> MeasuredDeviceModel(const std::string& device, con
   if (!d.ok() || !s.ok()) return !d.ok() ? d.status() : s.status();
   const StepTimeModel roof = RooflineModel(*s, 2, 2, *d);
   std::vector<StepSample> samples;
-  double ratio = 1;  // measured over roofline at the last table point: the longer steps are scaled by it
+  if (device == "h200") {
+    for (const auto& r : kH200Steps) samples.push_back({{r[0], r[1], r[2], r[3]}, r[4] * 1e-3});
+  } else {
+    for (const auto& [seqs, seconds] : kH100Decode) samples.push_back({{seqs, seqs, seqs, seqs * 513}, seconds});
+  }
+  // Measured over roofline at the table's last point (the H200's: a prefill of 1,024 tokens; the
+  // H100's: its largest decode): the longer steps are the roofline scaled by it.
+  const double ratio = samples.back().seconds / roof.Seconds(samples.back().work);
   std::string what;
   if (device == "h200") {
-    for (const auto& r : kH200Steps) {
-      const StepWork w{r[0], r[1], r[2], r[3]};
-      samples.push_back({w, r[4] * 1e-3});
-      ratio = samples.back().seconds / roof.Seconds(w);  // the last: a prefill of 1,024 tokens
-    }
-    RooflinePrefills(roof, ratio, 0, &samples);
+    RooflinePrefills(roof, ratio, &samples);
     what = "measured h200 served steps (docs/gpu.md, llama-3.2-1b, bf16); prefills past 1024 tokens from its roofline scaled to them";
   } else {
-    for (const auto& [seqs, seconds] : kH100Decode) {
-      const StepWork w{seqs, seqs, seqs, seqs * 513};
-      samples.push_back({w, seconds});
-      ratio = seconds / roof.Seconds(w);
-    }
     for (double tokens = 256; tokens <= 16384; tokens *= 2) {
       for (double context : {0.0, 2048.0}) {
         const double seqs = std::min(tokens / 128, 64.0), per_seq = tokens / seqs;
