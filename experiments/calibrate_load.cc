@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <random>
 #include <thread>
 
@@ -35,8 +36,13 @@ absl::Status ProfileLoad(LoadedEngine& e, SchedulerConfig sc, const LoadProfile&
   // A request takes about its mean output times a decode step, and its prompt's prefill, of the
   // loop's time: the rate that keeps `concurrency` of them in flight.
   const int32_t max_prompt = std::max(kMinLen, std::min(p.max_prompt_len, sc.max_model_len - kMaxOutput - 1));
+  // Prompt lengths are log-uniform in [kMinLen, max_prompt]: served prompts are mostly short, and a
+  // fit needs batches of many short sequences as much as long ones to tell attention's positions from
+  // the per-sequence work.
+  const double span = static_cast<double>(max_prompt) / kMinLen;
+  const double mean_prompt = max_prompt > kMinLen ? (max_prompt - kMinLen) / std::log(span) : kMinLen;
   const double per_request = (kMinLen + kMaxOutput) / 2.0 * std::max(p.decode_step_s, 1e-6) +
-                             p.concurrency * (kMinLen + max_prompt) / 2.0 * p.prefill_token_s;
+                             p.concurrency * mean_prompt * p.prefill_token_s;
   ArrivalOptions a;
   a.request_rate = p.concurrency / per_request;
   a.num_requests = std::max(p.requests, std::min(2000, static_cast<int32_t>(a.request_rate * p.min_seconds)));
@@ -45,7 +51,8 @@ absl::Status ProfileLoad(LoadedEngine& e, SchedulerConfig sc, const LoadProfile&
   const int32_t vocab = e.model->config().vocab_size;
   std::vector<LoadRequest> requests(a.num_requests);
   for (LoadRequest& r : requests) {
-    const int32_t len = std::uniform_int_distribution<int32_t>(kMinLen, max_prompt)(rng);
+    const double u = std::uniform_real_distribution<double>(0, 1)(rng);
+    const int32_t len = std::min(max_prompt, static_cast<int32_t>(kMinLen * std::pow(span, u)));
     for (int32_t t = 0; t < len; ++t) r.prompt_token_ids.push_back(3 + static_cast<int32_t>(rng() % (vocab - 3)));
     r.max_tokens = std::uniform_int_distribution<int32_t>(kMinLen, kMaxOutput)(rng);
     r.ignore_eos = true;

@@ -19,7 +19,7 @@ struct LoadProfile {
   int32_t concurrency = 4;        // requests in flight, on average
   int32_t requests = 48;          // sent at this level at least,
   double min_seconds = 3.0;       // and as many more as its rate sends in this long (at most 2,000)
-  int32_t max_prompt_len = 512;   // prompts uniform in [16, this]; outputs uniform in [16, 96]
+  int32_t max_prompt_len = 512;   // prompts log-uniform in [16, this]; outputs uniform in [16, 96]
   double decode_step_s = 0.01;    // a decode step at this concurrency (the grid's) and
   double prefill_token_s = 0;     // a prompt token's prefill: they set the rate
   uint32_t seed = 1;
