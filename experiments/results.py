@@ -34,8 +34,11 @@ and DIR/results.jsonl, one JSON object per line, one per (point, repeat):
      "request_goodput": 14.4,     // those requests per second of duration_s
      "trace": "traces/<key>-r0.jsonl",  // with the spec's record_trace only: one line per request
      "spec": {"drafts": 100, "draft_tokens": 400, "accepted_tokens": 250, "mean_acceptance_length": 3.5,
-              "acceptance_per_position": [0.9, 0.7, 0.5, 0.4]},  // accepted at position i / drafts;
-                                                                  // [] without speculation; spec may be null
+              "acceptance_per_position": [0.9, 0.7, 0.5, 0.4],  // accepted at position i / drafts;
+                                                                 // [] without speculation; spec may be null
+              "accepted_per_position": [90, 70, 50, 40],  // verifications that accepted draft i
+              "reached_per_position": [100, 80, 60, 45]},  // ... that verified draft i, all before it
+                                                           // accepted (absent in older results)
      "k_histogram": [10, 0, 5, 20, 100] or null,  // auto only: decoding sequence-steps by k chosen (index = k)
      "drafts_cannot_pay": false or null,  // auto only: true when no acceptance would make the draft's
                                           // drafts pay, so that auto ran without them

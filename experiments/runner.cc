@@ -103,6 +103,9 @@ EngineStats Since(const EngineStats& before, EngineStats s) {
   for (size_t i = 0; i < before.spec.accepted_per_position.size() && i < s.spec.accepted_per_position.size(); ++i) {
     s.spec.accepted_per_position[i] -= before.spec.accepted_per_position[i];
   }
+  for (size_t i = 0; i < before.spec.reached_per_position.size() && i < s.spec.reached_per_position.size(); ++i) {
+    s.spec.reached_per_position[i] -= before.spec.reached_per_position[i];
+  }
   for (size_t i = 0; i < before.spec_k_histogram.size() && i < s.spec_k_histogram.size(); ++i) {
     s.spec_k_histogram[i] -= before.spec_k_histogram[i];
   }
@@ -153,7 +156,8 @@ nlohmann::json Measurements(const BenchSummary& b, int32_t num_requests, const E
     std::vector<double> per_position;
     for (int64_t a : s.accepted_per_position) per_position.push_back(s.drafts ? static_cast<double>(a) / s.drafts : 0.0);
     j["spec"] = {{"drafts", s.drafts}, {"draft_tokens", s.draft_tokens}, {"accepted_tokens", s.accepted_tokens},
-                 {"mean_acceptance_length", s.mean_acceptance_length()}, {"acceptance_per_position", per_position}};
+                 {"mean_acceptance_length", s.mean_acceptance_length()}, {"acceptance_per_position", per_position},
+                 {"accepted_per_position", s.accepted_per_position}, {"reached_per_position", s.reached_per_position}};
     if (adaptive) {
       j["k_histogram"] = stats->spec_k_histogram;
       // Why an auto run may draft on no step: its startup measurement found that no acceptance

@@ -89,6 +89,28 @@ json Measured(const std::vector<json>& runs) {
   return m;
 }
 
+// Each draft's acceptance given the drafts before it were accepted, over the repeats: accepted over
+// reached, per position, up to the last with at least kMinReached verifications (the model repeats
+// the last). Empty where the runs did not record reached_per_position.
+std::vector<double> MeasuredConditionalAcceptance(const std::vector<json>& runs) {
+  constexpr double kMinReached = 10;
+  std::vector<double> accepted, reached;  // [positions], summed over the runs
+  for (const json& r : runs) {
+    const json* s = r.contains("spec") && r["spec"].is_object() ? &r["spec"] : nullptr;
+    if (s == nullptr || !s->contains("reached_per_position") || !s->contains("accepted_per_position")) return {};
+    const json &a = (*s)["accepted_per_position"], &n = (*s)["reached_per_position"];
+    accepted.resize(std::max(accepted.size(), a.size()), 0.0);
+    reached.resize(std::max(reached.size(), n.size()), 0.0);
+    for (size_t i = 0; i < a.size(); ++i) accepted[i] += a[i].get<double>();
+    for (size_t i = 0; i < n.size(); ++i) reached[i] += n[i].get<double>();
+  }
+  std::vector<double> conditional;
+  for (size_t i = 0; i < reached.size() && i < accepted.size() && reached[i] >= kMinReached; ++i) {
+    conditional.push_back(std::min(1.0, accepted[i] / reached[i]));
+  }
+  return conditional;
+}
+
 // The acceptance per position averaged over the repeats (the point's own measurement).
 std::vector<double> MeasuredAcceptance(const std::vector<json>& runs) {
   std::vector<double> sum;
@@ -145,7 +167,9 @@ absl::Status Configure(const json& run, const std::vector<json>& runs, const std
   r.scheduler.num_spec_tokens = !r.speculate ? 0 : r.adaptive ? (max_k > 0 ? max_k : 8) : k;
   if (method != "draft") r.draft_shape.reset();
   if (r.speculate && !acceptance_given) {
-    auto a = PositionalAcceptance::FromPerPosition(MeasuredAcceptance(runs));
+    const std::vector<double> conditional = MeasuredConditionalAcceptance(runs);
+    auto a = conditional.empty() ? PositionalAcceptance::FromPerPosition(MeasuredAcceptance(runs))
+                                 : PositionalAcceptance::Create(conditional);
     if (!a.ok()) return a.status();
     if (method != "draft") a->set_proposal_rate(ProposalRate(runs));
     s->acceptance = std::make_unique<PositionalAcceptance>(*std::move(a));

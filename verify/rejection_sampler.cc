@@ -59,7 +59,9 @@ void SpecStats::Record(int32_t num_drafts, int32_t num_accepted) {
   draft_tokens += num_drafts;
   accepted_tokens += num_accepted;
   if (static_cast<int32_t>(accepted_per_position.size()) < num_drafts) accepted_per_position.resize(num_drafts, 0);
+  if (static_cast<int32_t>(reached_per_position.size()) < num_drafts) reached_per_position.resize(num_drafts, 0);
   for (int32_t i = 0; i < num_accepted; ++i) ++accepted_per_position[i];
+  for (int32_t i = 0; i <= std::min(num_accepted, num_drafts - 1); ++i) ++reached_per_position[i];
 }
 
 void SpecStats::Merge(const SpecStats& o) {
@@ -70,6 +72,10 @@ void SpecStats::Merge(const SpecStats& o) {
     accepted_per_position.resize(o.accepted_per_position.size(), 0);
   }
   for (size_t i = 0; i < o.accepted_per_position.size(); ++i) accepted_per_position[i] += o.accepted_per_position[i];
+  if (reached_per_position.size() < o.reached_per_position.size()) {
+    reached_per_position.resize(o.reached_per_position.size(), 0);
+  }
+  for (size_t i = 0; i < o.reached_per_position.size(); ++i) reached_per_position[i] += o.reached_per_position[i];
 }
 
 }  // namespace specula

@@ -48,6 +48,11 @@ struct SpecStats {
   int64_t draft_tokens = 0;
   int64_t accepted_tokens = 0;
   std::vector<int64_t> accepted_per_position;  // [k_max]
+  // [k_max]: verifications that verified draft i with every draft before it accepted. With k that
+  // varies by step, accepted_per_position[i] / reached_per_position[i] is draft i's acceptance given
+  // the drafts before it were accepted; accepted_per_position[i] / drafts is not (a verification of
+  // fewer drafts never reaches i).
+  std::vector<int64_t> reached_per_position;
 
   void Record(int32_t num_drafts, int32_t num_accepted);
   void Merge(const SpecStats& o);

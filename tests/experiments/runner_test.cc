@@ -159,5 +159,33 @@ TEST_F(RunnerTest, AnOfflineRunRefusesATrace) {
   EXPECT_NE(m.status().message().find("record_trace needs mode: ONLINE"), std::string::npos) << m.status();
 }
 
+// The acceptance by position that the simulator replays: reached_per_position[i] counts the
+// verifications of draft i after all before it were accepted, so that accepted / reached is draft
+// i's conditional acceptance even where k varies by step.
+TEST_F(RunnerTest, SpeculativeRunsCountTheDraftsEachPositionReached) {
+  std::ofstream(dir_ + "/long.jsonl") << "{\"prompt\": \"Once upon a time\"}\n{\"prompt\": \"The cat sat on the\"}\n";
+  auto spec = ParseSpec(dir_ + "/spec.textproto",
+                        "model { path: \"" + kModels + "/stories260K.bin\" tokenizer: \"" + kModels + "/tok512.bin\" }\n"
+                        "workload { prompts_file: \"long.jsonl\" num_requests: 6 max_tokens: 96 seed: 5 ignore_eos: true }\n"
+                        "mode: OFFLINE\nsweep { spec_method: [\"ngram\"] num_spec_tokens: [4] }\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto m = RunPoint(*spec, ExpandSweep(spec->spec)[0], RunHooks{});
+  ASSERT_TRUE(m.ok()) << m.status();
+  const nlohmann::json& st = (*m)["spec"];
+  const std::vector<int64_t> accepted = st["accepted_per_position"], reached = st["reached_per_position"];
+  ASSERT_GT(st["drafts"].get<int64_t>(), 10) << st.dump();
+  ASSERT_EQ(accepted.size(), reached.size());
+  EXPECT_EQ(reached[0], st["drafts"].get<int64_t>());  // every verification verifies its first draft
+  int64_t sum = 0;
+  for (size_t i = 0; i < reached.size(); ++i) {
+    EXPECT_LE(accepted[i], reached[i]) << i;
+    if (i > 0) {
+      EXPECT_LE(reached[i], accepted[i - 1]) << i;  // reached only past an accepted draft
+    }
+    sum += accepted[i];
+  }
+  EXPECT_EQ(sum, st["accepted_tokens"].get<int64_t>());
+}
+
 }  // namespace
 }  // namespace specula::experiments

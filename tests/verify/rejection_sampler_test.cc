@@ -95,6 +95,14 @@ TEST(SpecStatsTest, AcceptancePerPositionAndMeanLength) {
   EXPECT_EQ(s.draft_tokens, 10);
   EXPECT_EQ(s.accepted_tokens, 6);
   EXPECT_EQ(s.accepted_per_position, (std::vector<int64_t>{2, 2, 1, 1}));
+  // Draft 2 was verified after two accepted ones twice (the first verification rejected it), draft
+  // 3 once; the last verification reached only its first.
+  EXPECT_EQ(s.reached_per_position, (std::vector<int64_t>{3, 2, 2, 1}));
+  SpecStats m;
+  m.Record(1, 1);
+  m.Merge(s);
+  EXPECT_EQ(m.reached_per_position, (std::vector<int64_t>{4, 2, 2, 1}));
+  EXPECT_EQ(m.accepted_per_position, (std::vector<int64_t>{3, 2, 1, 1}));
   EXPECT_DOUBLE_EQ(s.mean_acceptance_length(), 3.0);
   EXPECT_DOUBLE_EQ(s.acceptance_rate(), 0.6);
 }

@@ -119,6 +119,40 @@ class SimulateCliTest(unittest.TestCase):
             self.assertGreater(len(sim_steps), 10)
             self.assertEqual(set(sim_steps[0]), {"start_s", "seconds", "kind", "seqs", "tokens", "rows", "positions"})
 
+    def test_validation_replays_each_drafts_acceptance_given_those_before(self):
+        # A speculative ONLINE point records, per draft position, the verifications that reached it
+        # and those that accepted it; --validate replays their ratio. Set to all accepted or none,
+        # the same point's replay takes fewer steps with all.
+        cost = os.path.join(self.tmp, "cost.json")
+        r = specula("experiment", "calibrate", "--model", TARGET, "--tokenizer", TOKENIZER, "--out", cost,
+                    "--batches", "1,4", "--contexts", "32", "--ks", "2", "--steps", "3", "--load", "2", "--load-requests", "8",
+                    "--no-progress")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        spec = os.path.join(self.tmp, "spec.textproto")
+        with open(spec, "w") as f:
+            f.write(f'name: "a"\nmodel {{ path: "{TARGET}" tokenizer: "{TOKENIZER}" }}\n'
+                    'workload { synthetic { input_len: 32 output_len: 48 } num_requests: 20 seed: 3 }\n'
+                    'mode: ONLINE\nsweep { spec_method: ["ngram"] num_spec_tokens: [2] request_rate: [40] }\n')
+        out = os.path.join(self.tmp, "online")
+        r = specula("experiment", "run", spec, "--out", out, "--no-progress")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(out, "results.jsonl")) as f:
+            run = json.loads(f.readline())
+        self.assertEqual(len(run["spec"]["reached_per_position"]), len(run["spec"]["accepted_per_position"]))
+        steps = {}
+        for name, accepted in (("all", lambda n: n), ("none", lambda n: 0)):
+            doctored = dict(run, spec=dict(run["spec"], drafts=50, reached_per_position=[50, 50],
+                                           accepted_per_position=[accepted(50), accepted(50)]))
+            d = os.path.join(self.tmp, name)
+            os.mkdir(d)
+            shutil.copy(os.path.join(out, "run.json"), d)
+            with open(os.path.join(d, "results.jsonl"), "w") as f:
+                f.write(json.dumps(doctored) + "\n")
+            v = specula("simulate", "--validate", d, "--cost", cost, "--json")
+            self.assertEqual(v.returncode, 0, v.stderr)
+            steps[name] = json.loads(v.stdout)["points"][0]["predicted"]["steps"]
+        self.assertLess(steps["all"], 0.8 * steps["none"], steps)
+
     def test_plan_writes_the_report_and_prefers_the_cheaper_fleet(self):
         cands = os.path.join(self.tmp, "c.json")
         with open(cands, "w") as f:
