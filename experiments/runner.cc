@@ -271,21 +271,27 @@ absl::Status MaybeWriteTrace(const RunHooks& hooks, const RunResult& run, const 
 }
 
 // An online run's steps as the engine ran them (record_trace): one JSON line each, {"start_s" (from
-// `zero`), "seconds" (its period, experiments/step_periods.h), "kind", "seqs", "tokens", "rows",
-// "positions"}. Filled on the loop's thread; read once the server is gone.
+// the load generator's start, the zero of the trace's arrival_s), "seconds" (its period,
+// experiments/step_periods.h), "kind", "seqs", "tokens", "rows", "positions"}. Filled on the loop's
+// thread; read once the server is gone.
 struct StepLog {
-  double zero = 0;
-  std::string lines;
+  std::vector<nlohmann::ordered_json> steps;  // [steps], start_s on the clock's own scale
   StepPeriods periods{[this](const StepPeriods::Step& s, double seconds) {
-    nlohmann::ordered_json j = {{"start_s", s.start_s - zero}, {"seconds", seconds}, {"kind", s.kind},
-                                {"seqs", s.work.seqs}, {"tokens", s.work.tokens}, {"rows", s.work.rows},
-                                {"positions", s.work.positions}};
-    lines += j.dump() + "\n";
+    steps.push_back({{"start_s", s.start_s}, {"seconds", seconds}, {"kind", s.kind}, {"seqs", s.work.seqs},
+                     {"tokens", s.work.tokens}, {"rows", s.work.rows}, {"positions", s.work.positions}});
   }};
   void Attach(Engine& engine) {
     engine.set_step_observer([this, &engine](const StepPlan& p, const StepResult& result, double start_s) {
       periods.Add(p, result, start_s, engine.HasUnfinished());
     });
+  }
+  std::string Lines(double zero) {
+    std::string out;
+    for (nlohmann::ordered_json& j : steps) {
+      j["start_s"] = j["start_s"].get<double>() - zero;
+      out += j.dump() + "\n";
+    }
+    return out;
   }
 };
 
@@ -333,7 +339,6 @@ absl::StatusOr<nlohmann::json> RunOnline(LoadedEngine& e, const SchedulerConfig&
     });
     RunOptions ro;
     ro.on_progress = hooks.on_progress;
-    steps.zero = DefaultClock()->NowSeconds();
     run = RunLoad(client, requests, ArrivalTimes(Arrivals(w, p)), ro);
     finished = true;
     watcher.join();
@@ -346,7 +351,7 @@ absl::StatusOr<nlohmann::json> RunOnline(LoadedEngine& e, const SchedulerConfig&
   const EngineStats stats = Since(warm, snap.stats);
   RETURN_IF_ERROR(MaybeWriteTrace(hooks, run, requests));
   steps.periods.Finish();
-  if (!hooks.trace_path.empty()) RETURN_IF_ERROR(WriteWhole(StepsPath(hooks.trace_path), steps.lines));
+  if (!hooks.trace_path.empty()) RETURN_IF_ERROR(WriteWhole(StepsPath(hooks.trace_path), steps.Lines(run.start_s)));
   return Measurements(Summarize(run, SpecSlo(spec.slo())), w.num_requests(), &stats, spec_cfg.adaptive, peak,
                       snap.num_preemptions - warm_preemptions, &tokens);
 }

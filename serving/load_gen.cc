@@ -185,6 +185,7 @@ RunResult RunLoad(LoadClient& client, const std::vector<LoadRequest>& requests, 
     });
   }
   t0 = Clock::now();
+  run.start_s = std::chrono::duration<double>(t0.time_since_epoch()).count();
   for (int32_t i = 0; i < n; ++i) {
     std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(arrivals[i])));

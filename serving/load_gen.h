@@ -96,6 +96,7 @@ struct RunResult {
   std::vector<RequestResult> requests;  // in dataset order
   double duration_s = 0;                // from the start to the end of the last request
   double max_send_lag_s = 0;            // the latest a request was sent after its arrival time
+  double start_s = 0;  // the start, on the steady clock (seconds since its epoch): sent and end times count from it
 };
 
 // Sends requests[i] at arrivals[i] (same sizes) and waits for all of them.

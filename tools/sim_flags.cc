@@ -145,6 +145,10 @@ absl::Status SpeculationFromFlags(const Flags& f, SimSetup* s) {
     if (f.values.count("num-spec-tokens") || f.values.count("acceptance")) {
       return absl::InvalidArgumentError("--num-spec-tokens and --acceptance need --spec-method");
     }
+    // --validate takes each point's method from its results, and these two from here.
+    if (!f.values.count("validate") && (f.values.count("acceptance-spread") || f.values.count("propose-us"))) {
+      return absl::InvalidArgumentError("--acceptance-spread and --propose-us need --spec-method");
+    }
     r.draft_shape.reset();
     return absl::OkStatus();
   }

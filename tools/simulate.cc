@@ -33,6 +33,9 @@ the fleet and with --per-replica for each replica. Same flags and seed, same out
                       "step_times"}]} (step_times: the model over the runs' own recorded steps)
   --steps-out DIR     with --validate: each point's simulated steps, DIR/point-N.steps.jsonl, in the
                       format of the runs' traces/*.steps.jsonl
+  With --validate, --acceptance-spread C varies each speculative point's measured acceptance per
+  request, and --propose-us N sets an n-gram or suffix proposer's host time per drafting sequence
+  (default: none).
 
 )";
 

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <tuple>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -138,8 +139,29 @@ double ProposalRate(const std::vector<json>& runs) {
   return asked > 0 ? std::min(1.0, verified / asked) : 1.0;
 }
 
+// What the flags set for every speculative point (the rest comes from each point's results).
+struct SpecFlags {
+  bool acceptance_given = false;  // --acceptance: a fixed acceptance instead of each point's own
+  double spread = 0;              // --acceptance-spread: per-request variation of the measured one
+  double propose_s = -1;          // --propose-us: a proposer without a model's host time per sequence (-1: not given)
+};
+
+absl::StatusOr<SpecFlags> ReadSpecFlags(const Flags& flags) {
+  SpecFlags f;
+  f.acceptance_given = flags.values.count("acceptance") > 0;
+  for (auto [name, out, scale] : {std::tuple<const char*, double*, double>{"acceptance-spread", &f.spread, 1},
+                                  {"propose-us", &f.propose_s, 1e-6}}) {
+    if (!flags.values.count(name)) continue;
+    if (!absl::SimpleAtod(flags.values.at(name), out) || !(*out >= 0)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, ": '", flags.values.at(name), "' is not a number >= 0"));
+    }
+    *out *= scale;
+  }
+  return f;
+}
+
 // The point's replica and workload on top of the flags' setup.
-absl::Status Configure(const json& run, const std::vector<json>& runs, const std::string& dir, bool acceptance_given,
+absl::Status Configure(const json& run, const std::vector<json>& runs, const std::string& dir, const SpecFlags& sf,
                        SimSetup* s, std::vector<SimRequest>* requests) {
   const json& p = runs.front()["point"];
   const json& w = run["spec"]["workload"];
@@ -166,10 +188,11 @@ absl::Status Configure(const json& run, const std::vector<json>& runs, const std
   const int32_t max_k = static_cast<int32_t>(num(run["spec"], "max_spec_tokens", 0));
   r.scheduler.num_spec_tokens = !r.speculate ? 0 : r.adaptive ? (max_k > 0 ? max_k : 8) : k;
   if (method != "draft") r.draft_shape.reset();
-  if (r.speculate && !acceptance_given) {
+  if (method != "draft" && sf.propose_s >= 0) r.propose_seconds_per_seq = sf.propose_s;
+  if (r.speculate && !sf.acceptance_given) {
     const std::vector<double> conditional = MeasuredConditionalAcceptance(runs);
-    auto a = conditional.empty() ? PositionalAcceptance::FromPerPosition(MeasuredAcceptance(runs))
-                                 : PositionalAcceptance::Create(conditional);
+    auto a = conditional.empty() ? PositionalAcceptance::FromPerPosition(MeasuredAcceptance(runs), sf.spread)
+                                 : PositionalAcceptance::Create(conditional, sf.spread);
     if (!a.ok()) return a.status();
     if (method != "draft") a->set_proposal_rate(ProposalRate(runs));
     s->acceptance = std::make_unique<PositionalAcceptance>(*std::move(a));
@@ -289,6 +312,7 @@ absl::Status RunValidate(const Flags& flags) {
   ASSIGN_OR_RETURN(auto points, ReadPoints(dir + "/results.jsonl"));
   // The flags' setup once (the cost file read and fitted once); each point starts from a copy.
   ASSIGN_OR_RETURN(const SimSetup base, SimSetupFromFlags(flags));
+  ASSIGN_OR_RETURN(const SpecFlags spec_flags, ReadSpecFlags(flags));
   json out = {{"points", json::array()},
               {"cost", {{"origin", CostOriginName(base.replica.target.origin())},
                         {"description", base.replica.target.description()}}}};
@@ -298,7 +322,7 @@ absl::Status RunValidate(const Flags& flags) {
     setup.acceptance = base.acceptance->Fresh();
     setup.seed = base.seed;
     std::vector<SimRequest> requests;
-    RETURN_IF_ERROR(Configure(run, runs, dir, flags.values.count("acceptance") > 0, &setup, &requests));
+    RETURN_IF_ERROR(Configure(run, runs, dir, spec_flags, &setup, &requests));
     FleetConfig fc;
     fc.replica = setup.replica;
     fc.seed = setup.seed;

@@ -120,6 +120,11 @@ TEST_F(RunnerTest, OnlineBurstRecordsTheTraceAndGoodput) {
   }
   EXPECT_GE(seqs, static_cast<double>(output_tokens));
   EXPECT_LE(seconds, (*m)["duration_s"].get<double>() + 0.5);
+  // One zero for the trace and the steps: the first step starts once the first request is sent and
+  // before its first token reaches the client.
+  const double first_start = steps.front()["start_s"], sent = trace[0]["arrival_s"];
+  EXPECT_GE(first_start, sent);
+  EXPECT_LE(first_start, sent + trace[0]["ttft_ms"].get<double>() / 1e3);
 }
 
 // A step's period: to the next step's start while the loop went straight on, else to its own end;

@@ -53,6 +53,7 @@ class SimulateCliTest(unittest.TestCase):
             (["simulate", "--device", "tpu", "--shape", "llama-3.1-8b"], "--device: unknown device 'tpu'"),
             (["simulate", "--cost", "/nonexistent.json"], "--cost: /nonexistent.json: cannot open"),
             (["plan", *ROOFLINE], "plan needs --qps"),
+            (["simulate", *ROOFLINE, "--acceptance-spread", "2"], "--acceptance-spread and --propose-us need --spec-method"),
         ]:
             r = specula(*args)
             self.assertEqual(r.returncode, 1, args)
@@ -140,7 +141,7 @@ class SimulateCliTest(unittest.TestCase):
             run = json.loads(f.readline())
         self.assertEqual(len(run["spec"]["reached_per_position"]), len(run["spec"]["accepted_per_position"]))
         steps = {}
-        for name, accepted in (("all", lambda n: n), ("none", lambda n: 0)):
+        for name, accepted in (("all", lambda n: n), ("none", lambda n: 0), ("half", lambda n: n // 2)):
             doctored = dict(run, spec=dict(run["spec"], drafts=50, reached_per_position=[50, 50],
                                            accepted_per_position=[accepted(50), accepted(50)]))
             d = os.path.join(self.tmp, name)
@@ -152,6 +153,14 @@ class SimulateCliTest(unittest.TestCase):
             self.assertEqual(v.returncode, 0, v.stderr)
             steps[name] = json.loads(v.stdout)["points"][0]["predicted"]["steps"]
         self.assertLess(steps["all"], 0.8 * steps["none"], steps)
+        # --acceptance-spread varies the measured acceptance per request; a bad value is named.
+        half = os.path.join(self.tmp, "half")
+        v = specula("simulate", "--validate", half, "--cost", cost, "--json", "--acceptance-spread", "0.5")
+        self.assertEqual(v.returncode, 0, v.stderr)
+        self.assertNotEqual(json.loads(v.stdout)["points"][0]["predicted"]["steps"], steps["half"])
+        v = specula("simulate", "--validate", half, "--cost", cost, "--acceptance-spread", "wide")
+        self.assertEqual(v.returncode, 1)
+        self.assertIn("--acceptance-spread: 'wide' is not a number >= 0", v.stderr)
 
     def test_plan_writes_the_report_and_prefers_the_cheaper_fleet(self):
         cands = os.path.join(self.tmp, "c.json")
