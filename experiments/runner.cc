@@ -94,21 +94,19 @@ absl::Status WarmUp(Engine& engine, int32_t block_size) {
   return RunToCompletion(engine).status();
 }
 
+void SubtractPerIndex(const std::vector<int64_t>& before, std::vector<int64_t>* counts) {
+  for (size_t i = 0; i < before.size() && i < counts->size(); ++i) (*counts)[i] -= before[i];
+}
+
 // The counters a run adds to `before` (the warm-up's).
 EngineStats Since(const EngineStats& before, EngineStats s) {
   s.steps -= before.steps;
   s.spec.drafts -= before.spec.drafts;
   s.spec.draft_tokens -= before.spec.draft_tokens;
   s.spec.accepted_tokens -= before.spec.accepted_tokens;
-  for (size_t i = 0; i < before.spec.accepted_per_position.size() && i < s.spec.accepted_per_position.size(); ++i) {
-    s.spec.accepted_per_position[i] -= before.spec.accepted_per_position[i];
-  }
-  for (size_t i = 0; i < before.spec.reached_per_position.size() && i < s.spec.reached_per_position.size(); ++i) {
-    s.spec.reached_per_position[i] -= before.spec.reached_per_position[i];
-  }
-  for (size_t i = 0; i < before.spec_k_histogram.size() && i < s.spec_k_histogram.size(); ++i) {
-    s.spec_k_histogram[i] -= before.spec_k_histogram[i];
-  }
+  SubtractPerIndex(before.spec.accepted_per_position, &s.spec.accepted_per_position);
+  SubtractPerIndex(before.spec.reached_per_position, &s.spec.reached_per_position);
+  SubtractPerIndex(before.spec_k_histogram, &s.spec_k_histogram);
   return s;
 }
 
@@ -275,20 +273,25 @@ absl::Status MaybeWriteTrace(const RunHooks& hooks, const RunResult& run, const 
 // experiments/step_periods.h), "kind", "seqs", "tokens", "rows", "positions"}. Filled on the loop's
 // thread; read once the server is gone.
 struct StepLog {
-  std::vector<nlohmann::ordered_json> steps;  // [steps], start_s on the clock's own scale
-  StepPeriods periods{[this](const StepPeriods::Step& s, double seconds) {
-    steps.push_back({{"start_s", s.start_s}, {"seconds", seconds}, {"kind", s.kind}, {"seqs", s.work.seqs},
-                     {"tokens", s.work.tokens}, {"rows", s.work.rows}, {"positions", s.work.positions}});
-  }};
+  struct Row {
+    double start_s, seconds;  // start_s on the clock's own scale
+    const char* kind;         // StepKind's
+    StepWork work;
+  };
+  std::vector<Row> rows;  // [steps]
+  StepPeriods periods{
+      [this](const StepPeriods::Step& s, double seconds) { rows.push_back({s.start_s, seconds, s.kind, s.work}); }};
   void Attach(Engine& engine) {
     engine.set_step_observer([this, &engine](const StepPlan& p, const StepResult& result, double start_s) {
       periods.Add(p, result, start_s, engine.HasUnfinished());
     });
   }
-  std::string Lines(double zero) {
+  std::string Lines(double zero) const {
     std::string out;
-    for (nlohmann::ordered_json& j : steps) {
-      j["start_s"] = j["start_s"].get<double>() - zero;
+    for (const Row& r : rows) {
+      const nlohmann::ordered_json j = {{"start_s", r.start_s - zero}, {"seconds", r.seconds},   {"kind", r.kind},
+                                        {"seqs", r.work.seqs},         {"tokens", r.work.tokens}, {"rows", r.work.rows},
+                                        {"positions", r.work.positions}};
       out += j.dump() + "\n";
     }
     return out;

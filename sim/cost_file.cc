@@ -19,10 +19,10 @@ constexpr char kFormat[] = "specula.step_cost.v1";
 
 const std::vector<std::pair<const char*, double ForwardShape::*>>& ShapeFields() {
   static const std::vector<std::pair<const char*, double ForwardShape::*>> f = {
-    {"dim", &ForwardShape::dim},           {"q_dim", &ForwardShape::q_dim},
-    {"kv_dim", &ForwardShape::kv_dim},     {"hidden_dim", &ForwardShape::hidden_dim},
-    {"head_dim", &ForwardShape::head_dim}, {"num_heads", &ForwardShape::num_heads},
-    {"num_layers", &ForwardShape::num_layers}, {"vocab_size", &ForwardShape::vocab_size}};
+      {"dim", &ForwardShape::dim},           {"q_dim", &ForwardShape::q_dim},
+      {"kv_dim", &ForwardShape::kv_dim},     {"hidden_dim", &ForwardShape::hidden_dim},
+      {"head_dim", &ForwardShape::head_dim}, {"num_heads", &ForwardShape::num_heads},
+      {"num_layers", &ForwardShape::num_layers}, {"vocab_size", &ForwardShape::vocab_size}};
   return f;
 }
 

@@ -64,18 +64,21 @@ void SpecStats::Record(int32_t num_drafts, int32_t num_accepted) {
   for (int32_t i = 0; i <= std::min(num_accepted, num_drafts - 1); ++i) ++reached_per_position[i];
 }
 
+namespace {
+
+void AddPerPosition(std::vector<int64_t>* into, const std::vector<int64_t>& from) {
+  if (into->size() < from.size()) into->resize(from.size(), 0);
+  for (size_t i = 0; i < from.size(); ++i) (*into)[i] += from[i];
+}
+
+}  // namespace
+
 void SpecStats::Merge(const SpecStats& o) {
   drafts += o.drafts;
   draft_tokens += o.draft_tokens;
   accepted_tokens += o.accepted_tokens;
-  if (accepted_per_position.size() < o.accepted_per_position.size()) {
-    accepted_per_position.resize(o.accepted_per_position.size(), 0);
-  }
-  for (size_t i = 0; i < o.accepted_per_position.size(); ++i) accepted_per_position[i] += o.accepted_per_position[i];
-  if (reached_per_position.size() < o.reached_per_position.size()) {
-    reached_per_position.resize(o.reached_per_position.size(), 0);
-  }
-  for (size_t i = 0; i < o.reached_per_position.size(); ++i) reached_per_position[i] += o.reached_per_position[i];
+  AddPerPosition(&accepted_per_position, o.accepted_per_position);
+  AddPerPosition(&reached_per_position, o.reached_per_position);
 }
 
 }  // namespace specula
