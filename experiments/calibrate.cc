@@ -217,6 +217,10 @@ absl::StatusOr<json> Calibrate(LoadedEngine& e, const CalibrateOptions& o) {
   }
   ASSIGN_OR_RETURN(const double overhead, MeasureRequestOverhead(e, sc));
   out["request_overhead_s"] = overhead;
+  ASSIGN_OR_RETURN(const double arrival, MeasureArrivalCost(e, sc, DecodeSeconds(out["steps"], 2), true));
+  ASSIGN_OR_RETURN(const double arrival_ids, MeasureArrivalCost(e, sc, DecodeSeconds(out["steps"], 2), false));
+  out["arrival_s"] = arrival;
+  out["arrival_token_ids_s"] = arrival_ids;
   if (draft) {
     EngineOptions d = e.options;
     d.target.model = e.options.speculation.draft_model;

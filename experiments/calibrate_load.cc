@@ -4,6 +4,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <string_view>
+#include <utility>
 #include <random>
 #include <thread>
 
@@ -103,6 +105,79 @@ absl::StatusOr<double> MeasureRequestOverhead(LoadedEngine& e, SchedulerConfig s
   };
   if (ttft.empty() || step_s.empty()) return absl::InternalError("request overhead: no request completed");
   return std::max(0.0, median(ttft) - median(step_s));
+}
+
+namespace {
+
+// Each decode step of `batch` sequences during which a probe was sent against the last such step
+// without one before it (its contexts one token shorter): the median of the differences, or 0 with
+// fewer than `min_pairs`. `sent`: sorted, on the steps' clock.
+double PairedArrivalSeconds(const std::vector<std::pair<StepPeriods::Step, double>>& steps,
+                            const std::vector<double>& sent, int32_t batch, size_t min_pairs) {
+  std::vector<double> diffs;  // [steps with a probe sent during them]
+  double last_without = -1;
+  for (const auto& [s, seconds] : steps) {
+    if (std::string_view(s.kind) != "decode" || s.work.seqs != batch) continue;
+    const auto from = std::lower_bound(sent.begin(), sent.end(), s.start_s);
+    if (from == sent.end() || *from >= s.start_s + seconds) {
+      last_without = seconds;
+    } else if (last_without > 0) {
+      diffs.push_back(seconds - last_without);
+    }
+  }
+  if (diffs.size() < min_pairs) return 0.0;  // too few to tell
+  std::nth_element(diffs.begin(), diffs.begin() + diffs.size() / 2, diffs.end());
+  return std::max(0.0, diffs[diffs.size() / 2]);
+}
+
+}  // namespace
+
+absl::StatusOr<double> MeasureArrivalCost(LoadedEngine& e, SchedulerConfig sc, double decode_step_s, bool text) {
+  constexpr int32_t kBatch = 2, kProbes = 48, kPromptIds = 16, kLead = 20;
+  constexpr double kSpacing = 8;  // decode steps between probes, on average
+  sc.num_spec_tokens = 0;
+  Engine engine(e.model.get(), e.tokenizer.get(), sc, SpecConfig{});
+  RETURN_IF_ERROR(engine.Validate());
+  std::vector<std::pair<StepPeriods::Step, double>> steps;  // [steps]: each with its period
+  StepPeriods periods([&](const StepPeriods::Step& s, double seconds) { steps.emplace_back(s, seconds); });
+  engine.set_step_observer([&](const StepPlan& plan, const StepResult& result, double start_s) {
+    periods.Add(plan, result, start_s, engine.HasUnfinished());
+  });
+  ServeOptions so;
+  so.model_name = "calibrate";
+  Server server(&engine, e.tokenizer.get(), e.model->config(), so);
+  // kBatch long requests decode steadily while short prompts arrive between their steps.
+  std::mt19937 rng(7);
+  const int32_t vocab = e.model->config().vocab_size;
+  auto ids = [&](int32_t n) {
+    std::vector<int32_t> v(n);
+    for (int32_t& t : v) t = 3 + static_cast<int32_t>(rng() % (vocab - 3));
+    return v;
+  };
+  const int32_t background = std::min(600, sc.max_model_len - kPromptIds - 1);
+  std::vector<LoadRequest> requests;
+  std::vector<double> arrivals;
+  for (int32_t i = 0; i < kBatch; ++i) {
+    requests.push_back(LoadRequest{"", ids(kPromptIds), background, true});
+    arrivals.push_back(0.0);
+  }
+  std::uniform_real_distribution<double> jitter(0.5, 1.5);
+  double t = kLead * decode_step_s;
+  for (int32_t i = 0; i < kProbes; ++i, t += kSpacing * decode_step_s * jitter(rng)) {
+    LoadRequest probe{"", ids(2 * kPromptIds), 1, true};
+    if (text) probe.prompt = e.tokenizer->Decode(probe.prompt_token_ids);
+    if (!probe.prompt.empty()) probe.prompt_token_ids.clear();
+    requests.push_back(std::move(probe));
+    arrivals.push_back(t);
+  }
+  InProcessClient client(&server, &requests, 0.0, 7);
+  const RunResult run = RunLoad(client, requests, arrivals, RunOptions{});
+  server.WaitIdle(std::chrono::milliseconds(60000));
+  periods.Finish();
+  std::vector<double> sent;  // [probes]: on the steps' clock
+  for (size_t i = kBatch; i < run.requests.size(); ++i) sent.push_back(run.start_s + run.requests[i].send_s);
+  std::sort(sent.begin(), sent.end());
+  return PairedArrivalSeconds(steps, sent, kBatch, kProbes / 4);
 }
 
 }  // namespace specula::experiments

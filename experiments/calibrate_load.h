@@ -34,4 +34,13 @@ absl::Status ProfileLoad(LoadedEngine& e, SchedulerConfig sc, const LoadProfile&
 // median step: the loop's wake, adding the request, delivering its delta to the client's thread.
 absl::StatusOr<double> MeasureRequestOverhead(LoadedEngine& e, SchedulerConfig sc, int32_t n = 24);
 
+// What a request's arrival adds to the step it lands in, in seconds: the client's thread submitting
+// it takes a core from the forward (with `text`, tokenizing its prompt too, as an API server's
+// requests are; else it sends token ids). Two long requests decode steadily while 48 short ones
+// arrive between their steps (about every 8 steps of `decode_step_s`); the median, over the decode
+// steps during which one was sent, of the step less the last such step without one. Steady steps
+// keep the estimate free of the bias that a Poisson arrival lands in a longer step more often. 0
+// when too few steps tell.
+absl::StatusOr<double> MeasureArrivalCost(LoadedEngine& e, SchedulerConfig sc, double decode_step_s, bool text);
+
 }  // namespace specula::experiments

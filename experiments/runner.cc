@@ -16,6 +16,8 @@
 #include "engine/run.h"
 #include "serving/load_gen.h"
 #include "serving/server.h"
+#include "draft/ngram_proposer.h"
+#include "experiments/draft_profile.h"
 #include "experiments/in_process_client.h"
 #include "experiments/step_periods.h"
 #include "sim/step_time.h"
@@ -264,8 +266,26 @@ absl::Status WriteWhole(const std::string& path, const std::string& data) {
 }
 
 // The trace of an online run, where the hooks ask for one.
-absl::Status MaybeWriteTrace(const RunHooks& hooks, const RunResult& run, const std::vector<LoadRequest>& requests) {
-  return hooks.trace_path.empty() ? absl::OkStatus() : WriteWhole(hooks.trace_path, TraceJsonl(run, requests));
+absl::Status MaybeWriteTrace(const RunHooks& hooks, const RunResult& run, const std::vector<LoadRequest>& requests,
+                             absl::Span<const DraftProfile> drafts = {}) {
+  return hooks.trace_path.empty() ? absl::OkStatus() : WriteWhole(hooks.trace_path, TraceJsonl(run, requests, drafts));
+}
+
+// An n-gram engine's drafts at each decode step of each request (DraftProfile), from the prompt as the
+// server tokenized it and the tokens it streamed; empty for other engines.
+std::vector<DraftProfile> NgramDraftProfiles(const LoadedEngine& e, int32_t max_k, const std::vector<LoadRequest>& requests,
+                                             const std::vector<std::vector<TokenId>>& outputs) {
+  const SpeculationOptions& o = e.options.speculation;
+  if (o.method != "ngram" || max_k <= 0) return {};
+  const NgramProposer lookup(o.ngram_min, o.ngram_max);
+  std::vector<DraftProfile> out(requests.size());
+  for (size_t i = 0; i < requests.size() && i < outputs.size(); ++i) {
+    const LoadRequest& r = requests[i];
+    const std::vector<TokenId> prompt =
+        r.prompt_token_ids.empty() ? e.tokenizer->Encode(r.prompt, e.add_bos) : r.prompt_token_ids;
+    out[i] = NgramDraftProfile(lookup, prompt, outputs[i], max_k);
+  }
+  return out;
 }
 
 // An online run's steps as the engine ran them (record_trace): one JSON line each, {"start_s" (from
@@ -352,7 +372,9 @@ absl::StatusOr<nlohmann::json> RunOnline(LoadedEngine& e, const SchedulerConfig&
   }
   const double peak = snap.kv_blocks_total ? static_cast<double>(snap.kv_blocks_peak) / snap.kv_blocks_total : 0.0;
   const EngineStats stats = Since(warm, snap.stats);
-  RETURN_IF_ERROR(MaybeWriteTrace(hooks, run, requests));
+  if (!hooks.trace_path.empty()) {
+    RETURN_IF_ERROR(MaybeWriteTrace(hooks, run, requests, NgramDraftProfiles(e, sc.num_spec_tokens, requests, tokens)));
+  }
   steps.periods.Finish();
   if (!hooks.trace_path.empty()) RETURN_IF_ERROR(WriteWhole(StepsPath(hooks.trace_path), steps.Lines(run.start_s)));
   return Measurements(Summarize(run, SpecSlo(spec.slo())), w.num_requests(), &stats, spec_cfg.adaptive, peak,
@@ -401,7 +423,8 @@ absl::StatusOr<nlohmann::json> RunPoint(const LoadedSpec& s, const Point& p, con
   return m;
 }
 
-std::string TraceJsonl(const RunResult& run, const std::vector<LoadRequest>& requests) {
+std::string TraceJsonl(const RunResult& run, const std::vector<LoadRequest>& requests,
+                       absl::Span<const DraftProfile> drafts) {
   using Line = nlohmann::ordered_json;  // keys in the order written: arrival first
   std::map<std::pair<std::string, std::vector<int32_t>>, size_t> first;  // a prompt's first request
   std::string out;
@@ -414,12 +437,18 @@ std::string TraceJsonl(const RunResult& run, const std::vector<LoadRequest>& req
       j["prompt_id"] = first.try_emplace({requests[i].prompt, requests[i].prompt_token_ids}, i).first->second;
     }
     j["prompt_tokens"] = r.prompt_tokens;
+    if (i < requests.size()) j["prompt_text"] = !requests[i].prompt.empty();
     j["output_tokens"] = r.output_tokens;
     j["ttft_ms"] = r.output_tokens > 0 ? Line(r.ttft_s * 1e3) : Line();
     j["e2e_ms"] = ok ? Line(r.e2e_s * 1e3) : Line();
     j["finish_s"] = ok ? Line(r.send_s + r.e2e_s) : Line();
     j["ok"] = ok;
     if (!ok) j["error"] = r.error.empty() ? (r.outcome == Outcome::kRejected ? "rejected" : "failed") : r.error;
+    if (i < drafts.size() && r.output_tokens > 1 &&
+        drafts[i].found.size() == static_cast<size_t>(r.output_tokens - 1)) {
+      j["drafts_found"] = drafts[i].found;
+      j["drafts_matched"] = drafts[i].matched;
+    }
     out += j.dump() + "\n";
   }
   return out;

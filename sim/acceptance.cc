@@ -47,7 +47,7 @@ absl::StatusOr<PositionalAcceptance> PositionalAcceptance::FromPerPosition(const
   return Create(std::move(conditional), spread_c);
 }
 
-int32_t PositionalAcceptance::Accepted(RequestId id, int32_t k, std::mt19937_64& rng) {
+int32_t PositionalAcceptance::Accepted(RequestId id, int32_t k, int32_t, std::mt19937_64& rng) {
   double level = 1.0;
   if (spread_c_ > 0 && mean_ > 0 && mean_ < 1) {
     auto it = level_.find(id);
@@ -62,6 +62,22 @@ int32_t PositionalAcceptance::Accepted(RequestId id, int32_t k, std::mt19937_64&
     ++accepted;
   }
   return accepted;
+}
+
+const DraftProfile* ProfileAcceptance::Find(RequestId id, int32_t generated) const {
+  auto it = profiles_.find(id);
+  if (it == profiles_.end() || generated < 1 || generated > static_cast<int32_t>(it->second.found.size())) return nullptr;
+  return &it->second;
+}
+
+int32_t ProfileAcceptance::Proposed(RequestId id, int32_t k, int32_t generated, std::mt19937_64& rng) {
+  const DraftProfile* p = Find(id, generated);
+  return p == nullptr ? fallback_->Proposed(id, k, generated, rng) : std::min(k, p->found[generated - 1]);
+}
+
+int32_t ProfileAcceptance::Accepted(RequestId id, int32_t k, int32_t generated, std::mt19937_64& rng) {
+  const DraftProfile* p = Find(id, generated);
+  return p == nullptr ? fallback_->Accepted(id, k, generated, rng) : std::min(k, p->matched[generated - 1]);
 }
 
 }  // namespace specula

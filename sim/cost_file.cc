@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <tuple>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -171,11 +172,14 @@ absl::StatusOr<StepCostFile> LoadStepCostFile(const std::string& path, std::opti
     c.max_model_len = s.value("max_model_len", c.max_model_len);
     f.scheduler = c;
   }
-  if (j.contains("request_overhead_s")) {
-    if (!j["request_overhead_s"].is_number() || j["request_overhead_s"].get<double>() < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": \"request_overhead_s\" is not a number >= 0"));
+  using Seconds = std::pair<const char*, double*>;  // outside the steps, and an arrival's in one
+  for (auto [key, out] : {Seconds{"request_overhead_s", &f.request_overhead_s}, Seconds{"arrival_s", &f.arrival_s},
+                          Seconds{"arrival_token_ids_s", &f.arrival_token_ids_s}}) {
+    if (!j.contains(key)) continue;
+    if (!j[key].is_number() || j[key].get<double>() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": \"", key, "\" is not a number >= 0"));
     }
-    f.request_overhead_s = j["request_overhead_s"].get<double>();
+    *out = j[key].get<double>();
   }
   f.description = f.target.model.description();
   return f;

@@ -6,6 +6,7 @@
 //    "steps": [{"seqs", "tokens", "rows", "positions", "seconds", "kind"[, "phase"]}], whole engine steps
 //    "scheduler": {"max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks", "max_model_len"},
 //    "request_overhead_s": ...,                                                  outside the steps
+//    "arrival_s": ..., "arrival_token_ids_s": ...,                               an arrival's, in a step
 //    "draft": {"identity", "shape", "steps"}}                                    a draft model's, if any
 //
 // `specula experiment calibrate` writes "steps" (measured whole steps, host work included); a
@@ -38,6 +39,8 @@ struct StepCostFile {
   std::optional<ModelCost> draft;
   std::optional<SchedulerConfig> scheduler;  // the calibration engine's (num_blocks sized for its machine)
   double request_overhead_s = 0;              // a request's time outside the steps (ReplicaConfig's)
+  // What an arrival adds to the step it lands in, with a text prompt and with token ids (ReplicaConfig's).
+  double arrival_s = 0, arrival_token_ids_s = 0;
   std::string description;                   // path, identity's model and cpu
 };
 

@@ -7,6 +7,7 @@
 #include <limits>
 #include <queue>
 #include <random>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -53,6 +54,43 @@ std::vector<SimRequest> MakeRequests(const SyntheticWorkload& w) {
   return out;
 }
 
+namespace {
+
+// A trace line's drafts_found and drafts_matched into r->drafts; the error names the field.
+std::string ReadDraftProfile(const nlohmann::json& j, SimRequest* r) {
+  const bool found = j.contains("drafts_found"), matched = j.contains("drafts_matched");
+  if (!found && !matched) return "";
+  if (found != matched) return "fields 'drafts_found' and 'drafts_matched' come together";
+  const size_t n = static_cast<size_t>(std::max(r->output_len - 1, 0));
+  using Field = std::pair<const char*, std::vector<int32_t>*>;
+  for (auto [f, out] : {Field{"drafts_found", &r->drafts.found}, Field{"drafts_matched", &r->drafts.matched}}) {
+    const nlohmann::json& a = j[f];
+    if (!a.is_array() || a.size() != n) return absl::StrCat("field '", f, "' must be an array of output_tokens - 1 (", n, ") counts");
+    for (const nlohmann::json& v : a) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 1024) {
+        return absl::StrCat("field '", f, "' must hold integers in [0, 1024]");
+      }
+      out->push_back(v.get<int32_t>());
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (r->drafts.matched[i] > r->drafts.found[i]) return absl::StrCat("field 'drafts_matched' exceeds 'drafts_found' at ", i);
+  }
+  return "";
+}
+
+}  // namespace
+
+std::unique_ptr<AcceptanceModel> WithDraftProfiles(const std::vector<SimRequest>& requests,
+                                                   std::unique_ptr<AcceptanceModel> fallback) {
+  auto profiles = std::make_unique<ProfileAcceptance>(std::move(fallback));
+  for (const SimRequest& r : requests) {
+    if (!r.drafts.found.empty()) profiles->Add(r.id, r.drafts);
+  }
+  if (!profiles->empty()) return profiles;
+  return profiles->TakeFallback();
+}
+
 absl::StatusOr<std::vector<SimRequest>> LoadTrace(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
@@ -81,7 +119,12 @@ absl::StatusOr<std::vector<SimRequest>> LoadTrace(const std::string& path) {
       if (!j["session"].is_number_integer()) return bad("field 'session' must be an integer");
       r.session = j["session"].get<int64_t>();
     }
-    out.push_back(r);
+    if (j.contains("prompt_text")) {
+      if (!j["prompt_text"].is_boolean()) return bad("field 'prompt_text' must be true or false");
+      r.text_prompt = j["prompt_text"].get<bool>();
+    }
+    if (std::string e = ReadDraftProfile(j, &r); !e.empty()) return bad(e);
+    out.push_back(std::move(r));
   }
   std::stable_sort(out.begin(), out.end(), [](const SimRequest& a, const SimRequest& b) { return a.arrival_s < b.arrival_s; });
   return out;
@@ -116,6 +159,8 @@ SimSummary Summary(const std::vector<const Replica*>& replicas, const GoodputSlo
     }
     s.preemptions += r->scheduler().num_preemptions();
     s.steps += r->num_steps();
+    s.draft_tokens += r->draft_tokens();
+    s.accepted_tokens += r->accepted_tokens();
     for (size_t k = 0; k < r->k_histogram().size(); ++k) {
       k_sum += static_cast<int64_t>(k) * r->k_histogram()[k];
       k_count += r->k_histogram()[k];
@@ -179,6 +224,10 @@ FleetResult Simulate(const FleetConfig& config, const std::vector<SimRequest>& r
     }
     const size_t r = ends.top().second;
     ends.pop();
+    if (const double delay = reps[r]->TakeDelay(); delay > 0) {  // arrivals during the step slowed it
+      ends.push({t_end + delay, r});
+      continue;
+    }
     reps[r]->End(t_end);
     start(r, t_end);
   }

@@ -32,10 +32,15 @@ struct SyntheticWorkload {
   double prefix_reuse = 0;
 };
 std::vector<SimRequest> MakeRequests(const SyntheticWorkload& w);
-// A trace: JSONL of {"arrival_s", "prompt_tokens", "output_tokens"[, "prompt_id"][, "session"]}
-// (an experiment's traces/*.jsonl have these; equal prompt_ids are the same prompt, which the
-// prefix cache serves). Errors name the line and the field.
+// A trace: JSONL of {"arrival_s", "prompt_tokens", "output_tokens"[, "prompt_id"][, "session"]
+// [, "prompt_text"][, "drafts_found", "drafts_matched"]} (an experiment's traces/*.jsonl have these; equal
+// prompt_ids are the same prompt, which the prefix cache serves; prompt_text false: token ids were
+// sent, which cost an arrival less than text to tokenize; the drafts are an n-gram run's
+// DraftProfile, output_tokens - 1 entries each). Errors name the line and the field.
 absl::StatusOr<std::vector<SimRequest>> LoadTrace(const std::string& path);
+// `fallback` wrapped to replay the requests' draft profiles, where any has one; else `fallback`.
+std::unique_ptr<AcceptanceModel> WithDraftProfiles(const std::vector<SimRequest>& requests,
+                                                   std::unique_ptr<AcceptanceModel> fallback);
 
 struct FleetConfig {
   int32_t replicas = 1;
@@ -56,6 +61,7 @@ struct SimSummary {
   double kv_usage_mean = 0, kv_usage_peak = 0;  // share of the KV pool, time-weighted mean and peak
   int64_t preemptions = 0, steps = 0;
   double mean_k = 0;  // drafts per decoding sequence-step (0 without speculation)
+  int64_t draft_tokens = 0, accepted_tokens = 0;  // drafts verified, and of those accepted
 };
 
 struct FleetResult {

@@ -78,6 +78,7 @@ std::vector<TokenId> Replica::Prompt(const SimRequest& r) {
 }
 
 std::string Replica::Submit(const SimRequest& r, double now_s) {
+  if (in_step_) delay_s_ += r.text_prompt ? config_.arrival_s : config_.arrival_token_ids_s;
   records_.emplace_back();
   records_.back().request = r;
   QueueState q;
@@ -160,7 +161,10 @@ StepResult Replica::Draw(const StepPlan& plan, const std::vector<int32_t>& draft
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
     if (!s.samples) continue;
-    const int32_t accepted = drafts[i] > 0 ? acceptance_->Accepted(s.id, drafts[i], rng_) : 0;
+    const int32_t generated = scheduler_.Get(s.id)->num_generated();
+    const int32_t accepted = drafts[i] > 0 ? acceptance_->Accepted(s.id, drafts[i], generated, rng_) : 0;
+    draft_tokens_ += drafts[i];
+    accepted_tokens_ += accepted;
     std::vector<TokenId> tokens(accepted + 1);
     for (TokenId& t : tokens) t = id(rng_);
     r.outputs.push_back({s.id, std::move(tokens), drafts[i]});
@@ -188,7 +192,8 @@ std::optional<double> Replica::Begin(double now_s) {
   }
   std::vector<int32_t> drafts(plan_.seqs.size(), 0);  // [plan]: what the proposer gave each sequence
   for (size_t i = 0; i < plan_.seqs.size(); ++i) {
-    if (plan_.seqs[i].num_spec > 0) drafts[i] = acceptance_->Proposed(plan_.seqs[i].id, plan_.seqs[i].num_spec, rng_);
+    const ScheduledSeq& s = plan_.seqs[i];
+    if (s.num_spec > 0) drafts[i] = acceptance_->Proposed(s.id, s.num_spec, scheduler_.Get(s.id)->num_generated(), rng_);
   }
   result_ = Draw(plan_, drafts);
   timing_ = StepTiming{};

@@ -16,6 +16,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/clock.h"
@@ -36,6 +37,8 @@ struct SimRequest {
   int32_t shared_prefix = 0;  // leading prompt tokens equal to the session's earlier prompts
   int64_t prompt_id = -1;     // requests with the same id send the same prompt (-1: a prompt of its own)
   int32_t priority = 0;
+  DraftProfile drafts;  // what an n-gram lookup found at each decode step (a trace's; empty: none)
+  bool text_prompt = true;  // sent as text (the server tokenizes it), else as token ids
 };
 
 struct ReplicaConfig {
@@ -55,6 +58,10 @@ struct ReplicaConfig {
   // A request's time outside the steps (waking the idle loop, adding it, delivering its tokens to
   // the client): its tokens are seen this long after their step ends.
   double request_overhead_s = 0;
+  // A request that arrives while a step runs delays that step's end by this much: on a host whose
+  // cores all run the forward, the client's thread submitting it takes one of them for a while
+  // (tokenizing a text prompt, or passing token ids on).
+  double arrival_s = 0, arrival_token_ids_s = 0;
 };
 
 // What happened to one request, in the simulation's seconds.
@@ -89,6 +96,8 @@ class Replica {
   void End(double end_s);
 
   bool busy() const { return in_step_; }
+  // How much later the step in flight ends than Begin said (arrivals during it), and no more after.
+  double TakeDelay() { return std::exchange(delay_s_, 0.0); }
   bool has_work() const { return !pending_.empty() || scheduler_.HasUnfinished(); }
   int32_t outstanding() const { return static_cast<int32_t>(pending_.size()) + unfinished_; }
   const Scheduler& scheduler() const { return scheduler_; }
@@ -99,6 +108,8 @@ class Replica {
   const std::vector<SimStep>& steps() const { return steps_; }
   int64_t num_steps() const { return num_steps_; }
   const std::vector<int64_t>& k_histogram() const { return k_histogram_; }
+  int64_t draft_tokens() const { return draft_tokens_; }  // drafts verified, and of those accepted
+  int64_t accepted_tokens() const { return accepted_tokens_; }
   double kv_block_seconds() const { return kv_block_seconds_; }  // integral of used blocks over time
   int32_t kv_blocks_peak() const { return kv_blocks_peak_; }
   bool drafts_cannot_pay() const { return speculation_ != nullptr && speculation_->drafts_cannot_pay(); }
@@ -137,7 +148,9 @@ class Replica {
   // The step in flight.
   bool in_step_ = false;
   double step_start_s_ = 0, step_seconds_ = 0;
+  double delay_s_ = 0;  // arrival_s per request submitted during the step in flight
   StepPlan plan_;
+  int64_t draft_tokens_ = 0, accepted_tokens_ = 0;
   std::vector<SpecCandidate> candidates_;
   StepResult result_;
   StepTiming timing_;

@@ -1,6 +1,8 @@
 #include "tools/sim_flags.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "absl/strings/numbers.h"
@@ -12,7 +14,7 @@ namespace specula {
 
 const std::set<std::string> kSimFlags = {
     "cost", "shape", "device", "draft-shape", "weight-bytes", "kv-bytes", "spec-method", "num-spec-tokens",
-    "acceptance", "acceptance-spread", "propose-us", "max-num-seqs", "max-num-batched-tokens", "block-size",
+    "acceptance", "acceptance-spread", "propose-us", "arrival-us", "max-num-seqs", "max-num-batched-tokens", "block-size",
     "num-blocks", "max-model-len", "max-queue-len", "max-queue-delay-ms", "ttft-slo-ms", "replicas", "routing",
     "request-rate", "burstiness", "burst-factor", "burst-start-s", "burst-duration-s", "num-prompts", "duration-s",
     "input-len", "output-len", "len-spread", "sessions", "prefix-reuse", "trace", "goodput", "seed"};
@@ -33,7 +35,9 @@ speculation:
   --num-spec-tokens K   k, or auto (default auto when a method is given)
   --draft-shape NAME    the draft model's shape on --device (a --cost file may carry the draft's steps)
   --acceptance A[,B..]  the acceptance of draft 1, 2, ... given those before were accepted (the last
-                        repeats); required with speculation
+                        repeats); required with speculation. Or `trace` with --spec-method ngram: each
+                        request's drafts and acceptance replayed from the --trace's drafts_found
+                        and drafts_matched (an experiment's trace of an n-gram point)
   --acceptance-spread C per-request variation: each request's level ~ Beta with concentration C
                         (default 0: none)
   --propose-us US       host time per drafting sequence of a proposer without a model (default 20)
@@ -42,9 +46,13 @@ replica:
   --num-blocks N        KV blocks (default: a --cost file's, else sized from the device's memory)
   --max-model-len N     (default 4096, or a --cost file's)   --no-prefix-caching
   --max-queue-len N  --max-queue-delay-ms MS  --ttft-slo-ms MS   admission control, as `serve`'s
+  --arrival-us US       what a request's arrival adds to the step it lands in (default: a --cost
+                        file's arrival_s for text prompts and arrival_token_ids_s for token ids,
+                        else 0; with --validate too)
 fleet:
   --replicas N (default 1)  --routing round_robin|least_outstanding|session (default least_outstanding)
-workload (or --trace FILE: JSONL of arrival_s, prompt_tokens, output_tokens[, session]):
+workload (or --trace FILE: JSONL of arrival_s, prompt_tokens, output_tokens[, prompt_id][, session]
+          [, drafts_found, drafts_matched]; an experiment's traces/*.jsonl):
   --request-rate R      requests/s (default 10; inf: all at 0)   --burstiness B (gamma shape, 1 = Poisson)
   --burst-factor F --burst-start-s S --burst-duration-s D   a window at F times the rate
   --num-prompts N (default 1000) or --duration-s D (N = rate x D)
@@ -95,6 +103,8 @@ absl::Status CostFromFlags(const Flags& f, SimSetup* s, std::optional<int32_t>* 
     r.target = file->target.model;
     if (!f.switches.count("step-jitter")) r.target.SetJitter({});
     r.request_overhead_s = file->request_overhead_s;
+    r.arrival_s = file->arrival_s;
+    r.arrival_token_ids_s = file->arrival_token_ids_s;
     r.target_cost = file->target.forwards;
     if (file->draft) {
       r.draft_shape = file->draft->shape;
@@ -164,12 +174,21 @@ absl::Status SpeculationFromFlags(const Flags& f, SimSetup* s) {
                       r.scheduler.num_spec_tokens > 16)) {
     return absl::InvalidArgumentError(absl::StrCat("--num-spec-tokens: '", k, "' is not auto or 1..16"));
   }
-  if (!f.values.count("acceptance")) return absl::InvalidArgumentError("--spec-method needs --acceptance A[,B,...]");
-  std::vector<double> alpha;
-  for (absl::string_view v : absl::StrSplit(Get(f, "acceptance"), ',')) {
-    double a;
-    if (!absl::SimpleAtod(v, &a)) return absl::InvalidArgumentError(absl::StrCat("--acceptance: '", std::string(v), "' is not a number"));
-    alpha.push_back(a);
+  if (!f.values.count("acceptance")) return absl::InvalidArgumentError("--spec-method needs --acceptance A[,B,...] or trace");
+  s->acceptance_from_trace = Get(f, "acceptance") == "trace";
+  if (s->acceptance_from_trace &&
+      (method != "ngram" || !f.values.count("trace") || f.values.count("acceptance-spread"))) {
+    return absl::InvalidArgumentError("--acceptance trace replays a --trace's n-gram drafts: it needs --spec-method ngram "
+                                      "and --trace, and takes no --acceptance-spread");
+  }
+  std::vector<double> alpha = {0.0};  // with trace: what a request without a recorded profile accepts
+  if (!s->acceptance_from_trace) {
+    alpha.clear();
+    for (absl::string_view v : absl::StrSplit(Get(f, "acceptance"), ',')) {
+      double a;
+      if (!absl::SimpleAtod(v, &a)) return absl::InvalidArgumentError(absl::StrCat("--acceptance: '", std::string(v), "' is not a number"));
+      alpha.push_back(a);
+    }
   }
   double spread = 0, propose_us = 20;
   if (auto st = Num(f, "acceptance-spread", &spread, 0); !st.ok()) return st;
@@ -234,6 +253,11 @@ absl::Status ReplicaFromFlags(const Flags& f, SimSetup* s, std::optional<int32_t
     if (!st.ok()) return st;
   }
   c.enable_prefix_caching = !f.switches.count("no-prefix-caching");
+  if (f.values.count("arrival-us")) {
+    double us = 0;
+    if (auto st = Num(f, "arrival-us", &us, 0, 1e6); !st.ok()) return st;
+    s->replica.arrival_s = s->replica.arrival_token_ids_s = us * 1e-6;
+  }
   if (f.values.count("routing")) {
     auto r = ParseRouting(Get(f, "routing"));
     if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat("--", r.status().message()));
@@ -262,6 +286,15 @@ absl::StatusOr<std::vector<SimRequest>> SimRequests(const SimSetup& s) {
   if (!s.trace) return MakeRequests(s.workload);
   auto t = LoadTrace(*s.trace);
   if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat("--trace: ", t.status().message()));
+  const bool profiles = std::any_of(t->begin(), t->end(), [](const SimRequest& r) { return !r.drafts.found.empty(); });
+  if (s.acceptance_from_trace && !profiles) {
+    return absl::InvalidArgumentError(absl::StrCat("--acceptance trace: ", *s.trace, " has no drafts_found and drafts_matched "
+                                                   "(an experiment's trace of an n-gram point has them)"));
+  }
+  if (!s.acceptance_from_trace && profiles && s.replica.speculate) {
+    std::fprintf(stderr, "[simulate] note: the trace's drafts_found and drafts_matched are not replayed "
+                         "(--acceptance trace replays them)\n");
+  }
   return t;
 }
 

@@ -23,6 +23,7 @@ struct SimSetup {
   std::unique_ptr<AcceptanceModel> acceptance;
   SyntheticWorkload workload;
   std::optional<std::string> trace;  // --trace: arrivals and lengths from a file instead
+  bool acceptance_from_trace = false;  // --acceptance trace: the trace's n-gram draft profiles
   int32_t replicas = 1;
   Routing routing = Routing::kLeastOutstanding;
   GoodputSlo slo;

@@ -6,7 +6,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status_macros.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "tools/sim_flags.h"
 
@@ -28,7 +27,8 @@ the fleet and with --per-replica for each replica. Same flags and seed, same out
   --per-replica       a table (or JSON entry) per replica too
   --validate DIR      replay an ONLINE experiment's results (DIR/run.json, DIR/results.jsonl): its
                       arrivals, lengths (its traces/ if recorded) and configurations, with the
-                      acceptance each point measured, and compare the prediction with each point's
+                      acceptance each point measured (an n-gram point's trace: each request's
+                      drafts, replayed step by step), and compare the prediction with each point's
                       measurement; --json prints {"points": [{"params", "measured", "predicted",
                       "step_times"}]} (step_times: the model over the runs' own recorded steps)
   --steps-out DIR     with --validate: each point's simulated steps, DIR/point-N.steps.jsonl, in the
@@ -58,12 +58,17 @@ void PrintTable(const SimSummary& s) {
   std::printf("%-40s %.3f / %.3f\n", "KV use, mean / peak", s.kv_usage_mean, s.kv_usage_peak);
   std::printf("%-40s %lld\n", "Preemptions", static_cast<long long>(s.preemptions));
   std::printf("%-40s %lld (mean k %.2f)\n", "Steps", static_cast<long long>(s.steps), s.mean_k);
+  if (s.draft_tokens > 0) {
+    std::printf("%-40s %lld of %lld\n", "Drafts accepted", static_cast<long long>(s.accepted_tokens),
+                static_cast<long long>(s.draft_tokens));
+  }
   std::printf("%s\n", std::string(50, '=').c_str());
 }
 
 absl::Status Simulate(const Flags& flags) {
   ASSIGN_OR_RETURN(SimSetup setup, SimSetupFromFlags(flags));
   ASSIGN_OR_RETURN(std::vector<SimRequest> requests, SimRequests(setup));
+  if (setup.acceptance_from_trace) setup.acceptance = WithDraftProfiles(requests, std::move(setup.acceptance));
   FleetConfig fc;
   fc.replicas = setup.replicas;
   fc.routing = setup.routing;
@@ -108,7 +113,8 @@ json SimSummaryJson(const SimSummary& s) {
           {"tpot_ms", StatsJson(s.tpot_ms)}, {"itl_ms", StatsJson(s.itl_ms)}, {"e2e_ms", StatsJson(s.e2e_ms)},
           {"ttft_p50_ms", s.ttft_ms.median}, {"ttft_p99_ms", s.ttft_ms.p99}, {"tpot_p50_ms", s.tpot_ms.median},
           {"tpot_p99_ms", s.tpot_ms.p99}, {"kv_usage_mean", s.kv_usage_mean}, {"kv_usage_peak", s.kv_usage_peak},
-          {"preemptions", s.preemptions}, {"steps", s.steps}, {"mean_k", s.mean_k}};
+          {"preemptions", s.preemptions}, {"steps", s.steps}, {"mean_k", s.mean_k},
+          {"draft_tokens", s.draft_tokens}, {"accepted_tokens", s.accepted_tokens}};
 }
 
 absl::Status RunSimulate(int argc, char** argv) {

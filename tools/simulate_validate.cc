@@ -25,7 +25,8 @@ const std::vector<std::pair<std::vector<const char*>, const char*>>& Metrics() {
   static const std::vector<std::pair<std::vector<const char*>, const char*>> m = {
       {{"ttft_ms", "p50"}, "ttft_p50_ms"}, {{"ttft_ms", "p99"}, "ttft_p99_ms"}, {{"tpot_ms", "p50"}, "tpot_p50_ms"},
       {{"tpot_ms", "p99"}, "tpot_p99_ms"}, {{"output_tok_s"}, "output_tok_s"},   {{"goodput"}, "goodput"},
-      {{"rejected"}, "refused"}};
+      {{"rejected"}, "refused"},         {{"spec", "draft_tokens"}, "draft_tokens"},
+      {{"spec", "accepted_tokens"}, "accepted_tokens"}};
   return m;
 }
 
@@ -202,6 +203,11 @@ absl::Status Configure(const json& run, const std::vector<json>& runs, const std
     auto t = LoadTrace(dir + "/" + runs.front()["trace"].get<std::string>());
     if (!t.ok()) return t.status();
     *requests = *std::move(t);
+    if (w.contains("synthetic")) {
+      for (SimRequest& q : *requests) q.text_prompt = false;  // token ids (traces before prompt_text)
+    }
+    // An n-gram point's trace records what the lookup found and matched at each step: replayed.
+    if (method == "ngram" && !sf.acceptance_given) s->acceptance = WithDraftProfiles(*requests, std::move(s->acceptance));
     return absl::OkStatus();
   }
   if (!w.contains("synthetic") || !w["synthetic"].is_object()) {
@@ -225,6 +231,7 @@ absl::Status Configure(const json& run, const std::vector<json>& runs, const std
   a.burst_start_s = num(run["spec"], "burst_start_s", 0);
   a.burst_duration_s = num(run["spec"], "burst_duration_s", 0);
   *requests = MakeRequests(sw);
+  for (SimRequest& q : *requests) q.text_prompt = false;  // a synthetic workload sends token ids
   return absl::OkStatus();
 }
 

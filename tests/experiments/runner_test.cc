@@ -2,6 +2,7 @@
 // writes one trace line per request at the arrivals that ArrivalTimes gives for the same options,
 // and counts goodput per request against the spec's SLO.
 #include "experiments/runner.h"
+#include "experiments/draft_profile.h"
 #include "experiments/step_periods.h"
 
 #include <algorithm>
@@ -82,6 +83,8 @@ TEST_F(RunnerTest, OnlineBurstRecordsTheTraceAndGoodput) {
     EXPECT_NEAR(t["arrival_s"].get<double>(), arrivals[i], 0.05);  // the send time is measured
     EXPECT_EQ(t["output_tokens"], i % 2 == 0 ? 1 : 8);
     EXPECT_GT(t["prompt_tokens"].get<int>(), 0);
+    EXPECT_TRUE(t["prompt_text"].get<bool>());  // the prompts file's text, tokenized by the server
+    EXPECT_FALSE(t.contains("drafts_found"));   // no n-gram proposer
     ASSERT_TRUE(t["ok"].get<bool>());
     EXPECT_FALSE(t.contains("error"));
     const double ttft = t["ttft_ms"], e2e = t["e2e_ms"];
@@ -190,6 +193,55 @@ TEST_F(RunnerTest, SpeculativeRunsCountTheDraftsEachPositionReached) {
     sum += accepted[i];
   }
   EXPECT_EQ(sum, st["accepted_tokens"].get<int64_t>());
+}
+
+// The lookup's drafts at each step, worked by hand: after g output tokens it matches the longest
+// suffix (4 tokens down to 2) against an earlier occurrence and proposes what followed it.
+TEST(DraftProfile, RecordsWhatTheLookupFoundAndTheOutputMatched) {
+  const NgramProposer lookup(2, 4);
+  const std::vector<TokenId> prompt = {5, 6, 7, 8, 5, 6}, output = {7, 9, 5, 6, 7, 1};
+  DraftProfile p = NgramDraftProfile(lookup, prompt, output, 4);
+  // g = 1: [5 6 7] recurs at 0, so 8 5 6 7 (the output has 9 next); g = 2, 3: no suffix recurs;
+  // g = 4: [5 6] at 4, so 7 9 5 6 (7 then 1 came); g = 5: [5 6 7] at 4, so 9 5 6 7 (1 came).
+  EXPECT_EQ(p.found, (std::vector<int32_t>{4, 0, 0, 4, 4}));
+  EXPECT_EQ(p.matched, (std::vector<int32_t>{0, 0, 0, 1, 0}));
+  p = NgramDraftProfile(lookup, prompt, output, 2);
+  EXPECT_EQ(p.found, (std::vector<int32_t>{2, 0, 0, 2, 2}));
+  EXPECT_EQ(p.matched, (std::vector<int32_t>{0, 0, 0, 1, 0}));
+  EXPECT_TRUE(NgramDraftProfile(lookup, prompt, {3}, 4).found.empty());  // one token: no decode step
+}
+
+// An n-gram point's trace carries each request's profile, and under a fixed k the profiles replayed
+// through the scheduler's cap (no drafts past max_tokens) give the run's own draft and accepted
+// counts exactly: the simulator replays the acceptance of a greedy n-gram run step for step.
+TEST_F(RunnerTest, AnNgramTraceReplaysTheRunsDraftsExactly) {
+  std::ofstream(dir_ + "/long.jsonl") << "{\"prompt\": \"Once upon a time\"}\n{\"prompt\": \"The cat sat on the\"}\n";
+  constexpr int32_t kK = 3, kMaxTokens = 80;
+  auto spec = ParseSpec(dir_ + "/spec.textproto",
+                        "model { path: \"" + kModels + "/stories260K.bin\" tokenizer: \"" + kModels + "/tok512.bin\" }\n"
+                        "workload { prompts_file: \"long.jsonl\" num_requests: 6 max_tokens: 80 seed: 5 ignore_eos: true }\n"
+                        "mode: ONLINE\nsweep { spec_method: [\"ngram\"] num_spec_tokens: [3] request_rate: [50] }\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  RunHooks hooks;
+  hooks.trace_path = dir_ + "/ngram.jsonl";
+  auto m = RunPoint(*spec, ExpandSweep(spec->spec)[0], hooks);
+  ASSERT_TRUE(m.ok()) << m.status();
+  int64_t drafts = 0, accepted = 0;
+  for (const nlohmann::json& line : ReadLines(hooks.trace_path)) {
+    ASSERT_TRUE(line.contains("drafts_found")) << line.dump();
+    const std::vector<int32_t> found = line["drafts_found"], matched = line["drafts_matched"];
+    ASSERT_EQ(found.size(), kMaxTokens - 1u);
+    for (int32_t g = 1; g < kMaxTokens;) {
+      const int32_t d = std::min({kK, kMaxTokens - g - 1, found[g - 1]});
+      const int32_t a = std::min(d, matched[g - 1]);
+      drafts += d;
+      accepted += a;
+      g += a + 1;
+    }
+  }
+  EXPECT_GT(accepted, 20);  // the tiny model repeats itself: n-gram drafts are accepted
+  EXPECT_EQ(drafts, (*m)["spec"]["draft_tokens"].get<int64_t>());
+  EXPECT_EQ(accepted, (*m)["spec"]["accepted_tokens"].get<int64_t>());
 }
 
 }  // namespace

@@ -21,7 +21,7 @@ namespace {
 class ReplayAcceptance final : public AcceptanceModel {
  public:
   std::map<RequestId, int32_t> accepted;
-  int32_t Accepted(RequestId id, int32_t k, std::mt19937_64&) override {
+  int32_t Accepted(RequestId id, int32_t k, int32_t, std::mt19937_64&) override {
     auto it = accepted.find(id);
     EXPECT_NE(it, accepted.end()) << "request " << id << " verified drafts in the simulator only";
     return it == accepted.end() ? 0 : std::min(it->second, k);

@@ -118,7 +118,7 @@ TEST(Acceptance, FixedAlphaGivesTheGeometricMean) {
   std::mt19937_64 rng(1);
   double sum = 0;
   const int n = 200000;
-  for (int i = 0; i < n; ++i) sum += a->Accepted(i, 4, rng);
+  for (int i = 0; i < n; ++i) sum += a->Accepted(i, 4, 1, rng);
   const double expected = 0.7 * (1 - std::pow(0.7, 4)) / (1 - 0.7);  // sum of 0.7^j, j = 1..4
   EXPECT_NEAR(sum / n, expected, 0.01);
   EXPECT_FALSE(PositionalAcceptance::Create({1.2}).ok());
@@ -203,6 +203,40 @@ TEST(Simulate, RequestOverheadAndStepJitter) {
   EXPECT_NEAR(static_cast<double>(slow) / steps.size(), 0.1, 0.03);
 }
 
+// A request that arrives while a step runs delays that step's end by arrival_s (the client's thread
+// took a core from the forward); one that arrives to an idle replica delays nothing.
+TEST(Simulate, AnArrivalDuringAStepDelaysThatStep) {
+  auto acc = PositionalAcceptance::Create({0.0});
+  FleetConfig f;
+  f.replica = Cpu();
+  f.record_steps = true;
+  std::vector<SimRequest> requests = MakeRequests(Load(1, 2));
+  requests[0].arrival_s = 0;
+  const double prefill_s = f.replica.target.Seconds({1, 64, 1, 64 * 65 / 2.0});
+  requests[1].arrival_s = prefill_s / 2;  // during the first request's prefill
+  const FleetResult plain = Simulate(f, requests, &*acc, {});
+  f.replica.arrival_s = 0.002;
+  const FleetResult slowed = Simulate(f, requests, &*acc, {});
+  const auto& a = plain.replicas[0]->records();
+  const auto& b = slowed.replicas[0]->records();
+  EXPECT_NEAR(a[0].first_token_s, prefill_s, 1e-9);  // the arrival to an idle replica: no delay
+  EXPECT_NEAR(b[0].first_token_s - a[0].first_token_s, 0.002, 1e-9);
+  EXPECT_NEAR(slowed.replicas[0]->steps()[0].seconds, prefill_s + 0.002, 1e-9);
+  EXPECT_EQ(slowed.fleet.steps, plain.fleet.steps);  // the same schedule, later
+  f.replica.arrival_token_ids_s = 0.0005;  // a request sent as token ids costs its own
+  requests[1].text_prompt = false;
+  const FleetResult ids = Simulate(f, requests, &*acc, {});
+  EXPECT_NEAR(ids.replicas[0]->records()[0].first_token_s - a[0].first_token_s, 0.0005, 1e-9);
+  // Under load every step with arrivals in it runs longer: TTFT and TPOT rise.
+  const auto busy = MakeRequests(Load(60, 300));
+  f.replica.arrival_s = 0;
+  const SimSummary calm = Simulate(f, busy, &*acc, {}).fleet;
+  f.replica.arrival_s = 0.001;
+  const SimSummary stolen = Simulate(f, busy, &*acc, {}).fleet;
+  EXPECT_GT(stolen.ttft_ms.median, calm.ttft_ms.median + 0.5);
+  EXPECT_GT(stolen.tpot_ms.mean, calm.tpot_ms.mean);
+}
+
 TEST(Simulate, OverloadWithAdmissionRefusesAndKeepsTtftBounded) {
   auto acc = PositionalAcceptance::Create({0.0});
   FleetConfig f;
@@ -282,15 +316,60 @@ TEST(LoadTrace, ReadsAnExperimentTraceAndNamesBadLines) {
   const std::string dir = testing::MakeTempDir();
   {
     std::ofstream(dir + "/t.jsonl") << R"({"arrival_s": 0.5, "prompt_tokens": 10, "output_tokens": 4, "ttft_ms": 3})"
-                                    << "\n" << R"({"arrival_s": 0.1, "prompt_tokens": 7, "output_tokens": 2})" << "\n";
+                                    << "\n" << R"({"arrival_s": 0.1, "prompt_tokens": 7, "output_tokens": 2, "prompt_text": false})" << "\n";
     std::ofstream(dir + "/bad.jsonl") << R"({"arrival_s": 0.5, "prompt_tokens": "ten", "output_tokens": 4})" << "\n";
   }
   auto t = LoadTrace(dir + "/t.jsonl");
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_EQ(t->size(), 2u);
   EXPECT_EQ((*t)[0].prompt_len, 7);  // sorted by arrival
+  EXPECT_FALSE((*t)[0].text_prompt);
+  EXPECT_TRUE((*t)[1].text_prompt);  // text unless the trace says token ids
   auto bad = LoadTrace(dir + "/bad.jsonl");
   EXPECT_NE(bad.status().message().find("bad.jsonl:1: field 'prompt_tokens'"), std::string::npos) << bad.status();
+}
+
+TEST(LoadTrace, ReadsDraftProfilesAndNamesBadOnes) {
+  const std::string dir = testing::MakeTempDir();
+  const std::string head = R"({"arrival_s": 0, "prompt_tokens": 8, "output_tokens": 4)";
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {R"(, "drafts_found": [1, 2, 0]})", "'drafts_found' and 'drafts_matched' come together"},
+      {R"(, "drafts_found": [1, 2], "drafts_matched": [0, 0]})", "'drafts_found' must be an array of output_tokens - 1 (3)"},
+      {R"(, "drafts_found": [1, 2, -1], "drafts_matched": [0, 0, 0]})", "'drafts_found' must hold integers"},
+      {R"(, "drafts_found": [1, 2, 0], "drafts_matched": [0, 3, 0]})", "'drafts_matched' exceeds 'drafts_found' at 1"}};
+  for (const auto& [tail, message] : bad) {
+    std::ofstream(dir + "/bad.jsonl") << head << tail << "\n";
+    auto t = LoadTrace(dir + "/bad.jsonl");
+    EXPECT_NE(t.status().message().find(message), std::string::npos) << tail << ": " << t.status();
+  }
+  std::ofstream(dir + "/t.jsonl") << head << R"(, "drafts_found": [3, 0, 2], "drafts_matched": [1, 0, 2]})" << "\n"
+                                  << head << "}\n";
+  auto t = LoadTrace(dir + "/t.jsonl");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)[0].drafts.found, (std::vector<int32_t>{3, 0, 2}));
+  EXPECT_EQ((*t)[0].drafts.matched, (std::vector<int32_t>{1, 0, 2}));
+  EXPECT_TRUE((*t)[1].drafts.found.empty());
+}
+
+// A request's profile decides its drafts and acceptance at each step; others draw from the fallback.
+TEST(Acceptance, ProfilesReplayEachStepAndOthersUseTheFallback) {
+  std::vector<SimRequest> requests(2);
+  requests[0].id = 7;
+  requests[0].drafts = {{3, 0, 5}, {1, 0, 4}};  // after 1, 2 and 3 output tokens
+  requests[1].id = 9;
+  auto a = WithDraftProfiles(requests, std::make_unique<PositionalAcceptance>(*PositionalAcceptance::Create({1.0})));
+  std::mt19937_64 rng(1);
+  EXPECT_EQ(a->Proposed(7, 4, 1, rng), 3);  // found 3 of the 4 asked for
+  EXPECT_EQ(a->Accepted(7, 3, 1, rng), 1);
+  EXPECT_EQ(a->Proposed(7, 4, 2, rng), 0);
+  EXPECT_EQ(a->Proposed(7, 2, 3, rng), 2);  // asked for fewer than found: a prefix, matched up to k
+  EXPECT_EQ(a->Accepted(7, 2, 3, rng), 2);
+  EXPECT_EQ(a->Accepted(7, 5, 3, rng), 4);
+  EXPECT_EQ(a->Accepted(9, 4, 1, rng), 4);  // no profile: the fallback accepts every draft
+  EXPECT_EQ(a->Accepted(7, 4, 4, rng), 4);  // past the profile too
+  // Without any profile the fallback itself comes back.
+  auto plain = WithDraftProfiles({requests[1]}, std::make_unique<PositionalAcceptance>(*PositionalAcceptance::Create({1.0})));
+  EXPECT_NE(dynamic_cast<PositionalAcceptance*>(plain.get()), nullptr);
 }
 
 }  // namespace
@@ -376,7 +455,8 @@ TEST(StepCostFile, ReadsCalibrationsAndCacheFilesAndNamesWhatIsWrong) {
     std::ofstream(dir + "/cache.json") << R"({"format": "specula.step_cost.v1", "tables": )" << table << "}";
     std::ofstream(dir + "/old.json") << R"({"format": "specula.step_cost.v0", "tables": {}})";
     std::ofstream(dir + "/late.json") << R"({"format": "specula.step_cost.v1", "shape": )" << shape
-                                      << R"(, "steps": )" << steps << R"(, "request_overhead_s": 0.0003})";
+                                      << R"(, "steps": )" << steps << R"(, "request_overhead_s": 0.0003, "arrival_s": 0.0002,
+                                          "arrival_token_ids_s": 0.0001})";
     std::ofstream(dir + "/bad.json") << R"({"format": "specula.step_cost.v1", "shape": )" << shape
                                      << R"(, "steps": )" << steps << R"(, "request_overhead_s": -1})";
   }
@@ -399,6 +479,9 @@ TEST(StepCostFile, ReadsCalibrationsAndCacheFilesAndNamesWhatIsWrong) {
   EXPECT_NE(LoadStepCostFile(dir + "/old.json").status().message().find("old.json: \"format\""), std::string::npos);
   EXPECT_EQ(cal->request_overhead_s, 0);
   EXPECT_EQ(LoadStepCostFile(dir + "/late.json")->request_overhead_s, 0.0003);
+  EXPECT_EQ(LoadStepCostFile(dir + "/late.json")->arrival_s, 0.0002);
+  EXPECT_EQ(LoadStepCostFile(dir + "/late.json")->arrival_token_ids_s, 0.0001);
+  EXPECT_EQ(cal->arrival_s, 0);
   EXPECT_NE(LoadStepCostFile(dir + "/bad.json").status().message().find("\"request_overhead_s\" is not a number >= 0"),
             std::string::npos);
 }

@@ -54,6 +54,7 @@ class SimulateCliTest(unittest.TestCase):
             (["simulate", "--cost", "/nonexistent.json"], "--cost: /nonexistent.json: cannot open"),
             (["plan", *ROOFLINE], "plan needs --qps"),
             (["simulate", *ROOFLINE, "--acceptance-spread", "2"], "--acceptance-spread and --propose-us need --spec-method"),
+            (["simulate", *ROOFLINE, "--arrival-us", "-5"], "--arrival-us"),
         ]:
             r = specula(*args)
             self.assertEqual(r.returncode, 1, args)
@@ -66,8 +67,12 @@ class SimulateCliTest(unittest.TestCase):
                     "--load", "2,6", "--load-requests", "16", "--no-progress")
         self.assertEqual(r.returncode, 0, r.stderr)
         with open(cost) as f:
-            steps = json.load(f)["steps"]
+            calibration = json.load(f)
+        steps = calibration["steps"]
         self.assertEqual({s["kind"] for s in steps}, {"prefill", "decode", "verify"})
+        # What an arrival adds to the step it lands in: measured, and well under a step of the model.
+        self.assertGreaterEqual(calibration["arrival_s"], 0)
+        self.assertLess(calibration["arrival_s"], 0.005)
         grid = [s for s in steps if s["phase"] == "grid"]
         load = [s for s in steps if s["phase"] == "load"]
         self.assertEqual(len(grid) + len(load), len(steps))
@@ -120,10 +125,9 @@ class SimulateCliTest(unittest.TestCase):
             self.assertGreater(len(sim_steps), 10)
             self.assertEqual(set(sim_steps[0]), {"start_s", "seconds", "kind", "seqs", "tokens", "rows", "positions"})
 
-    def test_validation_replays_each_drafts_acceptance_given_those_before(self):
-        # A speculative ONLINE point records, per draft position, the verifications that reached it
-        # and those that accepted it; --validate replays their ratio. Set to all accepted or none,
-        # the same point's replay takes fewer steps with all.
+    def small_ngram_run(self, record_trace):
+        """A small calibration of the tiny model and one ONLINE n-gram point (k = 2): (cost file, the
+        experiment's directory, its results line)."""
         cost = os.path.join(self.tmp, "cost.json")
         r = specula("experiment", "calibrate", "--model", TARGET, "--tokenizer", TOKENIZER, "--out", cost,
                     "--batches", "1,4", "--contexts", "32", "--ks", "2", "--steps", "3", "--load", "2", "--load-requests", "8",
@@ -133,12 +137,19 @@ class SimulateCliTest(unittest.TestCase):
         with open(spec, "w") as f:
             f.write(f'name: "a"\nmodel {{ path: "{TARGET}" tokenizer: "{TOKENIZER}" }}\n'
                     'workload { synthetic { input_len: 32 output_len: 48 } num_requests: 20 seed: 3 }\n'
-                    'mode: ONLINE\nsweep { spec_method: ["ngram"] num_spec_tokens: [2] request_rate: [40] }\n')
+                    'mode: ONLINE\nsweep { spec_method: ["ngram"] num_spec_tokens: [2] request_rate: [40] }\n'
+                    + ('record_trace: true\n' if record_trace else ''))
         out = os.path.join(self.tmp, "online")
         r = specula("experiment", "run", spec, "--out", out, "--no-progress")
         self.assertEqual(r.returncode, 0, r.stderr)
         with open(os.path.join(out, "results.jsonl")) as f:
-            run = json.loads(f.readline())
+            return cost, out, json.loads(f.readline())
+
+    def test_validation_replays_each_drafts_acceptance_given_those_before(self):
+        # A speculative ONLINE point records, per draft position, the verifications that reached it
+        # and those that accepted it; --validate replays their ratio. Set to all accepted or none,
+        # the same point's replay takes fewer steps with all.
+        cost, out, run = self.small_ngram_run(record_trace=False)
         self.assertEqual(len(run["spec"]["reached_per_position"]), len(run["spec"]["accepted_per_position"]))
         steps = {}
         for name, accepted in (("all", lambda n: n), ("none", lambda n: 0), ("half", lambda n: n // 2)):
@@ -161,6 +172,32 @@ class SimulateCliTest(unittest.TestCase):
         v = specula("simulate", "--validate", half, "--cost", cost, "--acceptance-spread", "wide")
         self.assertEqual(v.returncode, 1)
         self.assertIn("--acceptance-spread: 'wide' is not a number >= 0", v.stderr)
+
+    def test_an_ngram_trace_replays_the_runs_drafts_step_by_step(self):
+        # An n-gram point's trace records what the lookup found and matched at each decode step; with
+        # a fixed k, --validate and `simulate --acceptance trace` draft and accept what the run did.
+        cost, out, run = self.small_ngram_run(record_trace=True)
+        self.assertGreater(run["spec"]["accepted_tokens"], 5, run["spec"])
+        v = specula("simulate", "--validate", out, "--cost", cost, "--json")
+        self.assertEqual(v.returncode, 0, v.stderr)
+        point = json.loads(v.stdout)["points"][0]
+        for key in ("draft_tokens", "accepted_tokens"):
+            self.assertEqual(point["predicted"][key], run["spec"][key], key)
+        trace = os.path.join(out, run["trace"])
+        v = specula("simulate", "--trace", trace, "--cost", cost, "--spec-method", "ngram", "--num-spec-tokens", "2",
+                    "--acceptance", "trace", "--max-num-seqs", "64", "--json")
+        self.assertEqual(v.returncode, 0, v.stderr)
+        fleet = json.loads(v.stdout)["fleet"]
+        self.assertEqual((fleet["draft_tokens"], fleet["accepted_tokens"]),
+                         (run["spec"]["draft_tokens"], run["spec"]["accepted_tokens"]))
+        # A numeric acceptance says that the trace's drafts are not replayed; `trace` is refused by name
+        # where it cannot apply.
+        v = specula("simulate", "--trace", trace, "--cost", cost, "--spec-method", "ngram", "--acceptance", "0.5")
+        self.assertEqual(v.returncode, 0, v.stderr)
+        self.assertIn("drafts_found and drafts_matched are not replayed", v.stderr)
+        v = specula("simulate", "--cost", cost, "--spec-method", "ngram", "--acceptance", "trace")
+        self.assertEqual(v.returncode, 1)
+        self.assertIn("--acceptance trace replays a --trace's n-gram drafts", v.stderr)
 
     def test_plan_writes_the_report_and_prefers_the_cheaper_fleet(self):
         cands = os.path.join(self.tmp, "c.json")
