@@ -4,7 +4,7 @@
 # run ONLINE experiments at 30%, 53%, 77% and 100% of it (with and without speculation, Poisson and
 # a 5x burst, 3 repeats) and one overloaded point at 150% with admission control, calibrate again,
 # then replay every point with `specula simulate --validate` against each calibration and print the
-# tables of errors.
+# tables of errors; last, against the runs' own recorded steps (a diagnostic: bench/runs_cost.py).
 #
 #   bash bench/sim_fidelity.sh OUT_DIR smollm2|tinystories|gpu-1b [REQUESTS] [REPEATS]
 #   (docs/simulator.md: smollm2 with 120 requests a run, tinystories with 400, gpu-1b with 240)
@@ -82,8 +82,11 @@ spec overload ONLINE "spec_method: [\"none\"] request_rate: [$over]" \
 # after the runs, and the runs validated against each. Each point's "step_times" sets the model
 # against the steps the runs recorded.
 [ "${SPECULA_FIDELITY_AFTER:-1}" = 0 ] || [ -f "$out/$which-cost-after.json" ] || "$bin" experiment calibrate "${flags[@]}" --out "$out/$which-cost-after.json" --no-progress
-sources=(cost cost-after)
-[ -f "$out/$which-cost-after.json" ] || sources=(cost)
+# Last, a diagnostic: the runs' own recorded steps as the step times (bench/runs_cost.py), which
+# takes the calibration's drift out of the question and leaves the simulator's own model.
+python3 "$root/bench/runs_cost.py" "$out/$which-cost.json" "$out/$which-runs-cost.json" "$out/$which-online" "$out/$which-overload"
+sources=(cost cost-after runs-cost)
+[ -f "$out/$which-cost-after.json" ] || sources=(cost runs-cost)
 [ "$which" = gpu-1b ] && sources+=(tables roofline)
 for cost in "${sources[@]}"; do
   case $cost in
