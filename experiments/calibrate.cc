@@ -217,8 +217,9 @@ absl::StatusOr<json> Calibrate(LoadedEngine& e, const CalibrateOptions& o) {
   }
   ASSIGN_OR_RETURN(const double overhead, MeasureRequestOverhead(e, sc));
   out["request_overhead_s"] = overhead;
-  ASSIGN_OR_RETURN(const double arrival, MeasureArrivalCost(e, sc, DecodeSeconds(out["steps"], 2), true));
-  ASSIGN_OR_RETURN(const double arrival_ids, MeasureArrivalCost(e, sc, DecodeSeconds(out["steps"], 2), false));
+  const double decode_s = DecodeSeconds(out["steps"], 2);
+  ASSIGN_OR_RETURN(const double arrival, MeasureArrivalCost(e, sc, decode_s, true));
+  ASSIGN_OR_RETURN(const double arrival_ids, MeasureArrivalCost(e, sc, decode_s, false));
   out["arrival_s"] = arrival;
   out["arrival_token_ids_s"] = arrival_ids;
   if (draft) {

@@ -266,9 +266,8 @@ absl::Status WriteWhole(const std::string& path, const std::string& data) {
 }
 
 // The trace of an online run, where the hooks ask for one.
-absl::Status MaybeWriteTrace(const RunHooks& hooks, const RunResult& run, const std::vector<LoadRequest>& requests,
-                             absl::Span<const DraftProfile> drafts = {}) {
-  return hooks.trace_path.empty() ? absl::OkStatus() : WriteWhole(hooks.trace_path, TraceJsonl(run, requests, drafts));
+absl::Status MaybeWriteTrace(const RunHooks& hooks, const RunResult& run, const std::vector<LoadRequest>& requests) {
+  return hooks.trace_path.empty() ? absl::OkStatus() : WriteWhole(hooks.trace_path, TraceJsonl(run, requests));
 }
 
 // An n-gram engine's drafts at each decode step of each request (DraftProfile), from the prompt as the
@@ -372,11 +371,12 @@ absl::StatusOr<nlohmann::json> RunOnline(LoadedEngine& e, const SchedulerConfig&
   }
   const double peak = snap.kv_blocks_total ? static_cast<double>(snap.kv_blocks_peak) / snap.kv_blocks_total : 0.0;
   const EngineStats stats = Since(warm, snap.stats);
-  if (!hooks.trace_path.empty()) {
-    RETURN_IF_ERROR(MaybeWriteTrace(hooks, run, requests, NgramDraftProfiles(e, sc.num_spec_tokens, requests, tokens)));
-  }
   steps.periods.Finish();
-  if (!hooks.trace_path.empty()) RETURN_IF_ERROR(WriteWhole(StepsPath(hooks.trace_path), steps.Lines(run.start_s)));
+  if (!hooks.trace_path.empty()) {
+    const std::vector<DraftProfile> drafts = NgramDraftProfiles(e, sc.num_spec_tokens, requests, tokens);
+    RETURN_IF_ERROR(WriteWhole(hooks.trace_path, TraceJsonl(run, requests, drafts)));
+    RETURN_IF_ERROR(WriteWhole(StepsPath(hooks.trace_path), steps.Lines(run.start_s)));
+  }
   return Measurements(Summarize(run, SpecSlo(spec.slo())), w.num_requests(), &stats, spec_cfg.adaptive, peak,
                       snap.num_preemptions - warm_preemptions, &tokens);
 }

@@ -76,8 +76,6 @@ class ProfileAcceptance final : public AcceptanceModel {
  public:
   explicit ProfileAcceptance(std::unique_ptr<AcceptanceModel> fallback) : fallback_(std::move(fallback)) {}
   void Add(RequestId id, DraftProfile p) { profiles_[id] = std::move(p); }
-  bool empty() const { return profiles_.empty(); }
-  std::unique_ptr<AcceptanceModel> TakeFallback() { return std::move(fallback_); }
 
   int32_t Proposed(RequestId id, int32_t k, int32_t generated, std::mt19937_64& rng) override;
   int32_t Accepted(RequestId id, int32_t k, int32_t generated, std::mt19937_64& rng) override;

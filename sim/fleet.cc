@@ -83,12 +83,13 @@ std::string ReadDraftProfile(const nlohmann::json& j, SimRequest* r) {
 
 std::unique_ptr<AcceptanceModel> WithDraftProfiles(const std::vector<SimRequest>& requests,
                                                    std::unique_ptr<AcceptanceModel> fallback) {
+  auto has_profile = [](const SimRequest& r) { return !r.drafts.found.empty(); };
+  if (std::none_of(requests.begin(), requests.end(), has_profile)) return fallback;
   auto profiles = std::make_unique<ProfileAcceptance>(std::move(fallback));
   for (const SimRequest& r : requests) {
-    if (!r.drafts.found.empty()) profiles->Add(r.id, r.drafts);
+    if (has_profile(r)) profiles->Add(r.id, r.drafts);
   }
-  if (!profiles->empty()) return profiles;
-  return profiles->TakeFallback();
+  return profiles;
 }
 
 absl::StatusOr<std::vector<SimRequest>> LoadTrace(const std::string& path) {

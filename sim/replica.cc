@@ -161,8 +161,8 @@ StepResult Replica::Draw(const StepPlan& plan, const std::vector<int32_t>& draft
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
     if (!s.samples) continue;
-    const int32_t generated = scheduler_.Get(s.id)->num_generated();
-    const int32_t accepted = drafts[i] > 0 ? acceptance_->Accepted(s.id, drafts[i], generated, rng_) : 0;
+    const int32_t accepted =
+        drafts[i] > 0 ? acceptance_->Accepted(s.id, drafts[i], scheduler_.Get(s.id)->num_generated(), rng_) : 0;
     draft_tokens_ += drafts[i];
     accepted_tokens_ += accepted;
     std::vector<TokenId> tokens(accepted + 1);

@@ -52,7 +52,7 @@ replica:
 fleet:
   --replicas N (default 1)  --routing round_robin|least_outstanding|session (default least_outstanding)
 workload (or --trace FILE: JSONL of arrival_s, prompt_tokens, output_tokens[, prompt_id][, session]
-          [, drafts_found, drafts_matched]; an experiment's traces/*.jsonl):
+          [, prompt_text][, drafts_found, drafts_matched]; an experiment's traces/*.jsonl):
   --request-rate R      requests/s (default 10; inf: all at 0)   --burstiness B (gamma shape, 1 = Poisson)
   --burst-factor F --burst-start-s S --burst-duration-s D   a window at F times the rate
   --num-prompts N (default 1000) or --duration-s D (N = rate x D)
