@@ -36,8 +36,11 @@ std::vector<SimRequest> MakeRequests(const SyntheticWorkload& w);
 // [, "prompt_text"][, "drafts_found", "drafts_matched"]} (an experiment's traces/*.jsonl have these; equal
 // prompt_ids are the same prompt, which the prefix cache serves; prompt_text false: token ids were
 // sent, which cost an arrival less than text to tokenize; the drafts are an n-gram run's
-// DraftProfile, output_tokens - 1 entries each). Errors name the line and the field.
-absl::StatusOr<std::vector<SimRequest>> LoadTrace(const std::string& path);
+// DraftProfile, output_tokens - 1 entries each). A line with "ok": false and no tokens counted (a
+// request the server refused) still arrives, with the lengths of a completed request of the same
+// prompt, else the completed requests' medians; `note`, if given, says how many. Errors name the
+// line and the field.
+absl::StatusOr<std::vector<SimRequest>> LoadTrace(const std::string& path, std::string* note = nullptr);
 // `fallback` wrapped to replay the requests' draft profiles, where any has one; else `fallback`.
 std::unique_ptr<AcceptanceModel> WithDraftProfiles(const std::vector<SimRequest>& requests,
                                                    std::unique_ptr<AcceptanceModel> fallback);

@@ -284,8 +284,10 @@ absl::StatusOr<SimSetup> SimSetupFromFlags(const Flags& f) {
 
 absl::StatusOr<std::vector<SimRequest>> SimRequests(const SimSetup& s) {
   if (!s.trace) return MakeRequests(s.workload);
-  auto t = LoadTrace(*s.trace);
+  std::string note;
+  auto t = LoadTrace(*s.trace, &note);
   if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat("--trace: ", t.status().message()));
+  if (!note.empty()) std::fprintf(stderr, "[simulate] note: %s\n", note.c_str());
   const bool profiles = std::any_of(t->begin(), t->end(), [](const SimRequest& r) { return !r.drafts.found.empty(); });
   if (s.acceptance_from_trace && !profiles) {
     return absl::InvalidArgumentError(absl::StrCat("--acceptance trace: ", *s.trace, " has no drafts_found and drafts_matched "

@@ -200,8 +200,11 @@ absl::Status Configure(const json& run, const std::vector<json>& runs, const std
   }
   s->spec_label = !r.speculate ? "none" : absl::StrCat(method, r.adaptive ? " auto" : absl::StrCat(" k=", k));
   if (runs.front().contains("trace") && runs.front()["trace"].is_string()) {
-    auto t = LoadTrace(dir + "/" + runs.front()["trace"].get<std::string>());
+    const std::string trace = runs.front()["trace"].get<std::string>();
+    std::string note;
+    auto t = LoadTrace(dir + "/" + trace, &note);
     if (!t.ok()) return t.status();
+    if (!note.empty()) std::fprintf(stderr, "[simulate] %s: %s\n", trace.c_str(), note.c_str());
     *requests = *std::move(t);
     if (w.contains("synthetic")) {
       for (SimRequest& q : *requests) q.text_prompt = false;  // token ids (traces before prompt_text)

@@ -351,6 +351,37 @@ TEST(LoadTrace, ReadsDraftProfilesAndNamesBadOnes) {
   EXPECT_TRUE((*t)[1].drafts.found.empty());
 }
 
+// A request the server refused arrives all the same; a simulated replica may admit it, so it replays
+// with the lengths of a completed request of its prompt, else the completed ones' medians.
+TEST(LoadTrace, RefusedRequestsTakeTheLengthsOfTheirPromptOrTheMedians) {
+  const std::string dir = testing::MakeTempDir();
+  const std::string refused = R"(, "prompt_tokens": 0, "output_tokens": 0, "ok": false, "error": "overloaded"})";
+  std::ofstream(dir + "/t.jsonl") << R"({"arrival_s": 0.0, "prompt_id": 0, "prompt_tokens": 30, "output_tokens": 7, "ok": true})" << "\n"
+                                  << R"({"arrival_s": 0.1, "prompt_id": 1, "prompt_tokens": 10, "output_tokens": 3})" << "\n"
+                                  << R"({"arrival_s": 0.2, "prompt_id": 2, "prompt_tokens": 20, "output_tokens": 5})" << "\n"
+                                  << R"({"arrival_s": 0.3, "prompt_id": 0)" << refused << "\n"
+                                  << R"({"arrival_s": 0.4, "prompt_id": 9)" << refused << "\n"
+                                  << R"({"arrival_s": 0.5, "prompt_id": 1, "prompt_tokens": 10, "output_tokens": 2, "ok": false})" << "\n";
+  std::string note;
+  auto t = LoadTrace(dir + "/t.jsonl", &note);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->size(), 6u);
+  EXPECT_EQ((*t)[3].prompt_len, 30);  // prompt 0's
+  EXPECT_EQ((*t)[3].output_len, 7);
+  EXPECT_EQ((*t)[4].prompt_len, 20);  // no completed request of prompt 9: the medians of 30, 10, 20 and 7, 3, 5
+  EXPECT_EQ((*t)[4].output_len, 5);
+  EXPECT_EQ((*t)[5].output_len, 2);  // failed after 2 tokens: what it ran is known
+  EXPECT_NE(note.find("2 requests the server refused"), std::string::npos) << note;
+  EXPECT_NE(note.find("same prompt (1)"), std::string::npos) << note;
+
+  std::ofstream(dir + "/none.jsonl") << R"({"arrival_s": 0.3)" << refused << "\n";
+  auto none = LoadTrace(dir + "/none.jsonl");
+  EXPECT_NE(none.status().message().find("all 1 requests were refused or failed"), std::string::npos) << none.status();
+  std::ofstream(dir + "/bad.jsonl") << R"({"arrival_s": 0.3, "prompt_tokens": 1, "output_tokens": 1, "ok": 0})" << "\n";
+  auto bad = LoadTrace(dir + "/bad.jsonl");
+  EXPECT_NE(bad.status().message().find("bad.jsonl:1: field 'ok' must be true or false"), std::string::npos) << bad.status();
+}
+
 // A request's profile decides its drafts and acceptance at each step; others draw from the fallback.
 TEST(Acceptance, ProfilesReplayEachStepAndOthersUseTheFallback) {
   std::vector<SimRequest> requests(2);
