@@ -31,8 +31,9 @@ the fleet and with --per-replica for each replica. Same flags and seed, same out
                       drafts, replayed step by step), and compare the prediction with each point's
                       measurement; --json prints {"points": [{"params", "measured", "predicted",
                       "step_times"}]} (step_times: the model over the runs' own recorded steps)
-  --steps-out DIR     with --validate: each point's simulated steps, DIR/point-N.steps.jsonl, in the
-                      format of the runs' traces/*.steps.jsonl
+  --steps-out DIR     with --validate: each point's simulated steps and requests,
+                      DIR/point-N.steps.jsonl and DIR/point-N.jsonl, in the format of the runs'
+                      traces/*.steps.jsonl and traces/*.jsonl
   With --validate, --acceptance-spread C varies each speculative point's measured acceptance per
   request, and --propose-us N sets an n-gram or suffix proposer's host time per drafting sequence
   (default: none).

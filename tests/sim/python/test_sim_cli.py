@@ -124,6 +124,19 @@ class SimulateCliTest(unittest.TestCase):
                 sim_steps = [json.loads(line) for line in f]
             self.assertGreater(len(sim_steps), 10)
             self.assertEqual(set(sim_steps[0]), {"start_s", "seconds", "kind", "seqs", "tokens", "rows", "positions"})
+            # And its requests, as the run's trace has them: every one, in arrival order, each
+            # first token after its arrival and before its last.
+            with open(os.path.join(steps_dir, f"point-{i}.jsonl")) as f:
+                sim_requests = [json.loads(line) for line in f]
+            self.assertEqual(len(sim_requests), 60)
+            arrivals = [q["arrival_s"] for q in sim_requests]
+            self.assertEqual(arrivals, sorted(arrivals))
+            for q in sim_requests:
+                self.assertTrue(q["ok"], q)
+                self.assertGreater(q["output_tokens"], 0, q)
+                self.assertGreater(q["ttft_ms"], 0, q)
+                self.assertLessEqual(q["ttft_ms"], q["e2e_ms"], q)
+                self.assertAlmostEqual(q["finish_s"], q["arrival_s"] + q["e2e_ms"] / 1e3, places=9)
 
     def small_ngram_run(self, record_trace):
         """A small calibration of the tiny model and one ONLINE n-gram point (k = 2): (cost file, the
