@@ -78,7 +78,8 @@ std::vector<TokenId> Replica::Prompt(const SimRequest& r) {
 }
 
 std::string Replica::Submit(const SimRequest& r, double now_s) {
-  if (in_step_) delay_s_ += r.text_prompt ? config_.arrival_s : config_.arrival_token_ids_s;
+  // Only a running forward is slowed: a wait for the batching window runs none.
+  if (in_step_ && !plan_.seqs.empty()) delay_s_ += r.text_prompt ? config_.arrival_s : config_.arrival_token_ids_s;
   records_.emplace_back();
   records_.back().request = r;
   QueueState q;

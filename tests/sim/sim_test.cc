@@ -235,6 +235,17 @@ TEST(Simulate, AnArrivalDuringAStepDelaysThatStep) {
   const SimSummary stolen = Simulate(f, busy, &*acc, {}).fleet;
   EXPECT_GT(stolen.ttft_ms.median, calm.ttft_ms.median + 0.5);
   EXPECT_GT(stolen.tpot_ms.mean, calm.tpot_ms.mean);
+  // While the replica waits out a batching window no forward runs: an arrival then delays nothing.
+  f.replica.scheduler.max_wait_ms = 4;
+  f.replica.scheduler.max_num_seqs = 4;
+  requests[1].arrival_s = 0.001;
+  requests[1].text_prompt = true;
+  for (double cost : {0.0, 0.002}) {
+    f.replica.arrival_s = cost;
+    const FleetResult w = Simulate(f, requests, &*acc, {});
+    ASSERT_FALSE(w.replicas[0]->steps().empty());
+    EXPECT_NEAR(w.replicas[0]->steps()[0].start_s, 0.004, 1e-9) << cost;  // the window's end, whatever the arrival cost
+  }
 }
 
 TEST(Simulate, OverloadWithAdmissionRefusesAndKeepsTtftBounded) {
