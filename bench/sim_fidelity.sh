@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The serving simulator against real runs on this machine (docs/simulator.md, "Fidelity"): for a
-# model, calibrate the step times, measure the capacity (an OFFLINE run's request throughput),
-# run ONLINE experiments at 30%, 53%, 77% and 100% of it (with and without speculation, Poisson and
-# a 5x burst, 3 repeats) and one overloaded point at 150% with admission control, calibrate again,
+# model, calibrate the step times, measure the capacity (the request throughput of an ONLINE run
+# whose requests all arrive at once: what one replica sustains with a server's per-request host
+# work, which an OFFLINE run leaves out), run ONLINE experiments at 30%, 53%, 77% and 100% of it
+# (with and without speculation, Poisson and a 5x burst, 3 repeats) and one overloaded point at
+# 150% with admission control, calibrate again,
 # then replay every point with `specula simulate --validate` against each calibration and print the
 # tables of errors; last, against the runs' own recorded steps (a diagnostic: bench/runs_cost.py).
 #
@@ -64,7 +66,7 @@ ${4:-}
 EOF
 }
 
-spec capacity OFFLINE 'spec_method: ["none"]'
+spec capacity ONLINE 'spec_method: ["none"] request_rate: [inf]'
 "$bin" experiment run "$out/$which-capacity.textproto" --out "$out/$which-capacity" --no-progress
 cap=$(python3 -c "import json; print(json.loads(open('$out/$which-capacity/results.jsonl').readline())['request_throughput'])")
 rates=$(python3 -c "print(', '.join('%.3g' % ($cap * f) for f in (0.3, 0.53, 0.77, 1.0)))")
