@@ -12,7 +12,10 @@
 # (bench/hf_generate_bench.py), some (ctest -R $SPECULA_CTEST_REGEX), ncu (per-kernel times of decode steps at batch 1), suite (ctest
 # without the gpu label), fidelity (bench/sim_fidelity.sh gpu-1b: the simulator against ONLINE runs on
 # this GPU, $SPECULA_FIDELITY_REQUESTS requests a run, 2 repeats; packed as $out/fidelity.tar.gz),
-# calibrate (`specula experiment calibrate` of the llama-3.2-1b shape on this GPU). SPECULA_CHECK_DEADLINE (seconds, default 570) stops starting stages
+# calibrate (`specula experiment calibrate` of the llama-3.2-1b shape on this GPU), cpu-fidelity
+# (bench/sim_fidelity.sh tinystories on two of this host's cores, as the 2-core VMs have but without
+# their co-tenants: the CPU fidelity bounds on a machine whose speed holds still; packed as
+# $out/cpu-fidelity.tar.gz). SPECULA_CHECK_DEADLINE (seconds, default 570) stops starting stages
 # that would run past it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -83,6 +86,10 @@ for s in "$@"; do
       SPECULA_BIN=$here/$build/specula SPECULA_FIDELITY_AFTER=0 stage fidelity 480 \
         bash bench/sim_fidelity.sh "$TMPDIR/fidelity" gpu-1b "${SPECULA_FIDELITY_REQUESTS:-240}" 2
       tar -czf "$out/fidelity.tar.gz" -C "$TMPDIR" fidelity ;;
+    cpu-fidelity) rm -rf "$TMPDIR/cpu-fidelity"
+      OMP_NUM_THREADS=2 SPECULA_BIN=$here/$build/specula stage cpu-fidelity 300 \
+        taskset -c 2,3 bash bench/sim_fidelity.sh "$TMPDIR/cpu-fidelity" tinystories 400
+      tar -czf "$out/cpu-fidelity.tar.gz" -C "$TMPDIR" cpu-fidelity ;;
     *) echo "gpu_check: unknown stage '$s'" >&2; exit 2 ;;
   esac
 done
