@@ -79,26 +79,34 @@ std::string ReadDraftProfile(const nlohmann::json& j, SimRequest* r) {
   return "";
 }
 
-// A request the server refused (ok false, no lengths recorded) still arrives, and a simulated
-// replica may admit it, so it needs the lengths it would have had: those of a completed request of
-// the same prompt (under greedy decoding the same output), else the completed ones' medians.
-// Returns how many took each; an error when no request completed.
+// Which of a trace line's lengths the server did not record: a request it refused (or that failed
+// before its first token) has 0 for them.
+struct Unrecorded {
+  bool prompt = false, output = false;
+  bool ok = true;  // completed: its lengths stand for its prompt's and in the medians
+  bool any() const { return prompt || output; }
+};
+
+// Such a request still arrives, and a simulated replica may admit it, so it needs the lengths it
+// would have had: those of a completed request of the same prompt (under greedy decoding the same
+// output), else the completed ones' medians. Returns how many took each; an error when no request
+// completed.
 absl::StatusOr<std::pair<int32_t, int32_t>> FillUnservedLengths(std::vector<SimRequest>* requests,
-                                                                const std::vector<bool>& unserved) {
+                                                                const std::vector<Unrecorded>& unserved) {
   std::map<int64_t, const SimRequest*> served_prompt;  // prompt_id -> its first completed request
   std::vector<int32_t> prompt_lens, output_lens;
   for (size_t i = 0; i < requests->size(); ++i) {
-    if (unserved[i]) continue;
+    if (!unserved[i].ok) continue;
     const SimRequest& r = (*requests)[i];
     if (r.prompt_id >= 0) served_prompt.try_emplace(r.prompt_id, &r);
     prompt_lens.push_back(r.prompt_len);
     output_lens.push_back(r.output_len);
   }
-  const int32_t n = static_cast<int32_t>(std::count(unserved.begin(), unserved.end(), true));
+  const int32_t n = static_cast<int32_t>(std::count_if(unserved.begin(), unserved.end(), [](Unrecorded u) { return u.any(); }));
   if (n == 0) return std::make_pair(0, 0);
   if (prompt_lens.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("all ", n, " requests were refused or failed (\"ok\": false, no lengths): "
-                                                   "no completed request gives the lengths to replay"));
+    return absl::InvalidArgumentError(absl::StrCat("no request completed (\"ok\": true) to give the lengths of the ", n,
+                                                   " that the server refused or that failed before a token"));
   }
   auto median = [](std::vector<int32_t> v) {
     std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
@@ -107,17 +115,13 @@ absl::StatusOr<std::pair<int32_t, int32_t>> FillUnservedLengths(std::vector<SimR
   const int32_t prompt_median = median(prompt_lens), output_median = median(output_lens);
   int32_t same_prompt = 0;
   for (size_t i = 0; i < requests->size(); ++i) {
-    if (!unserved[i]) continue;
+    if (!unserved[i].any()) continue;
     SimRequest& r = (*requests)[i];
     auto it = served_prompt.find(r.prompt_id);
-    if (r.prompt_id >= 0 && it != served_prompt.end()) {
-      r.prompt_len = it->second->prompt_len;
-      r.output_len = it->second->output_len;
-      ++same_prompt;
-    } else {
-      r.prompt_len = prompt_median;
-      r.output_len = output_median;
-    }
+    const bool same = r.prompt_id >= 0 && it != served_prompt.end();
+    same_prompt += same;
+    if (unserved[i].prompt) r.prompt_len = same ? it->second->prompt_len : prompt_median;
+    if (unserved[i].output) r.output_len = same ? it->second->output_len : output_median;
   }
   return std::make_pair(same_prompt, n - same_prompt);
 }
@@ -139,7 +143,7 @@ absl::StatusOr<std::vector<SimRequest>> LoadTrace(const std::string& path, std::
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
   std::vector<SimRequest> out;
-  std::vector<bool> unserved;  // per line: refused or failed before the server counted its tokens
+  std::vector<Unrecorded> unserved;  // [lines]: lengths the server did not record
   std::string line;
   for (int line_no = 1; std::getline(in, line); ++line_no) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -169,15 +173,17 @@ absl::StatusOr<std::vector<SimRequest>> LoadTrace(const std::string& path, std::
       r.text_prompt = j["prompt_text"].get<bool>();
     }
     if (j.contains("ok") && !j["ok"].is_boolean()) return bad("field 'ok' must be true or false");
-    unserved.push_back(j.value("ok", true) == false && (j["prompt_tokens"].get<double>() == 0 || j["output_tokens"].get<double>() == 0));
+    const bool failed = !j.value("ok", true);
+    unserved.push_back({failed && j["prompt_tokens"].get<double>() == 0, failed && j["output_tokens"].get<double>() == 0, !failed});
     if (std::string e = ReadDraftProfile(j, &r); !e.empty()) return bad(e);
     out.push_back(std::move(r));
   }
   auto filled = FillUnservedLengths(&out, unserved);
   if (!filled.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", filled.status().message()));
   if (note != nullptr && filled->first + filled->second > 0) {
-    *note = absl::StrCat(filled->first + filled->second, " requests the server refused: replayed with the lengths of a completed "
-                         "request of the same prompt (", filled->first, ") or the completed ones' medians (", filled->second, ")");
+    *note = absl::StrCat(filled->first + filled->second, " requests the server refused or that failed before a token: replayed "
+                         "with the lengths of a completed request of the same prompt (", filled->first,
+                         ") or the completed ones' medians (", filled->second, ")");
   }
   std::stable_sort(out.begin(), out.end(), [](const SimRequest& a, const SimRequest& b) { return a.arrival_s < b.arrival_s; });
   return out;

@@ -372,22 +372,25 @@ TEST(LoadTrace, RefusedRequestsTakeTheLengthsOfTheirPromptOrTheMedians) {
                                   << R"({"arrival_s": 0.2, "prompt_id": 2, "prompt_tokens": 20, "output_tokens": 5})" << "\n"
                                   << R"({"arrival_s": 0.3, "prompt_id": 0)" << refused << "\n"
                                   << R"({"arrival_s": 0.4, "prompt_id": 9)" << refused << "\n"
-                                  << R"({"arrival_s": 0.5, "prompt_id": 1, "prompt_tokens": 10, "output_tokens": 2, "ok": false})" << "\n";
+                                  << R"({"arrival_s": 0.5, "prompt_id": 1, "prompt_tokens": 10, "output_tokens": 2, "ok": false})" << "\n"
+                                  << R"({"arrival_s": 0.6, "prompt_id": 1, "prompt_tokens": 12, "output_tokens": 0, "ok": false})" << "\n";
   std::string note;
   auto t = LoadTrace(dir + "/t.jsonl", &note);
   ASSERT_TRUE(t.ok()) << t.status();
-  ASSERT_EQ(t->size(), 6u);
+  ASSERT_EQ(t->size(), 7u);
   EXPECT_EQ((*t)[3].prompt_len, 30);  // prompt 0's
   EXPECT_EQ((*t)[3].output_len, 7);
   EXPECT_EQ((*t)[4].prompt_len, 20);  // no completed request of prompt 9: the medians of 30, 10, 20 and 7, 3, 5
   EXPECT_EQ((*t)[4].output_len, 5);
   EXPECT_EQ((*t)[5].output_len, 2);  // failed after 2 tokens: what it ran is known
-  EXPECT_NE(note.find("2 requests the server refused"), std::string::npos) << note;
-  EXPECT_NE(note.find("same prompt (1)"), std::string::npos) << note;
+  EXPECT_EQ((*t)[6].prompt_len, 12);  // failed before a token: its prompt is known, its output is prompt 1's
+  EXPECT_EQ((*t)[6].output_len, 3);
+  EXPECT_NE(note.find("3 requests the server refused or that failed before a token"), std::string::npos) << note;
+  EXPECT_NE(note.find("same prompt (2)"), std::string::npos) << note;
 
   std::ofstream(dir + "/none.jsonl") << R"({"arrival_s": 0.3)" << refused << "\n";
   auto none = LoadTrace(dir + "/none.jsonl");
-  EXPECT_NE(none.status().message().find("all 1 requests were refused or failed"), std::string::npos) << none.status();
+  EXPECT_NE(none.status().message().find("no request completed (\"ok\": true) to give the lengths of the 1"), std::string::npos) << none.status();
   std::ofstream(dir + "/bad.jsonl") << R"({"arrival_s": 0.3, "prompt_tokens": 1, "output_tokens": 1, "ok": 0})" << "\n";
   auto bad = LoadTrace(dir + "/bad.jsonl");
   EXPECT_NE(bad.status().message().find("bad.jsonl:1: field 'ok' must be true or false"), std::string::npos) << bad.status();
