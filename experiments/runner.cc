@@ -272,7 +272,8 @@ absl::Status MaybeWriteTrace(const RunHooks& hooks, const RunResult& run, const 
 
 // An n-gram engine's drafts at each decode step of each request (DraftProfile), from the prompt as the
 // server tokenized it and the tokens it streamed; empty for other engines.
-std::vector<DraftProfile> NgramDraftProfiles(const LoadedEngine& e, int32_t max_k, const std::vector<LoadRequest>& requests,
+std::vector<DraftProfile> NgramDraftProfiles(const LoadedEngine& e, int32_t max_k,
+                                             const std::vector<LoadRequest>& requests,
                                              const std::vector<std::vector<TokenId>>& outputs) {
   const SpeculationOptions& o = e.options.speculation;
   if (o.method != "ngram" || max_k <= 0) return {};

@@ -51,11 +51,11 @@ absl::StatusOr<nlohmann::json> RunPoint(const LoadedSpec& spec, const Point& poi
 // A run's trace, one JSON line per request in arrival order: {"arrival_s": the send time from the
 // run's start, "prompt_id": the first request with the same prompt (a repeated prompt is what the
 // prefix cache serves), "prompt_tokens", "prompt_text" (sent as text, else as token ids),
-// "output_tokens", "ttft_ms" (null when no token came), "e2e_ms" and "finish_s" = arrival_s + e2e (null unless it completed), "ok"}, plus "error" when
-// not ok; and for an n-gram point, "drafts_found" and "drafts_matched": what the lookup found at each
-// decode step and how many of those the output matched (experiments/draft_profile.h), which
-// `specula simulate` replays. `requests`: what was sent, in the same order; `drafts`: [requests] or
-// empty.
+// "output_tokens", "ttft_ms" (null when no token came), "e2e_ms" and "finish_s" = arrival_s + e2e
+// (null unless it completed), "ok"}, plus "error" when not ok; and for an n-gram point,
+// "drafts_found" and "drafts_matched": what the lookup found at each decode step and how many of
+// those the output matched (experiments/draft_profile.h), which `specula simulate` replays.
+// `requests`: what was sent, in the same order; `drafts`: [requests] or empty.
 std::string TraceJsonl(const RunResult& run, const std::vector<LoadRequest>& requests,
                        absl::Span<const DraftProfile> drafts = {});
 

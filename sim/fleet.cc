@@ -102,7 +102,8 @@ absl::StatusOr<std::pair<int32_t, int32_t>> FillUnservedLengths(std::vector<SimR
     prompt_lens.push_back(r.prompt_len);
     output_lens.push_back(r.output_len);
   }
-  const int32_t n = static_cast<int32_t>(std::count_if(unserved.begin(), unserved.end(), [](Unrecorded u) { return u.any(); }));
+  const int32_t n =
+      static_cast<int32_t>(std::count_if(unserved.begin(), unserved.end(), [](Unrecorded u) { return u.any(); }));
   if (n == 0) return std::make_pair(0, 0);
   if (prompt_lens.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("no request completed (\"ok\": true) to give the lengths of the ", n,
@@ -174,7 +175,8 @@ absl::StatusOr<std::vector<SimRequest>> LoadTrace(const std::string& path, std::
     }
     if (j.contains("ok") && !j["ok"].is_boolean()) return bad("field 'ok' must be true or false");
     const bool failed = !j.value("ok", true);
-    unserved.push_back({failed && j["prompt_tokens"].get<double>() == 0, failed && j["output_tokens"].get<double>() == 0, !failed});
+    unserved.push_back(
+        {failed && j["prompt_tokens"].get<double>() == 0, failed && j["output_tokens"].get<double>() == 0, !failed});
     if (std::string e = ReadDraftProfile(j, &r); !e.empty()) return bad(e);
     out.push_back(std::move(r));
   }

@@ -281,24 +281,20 @@ absl::Status WriteSteps(const std::vector<SimStep>& steps, const std::string& pa
   return out ? absl::OkStatus() : absl::DataLossError(absl::StrCat(path, ": write failed"));
 }
 
-// The simulated requests in the format of an experiment's trace (experiments/runner.cc), in
-// arrival order, to set beside a run's.
+// The simulated requests in the format of an experiment's trace (experiments/runner.cc), to set
+// beside a run's; a replica keeps its records in the order they arrived.
 absl::Status WriteRequests(const std::vector<RequestRecord>& records, const std::string& path) {
-  std::vector<const RequestRecord*> order;
-  for (const RequestRecord& r : records) order.push_back(&r);
-  std::stable_sort(order.begin(), order.end(),
-                   [](const RequestRecord* a, const RequestRecord* b) { return a->request.arrival_s < b->request.arrival_s; });
   std::ofstream out(path);
   if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot write"));
   using Line = nlohmann::ordered_json;
-  for (const RequestRecord* r : order) {
-    const bool ok = r->refused.empty() && r->finish_s >= 0;
-    const double at = r->request.arrival_s;
-    Line j = {{"arrival_s", at}, {"prompt_tokens", r->request.prompt_len}, {"output_tokens", r->output_tokens},
-              {"ttft_ms", r->first_token_s >= 0 ? Line(1e3 * (r->first_token_s - at)) : Line()},
-              {"e2e_ms", ok ? Line(1e3 * (r->finish_s - at)) : Line()},
-              {"finish_s", ok ? Line(r->finish_s) : Line()}, {"ok", ok}};
-    if (!r->refused.empty()) j["error"] = r->refused;
+  for (const RequestRecord& r : records) {
+    const bool ok = r.refused.empty() && r.finish_s >= 0;
+    const double at = r.request.arrival_s;
+    Line j = {{"arrival_s", at}, {"prompt_tokens", r.request.prompt_len}, {"output_tokens", r.output_tokens},
+              {"ttft_ms", r.first_token_s >= 0 ? Line(1e3 * (r.first_token_s - at)) : Line()},
+              {"e2e_ms", ok ? Line(1e3 * (r.finish_s - at)) : Line()},
+              {"finish_s", ok ? Line(r.finish_s) : Line()}, {"ok", ok}};
+    if (!r.refused.empty()) j["error"] = r.refused;
     out << j.dump() << "\n";
   }
   return out ? absl::OkStatus() : absl::DataLossError(absl::StrCat(path, ": write failed"));
