@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -127,8 +128,14 @@ absl::Status LlamaModel::Upload() {
   RETURN_IF_ERROR(be.Sync());
   for (const auto& [host, bytes] : copied) weights_->Release(host, bytes);
   // The column cuts of a tensor-parallel shard were heap copies, freed once packed; glibc keeps
-  // freed chunks of that size in the heap, which would hold about their total in RSS.
-  if (weights_->shard.active()) ::malloc_trim(0);
+  // freed chunks of that size in the heap, which would hold about their total in RSS. Ranks that
+  // are threads trim one at a time: under a sanitizer's allocator glibc's heap is first set up by
+  // this call, and two first calls at once race on that setup.
+  if (weights_->shard.active()) {
+    static std::mutex trim_mu;
+    std::lock_guard<std::mutex> lock(trim_mu);
+    ::malloc_trim(0);
+  }
   return absl::OkStatus();
 }
 
