@@ -3,6 +3,7 @@
 // reduced the same way.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string_view>
@@ -19,6 +20,13 @@ struct Stats {
 // The q-th percentile (0..100) of sorted values, linearly interpolated (numpy's default).
 double Percentile(const std::vector<double>& sorted, double q);
 Stats Summarize(std::vector<double> values);
+// The middle value of a non-empty set (the upper of the two middle ones when the count is even):
+// one of the values itself, robust to the odd outlier.
+template <typename T>
+T UpperMedian(std::vector<T> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
 
 struct GoodputSlo {  // milliseconds; a request is good when it meets every one given
   std::optional<double> ttft_ms, tpot_ms, e2el_ms;

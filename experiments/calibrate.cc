@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
 #include "core/dtype.h"
+#include "core/stats.h"
 #include "core/status_macros.h"
 #include "engine/engine.h"
 #include "experiments/calibrate_load.h"
@@ -177,8 +178,7 @@ double DecodeSeconds(const json& steps, int32_t batch) {
     if (s["kind"] == "decode" && s["seqs"].get<double>() == seqs) t.push_back(s["seconds"].get<double>());
   }
   if (t.empty()) return 0.01;
-  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
-  return t[t.size() / 2];
+  return UpperMedian(std::move(t));
 }
 
 // The grid's median prefill time per prompt token.
@@ -189,8 +189,7 @@ double PrefillTokenSeconds(const json& steps) {
     if (s["kind"] == "prefill" && prompt > 0) t.push_back(s["seconds"].get<double>() / prompt);
   }
   if (t.empty()) return 0;
-  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
-  return t[t.size() / 2];
+  return UpperMedian(std::move(t));
 }
 
 }  // namespace

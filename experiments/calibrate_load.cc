@@ -11,6 +11,7 @@
 
 #include "core/arrivals.h"
 #include "core/clock.h"
+#include "core/stats.h"
 #include "core/status_macros.h"
 #include "engine/engine.h"
 #include "experiments/in_process_client.h"
@@ -98,13 +99,9 @@ absl::StatusOr<double> MeasureRequestOverhead(LoadedEngine& e, SchedulerConfig s
     if (i > 0 && run.requests[0].outcome == Outcome::kOk) ttft.push_back(run.requests[0].ttft_s);
     std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the loop asleep, as between arrivals
   }
-  // Medians, each robust to the odd request that shared a step or waited on a busy machine.
-  auto median = [](std::vector<double> v) {
-    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-    return v[v.size() / 2];
-  };
   if (ttft.empty() || step_s.empty()) return absl::InternalError("request overhead: no request completed");
-  return std::max(0.0, median(ttft) - median(step_s));
+  // Medians, each robust to the odd request that shared a step or waited on a busy machine.
+  return std::max(0.0, UpperMedian(ttft) - UpperMedian(step_s));
 }
 
 namespace {
@@ -126,8 +123,7 @@ double PairedArrivalSeconds(const std::vector<std::pair<StepPeriods::Step, doubl
     }
   }
   if (diffs.size() < min_pairs) return 0.0;  // too few to tell
-  std::nth_element(diffs.begin(), diffs.begin() + diffs.size() / 2, diffs.end());
-  return std::max(0.0, diffs[diffs.size() / 2]);
+  return std::max(0.0, UpperMedian(std::move(diffs)));
 }
 
 }  // namespace

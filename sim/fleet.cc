@@ -109,11 +109,7 @@ absl::StatusOr<std::pair<int32_t, int32_t>> FillUnservedLengths(std::vector<SimR
     return absl::InvalidArgumentError(absl::StrCat("no request completed (\"ok\": true) to give the lengths of the ", n,
                                                    " that the server refused or that failed before a token"));
   }
-  auto median = [](std::vector<int32_t> v) {
-    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-    return v[v.size() / 2];
-  };
-  const int32_t prompt_median = median(prompt_lens), output_median = median(output_lens);
+  const int32_t prompt_median = UpperMedian(prompt_lens), output_median = UpperMedian(output_lens);
   int32_t same_prompt = 0;
   for (size_t i = 0; i < requests->size(); ++i) {
     if (!unserved[i].any()) continue;
