@@ -97,16 +97,16 @@ BENCHMARK(BM_DecodeAttentionShared)->ArgName("kv_bf16")->Arg(0)->Arg(1)->Unit(be
 void BM_PrefillAttention(benchmark::State& state) { Attention(state, 1, 512, 512); }
 BENCHMARK(BM_PrefillAttention)->ArgName("kv_bf16")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// One sequence's decode (1 token) and verification (5: k = 4 drafts) over 128 positions before
-// them, every layer of SmolLM2-135M (30 layers, 9 query heads on 3 KV heads of 64): what a
-// verification step adds to a decode step's attention.
+// One sequence's decode (1 token), verification (5: k = 4 drafts) and a 600-token prefill chunk
+// over 128 positions before them, every layer of SmolLM2-135M (30 layers, 9 query heads on 3 KV
+// heads of 64): what a verification step adds to a decode step's attention, and a prompt's.
 void BM_VerifyAttention(benchmark::State& state) {
   const int32_t tokens = static_cast<int32_t>(state.range(1));
   Attention(state, 1, tokens, 128 + tokens, false, false, {.layers = 30, .heads = 9, .kv_heads = 3, .head_dim = 64});
 }
 BENCHMARK(BM_VerifyAttention)
     ->ArgNames({"kv_bf16", "tokens"})
-    ->ArgsProduct({{0, 1}, {1, 5}})
+    ->ArgsProduct({{0, 1}, {1, 5, 600}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

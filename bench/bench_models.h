@@ -13,10 +13,10 @@
 
 namespace specula::bench {
 
-// ../shared/models/tinystories/FILE, or $SPECULA_MODELS_DIR/tinystories/FILE.
+// models/tinystories/FILE in the source tree, or $SPECULA_MODELS_DIR/tinystories/FILE.
 inline std::string TinyStories(const std::string& file) {
   const char* env = std::getenv("SPECULA_MODELS_DIR");
-  return absl::StrCat(env ? env : SPECULA_SOURCE_DIR "/../shared/models", "/tinystories/", file);
+  return absl::StrCat(env ? env : SPECULA_SOURCE_DIR "/models", "/tinystories/", file);
 }
 
 // The directory of a random model with config `c`; written on first use. Aborts if it cannot be.

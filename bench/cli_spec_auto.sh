@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 rounds="${1:-15}"
 max_tokens="${2:-400}"  # stories260K's context is 512
 specula=build/release/specula
-models="${SPECULA_MODELS_DIR:-../shared/models}/tinystories"
+models="${SPECULA_MODELS_DIR:-models}/tinystories"
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 starts=("Once upon a time" "Lily and Ben" "The little dog" "One day, Tom" "There was a big tree" "Sue had a red ball"
@@ -24,7 +24,7 @@ common=(generate --model "$models/stories260K.bin" --tokenizer "$models/tok512.b
         --max-num-seqs 32 --ignore-eos --no-progress)
 declare -A args=(
   [off]=""
-  [auto_draft]="--spec-method draft --draft-model $models/llama2xs.bin --num-spec-tokens auto"
+  [auto_draft]="--spec-method draft --draft-model $models/stories260K-draft.bin --num-spec-tokens auto"
   [auto_ngram]="--spec-method ngram --num-spec-tokens auto")
 # A round: each auto setting back to back with a run without speculation of its own, the two
 # pairs and the runs within them in turn first.

@@ -3,7 +3,7 @@
 //
 //   build/release/bench/decode_bench [--benchmark_filter=...]
 //
-// Models: stories260K.bin (real, ../shared/models or $SPECULA_MODELS_DIR) and a random model of
+// Models: stories260K.bin (real, models/ or $SPECULA_MODELS_DIR) and a random model of
 // the stories15m shape written once to $TMPDIR/specula_bench/stories15m.
 #include <benchmark/benchmark.h>
 

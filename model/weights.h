@@ -64,7 +64,7 @@ struct ModelWeights {
   void Release(const void* p, size_t bytes);
 };
 
-// llama2.c `.bin` (see ../shared/models/README.md): mapped, never copied.
+// llama2.c `.bin` (see models/README.md): mapped, never copied.
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlama2c(const std::string& path);
 
 // HF directory: config.json + model.safetensors, or shards listed in model.safetensors.index.json.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # demo.sh: installs dependencies, builds, and runs the quickstart experiment
 # (experiments/specs/quickstart.textproto: no speculation, a draft model and n-gram lookup at k = 4
-# and adaptive k, at batch 1, 8 and 32, on the TinyStories pair in ../shared/models, where the
+# and adaptive k, at batch 1, 8 and 32, on the TinyStories pair in models/tinystories, where the
 # draft costs as much as the target and adaptive k declines), then writes its report with plots and
 # prints where it is. Then speculation on a real model, SmolLM2-135M-Instruct (fetched into the
 # model cache by scripts/fetch_models.sh): suffix decoding on customer-service requests whose

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (the `fuzz` preset: clang-14, ASan + UBSan) and runs each one in
 # turn over a corpus made of the committed seeds (fuzz/seeds/TARGET) and seeds made from real files
-# (fuzz/make_seeds.py: ../shared/models, the SmolLM2 GGUF's metadata, tests/data, the example
+# (fuzz/make_seeds.py: models/, the SmolLM2 GGUF's metadata, tests/data, the example
 # specs and chat templates). Prints a table of executions, seconds and exec/s per target; exits 1 if
 # any target reports a crash, a leak, a timeout, running out of memory or a sanitizer error.
 #

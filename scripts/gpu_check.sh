@@ -31,8 +31,6 @@ build=build/dev
 if [[ $here != "$src" && ! -e $src ]]; then mkdir -p "$(dirname "$src")" && ln -s "$here" "$src"; fi
 # The packed build, unless this is the machine that built it.
 [[ -f $build/CMakeCache.txt ]] || { mkdir -p build && rm -rf "$build" && cp -r ".devpack/$build" "$build"; }
-export SPECULA_MODELS_DIR=$here/.devpack/models
-if [[ ! -e $src/../shared/models ]]; then mkdir -p "$src/../shared" && ln -s "$SPECULA_MODELS_DIR" "$src/../shared/models"; fi
 cublas=$(find /usr/local/cuda*/ /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)
 # NCCL is not packed (213 MB): the machine's Python packages (nvidia-nccl) carry it.
 nccl=$(find /usr/local/cuda*/ /opt /usr/lib -name 'libnccl.so.2' 2>/dev/null | head -1)

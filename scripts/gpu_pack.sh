@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Packs a CUDA build for a GPU machine that lacks this project's build dependencies (the lent
 # device machines have CUDA and PyTorch but no Abseil or ICU, and no network): the built programs
-# and CTest files, the shared libraries they load that are not glibc, libstdc++ or CUDA's, and the
-# test models, into .devpack/ (git-ignored). scripts/gpu_check.sh runs there from that pack.
+# and CTest files and the shared libraries they load that are not glibc, libstdc++ or CUDA's, into
+# .devpack/ (git-ignored; the test models travel with the tree, in models/). scripts/gpu_check.sh
+# runs there from that pack.
 #
 #   cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECULA_CUDA=ON \
 #     -DCMAKE_CUDA_ARCHITECTURES=90 "-DCMAKE_CXX_FLAGS_RELEASE=-O3 -march=x86-64-v3 -DNDEBUG" \
@@ -22,7 +23,7 @@ shift || true
 only=("$@")
 [[ -f $build/CTestTestfile.cmake ]] || { echo "gpu_pack: $build is not a configured build directory" >&2; exit 2; }
 rm -rf .devpack
-mkdir -p .devpack/lib .devpack/cudart .devpack/models
+mkdir -p .devpack/lib .devpack/cudart
 # The build tree's CTest files and programs, at their paths (ctest runs them by absolute path, so
 # gpu_check.sh recreates this checkout's path there).
 find "$build" \( -name 'CTestTestfile.cmake' -o -name '*_include.cmake' -o -name '*_tests.cmake' \) ! -path '*/CMakeFiles/*' -print0 |
@@ -55,6 +56,5 @@ for f in "${bins[@]}"; do ldd "$f" 2>/dev/null | awk '/=> \//{print $3}'; done |
     *) cp -L "$lib" .devpack/lib/ ;;
   esac
 done
-cp -r ../shared/models/tinystories .devpack/models/
 echo "$PWD" > .devpack/source_dir
 du -sh .devpack

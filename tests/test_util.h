@@ -12,10 +12,10 @@
 
 namespace specula::testing {
 
-// ../shared/models/tinystories, or $SPECULA_MODELS_DIR/tinystories.
+// models/tinystories in the source tree, or $SPECULA_MODELS_DIR/tinystories.
 inline std::string TinyStoriesDir() {
   if (const char* env = std::getenv("SPECULA_MODELS_DIR")) return absl::StrCat(env, "/tinystories");
-  return absl::StrCat(SPECULA_SOURCE_DIR, "/../shared/models/tinystories");
+  return absl::StrCat(SPECULA_SOURCE_DIR, "/models/tinystories");
 }
 
 inline std::string TestDataDir() { return absl::StrCat(SPECULA_SOURCE_DIR, "/tests/data"); }

@@ -16,7 +16,7 @@ common=(--model "$models/stories260K.bin" --tokenizer "$models/tok512.bin" --pro
 tokens() { python3 -c 'import json, sys; print("\n".join(sorted(json.dumps([json.loads(l)["id"], json.loads(l)["token_ids"]]) for l in open(sys.argv[1]))))' "$1"; }
 "$specula" generate "${common[@]}" > "$dir/plain.jsonl" 2> "$dir/plain.err"
 [ "$(wc -l < "$dir/plain.jsonl")" -eq 32 ] || { echo "plain run wrote $(wc -l < "$dir/plain.jsonl") lines"; exit 1; }
-for method in "--spec-method draft --draft-model $models/llama2xs.bin" "--spec-method ngram" "--spec-method suffix"; do
+for method in "--spec-method draft --draft-model $models/stories260K-draft.bin" "--spec-method ngram" "--spec-method suffix"; do
   # shellcheck disable=SC2086
   "$specula" generate "${common[@]}" $method --num-spec-tokens auto --max-spec-tokens 6 > "$dir/auto.jsonl" 2> "$dir/auto.err"
   if ! diff <(tokens "$dir/plain.jsonl") <(tokens "$dir/auto.jsonl") > /dev/null; then

@@ -6,7 +6,7 @@ Writes, under tests/data/tokenizers/:
   smollm_style/tokenizer.json   byte-level BPE, Digits + ByteLevel(use_regex) pre-tokenizer
   llama2_style/tokenizer.json   sentencepiece-style BPE (Prepend/Replace "▁", byte fallback)
   reference_ids.json            {name: [{"text": ..., "ids": [...]}, ...]} encoded by `tokenizers`
-                                (tok512 = ../shared/models/tinystories/tok512.bin converted to the
+                                (tok512 = models/tinystories/tok512.bin converted to the
                                 Llama-2 tokenizer.json form in memory; the file itself is not copied)
 
 Run by a developer (pip install tokenizers); the outputs are committed and CI only reads them.

@@ -18,7 +18,7 @@ class LogprobsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     const std::string dir = testing::TinyStoriesDir();
-    for (auto [path, dst] : {std::pair{"/stories260K.bin", &target_}, {"/llama2xs.bin", &draft_}}) {
+    for (auto [path, dst] : {std::pair{"/stories260K.bin", &target_}, {"/stories260K-draft.bin", &draft_}}) {
       auto w = LoadModel(dir + path);
       ASSERT_TRUE(w.ok()) << w.status();
       *dst = new LlamaModel(std::move(w).value(), MakeCpuBackend());

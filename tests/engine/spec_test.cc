@@ -1,5 +1,5 @@
 // Speculative decoding end to end: greedy output equals plain greedy output token for token on
-// the real pair (stories260K target, llama2xs draft) and with n-gram and suffix drafts, one
+// the real pair (stories260K and its draft, models/README.md) and with n-gram and suffix drafts, one
 // sequence at a time, batched, and with preemption; sampled output follows the target's
 // distribution (chi-square over 100k samples), and a broken verifier is caught; no KV block leaks.
 // The same with --num-spec-tokens auto, where k changes per sequence and step.
@@ -105,7 +105,7 @@ class SpecGreedyTest : public ::testing::Test {
   static void SetUpTestSuite() {
     const std::string dir = testing::TinyStoriesDir();
     target_ = Load(dir + "/stories260K.bin").release();
-    draft_ = Load(dir + "/llama2xs.bin").release();
+    draft_ = Load(dir + "/stories260K-draft.bin").release();
     auto tok = LoadTokenizer(dir + "/tok512.bin", 512);
     ASSERT_TRUE(tok.ok());
     const std::vector<std::string> who = {"Lily", "Tom", "A dog", "The bird", "Mom", "Sue", "Ben", "A cat", "The sun", "Max"};
@@ -207,7 +207,7 @@ TEST_F(SpecGreedyTest, AutoWithADraftThatCannotPayRunsPlain) {
 // are cached per model for the process).
 TEST_F(SpecGreedyTest, MeasuresTheDraftsLargerShapesOnlyWhereDraftsCouldPay) {
   for (const bool could_pay : {false, true}) {
-    std::unique_ptr<LlamaModel> draft = Load(testing::TinyStoriesDir() + "/llama2xs.bin");
+    std::unique_ptr<LlamaModel> draft = Load(testing::TinyStoriesDir() + "/stories260K-draft.bin");
     DraftModelProposer proposer(draft.get(), 16, 512);
     SpecConfig spec = AutoSpec(&proposer, *target_, *draft);
     spec.draft_cost.reset();
@@ -275,7 +275,7 @@ TEST_F(SpecGreedyTest, VerifiesOnTwoThreadsAsOnOne) {
 // A draft with int8 weights (--draft-quantization int8) changes what is proposed, never what is
 // output; its acceptance stays close to the f32 draft's.
 TEST_F(SpecGreedyTest, Int8DraftEqualsPlainGreedy) {
-  auto draft_q8 = Load(testing::TinyStoriesDir() + "/llama2xs.bin", true);
+  auto draft_q8 = Load(testing::TinyStoriesDir() + "/stories260K-draft.bin", true);
   double rate[2];
   for (int int8 = 0; int8 < 2; ++int8) {
     DraftModelProposer proposer(int8 ? draft_q8.get() : draft_, 16, 512);
@@ -606,7 +606,7 @@ TEST(SpecLosslessTest, SelfDraftsFollowTargetDistribution) {
 
 TEST(SpecLosslessTest, RealPairFollowsTargetDistribution) {
   const std::string dir = testing::TinyStoriesDir();
-  auto target = Load(dir + "/stories260K.bin"), draft = Load(dir + "/llama2xs.bin");
+  auto target = Load(dir + "/stories260K.bin"), draft = Load(dir + "/stories260K-draft.bin");
   auto tok = LoadTokenizer(dir + "/tok512.bin", 512);
   ASSERT_TRUE(tok.ok());
   const std::vector<TokenId> prompt = (*tok)->Encode("Lily saw a", true);

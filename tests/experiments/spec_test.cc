@@ -28,7 +28,7 @@ class SpecTest : public ::testing::Test {
   std::string Spec(const std::string& rest) const {
     return "name: \"t\"\n"
            "model { path: \"" + kModels + "/stories260K.bin\" tokenizer: \"" + kModels + "/tok512.bin\" }\n"
-           "draft { path: \"" + kModels + "/llama2xs.bin\" }\n"
+           "draft { path: \"" + kModels + "/stories260K-draft.bin\" }\n"
            "workload { prompts_file: \"prompts.jsonl\" num_requests: 8 max_tokens: 16 seed: 3 }\n" + rest;
   }
   absl::StatusOr<LoadedSpec> Parse(const std::string& text) const { return ParseSpec(dir_ + "/spec.textproto", text); }

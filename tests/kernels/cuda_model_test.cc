@@ -269,7 +269,7 @@ TEST(CudaModelTest, SpeculativeGreedyEqualsPlainOnGpu) {
   const std::string dir = testing::TinyStoriesDir();
   const auto reqs = Requests(32);
   for (const char* dtype : {"f32", "bf16"}) {
-    auto target = Load(dir + "/stories260K.bin", "cuda", dtype), draft = Load(dir + "/llama2xs.bin", "cuda", dtype);
+    auto target = Load(dir + "/stories260K.bin", "cuda", dtype), draft = Load(dir + "/stories260K-draft.bin", "cuda", dtype);
     ASSERT_TRUE(target && draft);
     const auto plain = RunEngine(*target, reqs, 32, nullptr, 0);
     for (int32_t k : {1, 4, -1}) {
@@ -299,7 +299,7 @@ TEST(CudaModelTest, DeviceVerificationEqualsHostVerification) {
   SPECULA_REQUIRE_GPU();
   const std::string dir = testing::TinyStoriesDir();
   const auto reqs = Requests(24);
-  auto target = Load(dir + "/stories260K.bin", "cuda", "f32"), draft = Load(dir + "/llama2xs.bin", "cuda", "f32");
+  auto target = Load(dir + "/stories260K.bin", "cuda", "f32"), draft = Load(dir + "/stories260K-draft.bin", "cuda", "f32");
   ASSERT_TRUE(target && draft);
   for (int32_t k : {0, 4}) {
     DraftModelProposer on_host(draft.get(), 16, 512), on_device(draft.get(), 16, 512);

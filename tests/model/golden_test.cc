@@ -24,7 +24,7 @@ TEST(GoldenTest, Stories260KGreedyReproducesKnownTextAndNumpyReference) {
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->tokens.size(), 100u);
 
-  // The known text (../shared/models/README.md and the issue).
+  // The known text (models/README.md).
   std::vector<TokenId> all = prompt;
   all.insert(all.end(), r->tokens.begin(), r->tokens.end());
   const std::string text = (*tok)->Decode(all);
@@ -46,12 +46,15 @@ TEST(GoldenTest, Stories260KGreedyReproducesKnownTextAndNumpyReference) {
   EXPECT_EQ(r->tokens, want);
 }
 
-TEST(GoldenTest, DraftModelLlama2xsGeneratesStory) {
+// The draft the repository carries (models/README.md): the target without its third layer and with
+// a 256-token context, still telling the story.
+TEST(GoldenTest, DraftModelGeneratesStory) {
   const std::string dir = testing::TinyStoriesDir();
-  auto weights = LoadModel(dir + "/llama2xs.bin");
+  auto weights = LoadModel(dir + "/stories260K-draft.bin");
   ASSERT_TRUE(weights.ok()) << weights.status();
   EXPECT_EQ((*weights)->config.max_seq_len, 256);
-  EXPECT_EQ((*weights)->config.hidden_dim, 192);
+  EXPECT_EQ((*weights)->config.num_layers, 4);
+  EXPECT_EQ((*weights)->config.hidden_dim, 172);
   auto tok = LoadTokenizer(dir + "/tok512.bin", 512);
   ASSERT_TRUE(tok.ok());
   LlamaModel model(std::move(weights).value(), MakeCpuBackend());
@@ -59,7 +62,7 @@ TEST(GoldenTest, DraftModelLlama2xsGeneratesStory) {
   opt.max_tokens = 20;
   auto r = Generate(model, (*tok)->Encode("Once upon a time", true), opt);
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ((*tok)->Decode(r->tokens).rfind(", there was a little girl named Lily.", 0), 0u)
+  EXPECT_EQ((*tok)->Decode(r->tokens).rfind(", there a little girl named Lily went to play", 0), 0u)
       << (*tok)->Decode(r->tokens);
 }
 

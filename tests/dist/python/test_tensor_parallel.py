@@ -19,7 +19,8 @@ import time
 import unittest
 
 SPECULA = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else "build/release/specula"
-MODELS = os.path.abspath(sys.argv[2]) if len(sys.argv) > 2 else "../shared/models/tinystories"
+MODELS = os.path.abspath(sys.argv[2]) if len(sys.argv) > 2 else os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "models", "tinystories")
 QUICK = "--quick" in sys.argv or os.environ.get("SPECULA_QUICK") == "1"
 # Debian's OpenMPI refuses root without --allow-run-as-root, and more ranks than cores without
 # --oversubscribe; one OpenMP thread per rank keeps the ranks off each other's cores.
@@ -96,7 +97,7 @@ class TensorParallelTest(unittest.TestCase):
         f32 = ["--kv-cache-dtype", "f32"]
         return {
             "stories260K": ([f"--model", f"{MODELS}/stories260K.bin", "--tokenizer", f"{MODELS}/tok512.bin"],
-                            f"{MODELS}/llama2xs.bin", [2]),
+                            f"{MODELS}/stories260K-draft.bin", [2]),
             "s15m": (["--model", f"{t}/s15m"] + f32, f"{t}/draft32000", [2, 3]),
             "smollm2": (["--model", f"{t}/smollm2"] + f32, f"{t}/draft4096", [2, 3]),
         }
@@ -162,7 +163,7 @@ class TensorParallelTest(unittest.TestCase):
             with open(spec_path, "w") as f:
                 f.write(f'name: "tp-{mode}"\n'
                         f'model {{ path: "{MODELS}/stories260K.bin" tokenizer: "{MODELS}/tok512.bin" }}\n'
-                        f'draft {{ path: "{MODELS}/llama2xs.bin" }}\n'
+                        f'draft {{ path: "{MODELS}/stories260K-draft.bin" }}\n'
                         f'workload {{ prompts_file: "{self.prompts}" num_requests: 16 max_tokens: 24 seed: 1 }}\n'
                         f'mode: {mode}\n'
                         f'sweep {{ max_num_seqs: [1, 8] spec_method: ["none", "draft", "ngram"] num_spec_tokens: [3, 0]{extra} }}\n'

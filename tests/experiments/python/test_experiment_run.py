@@ -236,7 +236,7 @@ class ExperimentRunTest(unittest.TestCase):
             with open(os.path.join(SOURCE, "experiments/specs/quickstart.textproto")) as f:
                 text = f.read().replace("num_requests: 64 max_tokens: 128", "num_requests: 8 max_tokens: 16")
             self.assertIn("num_requests: 8 max_tokens: 16", text)
-            spec = self.write_spec(text.replace('"../../../shared/', f'"{os.path.join(SOURCE, "../shared/")}')
+            spec = self.write_spec(text.replace('"../../models/', f'"{os.path.join(SOURCE, "models/")}')
                                    .replace('"prompts.jsonl"', f'"{PROMPTS}"'), "quickstart.textproto")
         r = run("run", spec, "--out", out)
         self.assertEqual(r.returncode, 0, r.stderr)

@@ -2,7 +2,7 @@
 (generated from proto/ with grpc_tools into a temporary directory), and offline reference runs.
 
 Environment: SPECULA_BINARY (the built `specula`), SPECULA_SOURCE_DIR (the repository),
-SPECULA_MODELS (the tinystories directory; default ../shared/models/tinystories), and
+SPECULA_MODELS (the tinystories directory; default models/tinystories), and
 SPECULA_SANITIZER (`tsan`: the binary is a ThreadSanitizer build, 5-15x slower; the tests' time
 limits are multiplied by time_scale(), their assertions stay the same; `asan`: an ASan build, for
 which test_overload runs a shorter overload with looser latency limits).
@@ -19,9 +19,9 @@ import time
 
 SOURCE = os.environ.get("SPECULA_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "../../..")))
 BINARY = os.environ.get("SPECULA_BINARY", os.path.join(SOURCE, "build/release/specula"))
-MODELS = os.environ.get("SPECULA_MODELS", os.path.join(SOURCE, "../shared/models/tinystories"))
+MODELS = os.environ.get("SPECULA_MODELS", os.path.join(SOURCE, "models/tinystories"))
 TARGET = os.path.join(MODELS, "stories260K.bin")
-DRAFT = os.path.join(MODELS, "llama2xs.bin")
+DRAFT = os.path.join(MODELS, "stories260K-draft.bin")
 TOKENIZER = os.path.join(MODELS, "tok512.bin")
 
 SANITIZER = os.environ.get("SPECULA_SANITIZER", "")
