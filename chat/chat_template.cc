@@ -143,97 +143,124 @@ class Parser {
     }
   }
 
+  // The statement that the tag `name` opens (its name read), up to and including its last '%}'.
   absl::StatusOr<std::unique_ptr<Stmt>> ParseStatement(const std::string& name, int line) {
     const Nest nest(&depth_);
     if (nest.TooDeep()) return TooDeep();
     auto s = std::make_unique<Stmt>();
     s->line = line;
-    std::string end;
     if (name == "if") {
-      s->kind = Stmt::Kind::kIf;
-      std::string tag = "if";
-      while (true) {
-        ExprPtr test;
-        if (tag != "else") {
-          ASSIGN_OR_RETURN(test, ParseTuple(false));
-        }
-        RETURN_IF_ERROR(ExpectBlockEnd());
-        Body body;
-        if (tag == "else") {
-          ASSIGN_OR_RETURN(body, ParseBody({"endif"}, "if", line, &end));
-        } else {
-          ASSIGN_OR_RETURN(body, ParseBody({"elif", "else", "endif"}, "if", line, &end));
-        }
-        s->branches.emplace_back(std::move(test), std::move(body));
-        if (end == "endif") break;
-        tag = end;
-      }
+      RETURN_IF_ERROR(ParseIf(s.get()));
     } else if (name == "for") {
-      s->kind = Stmt::Kind::kFor;
-      ASSIGN_OR_RETURN(s->targets, ParseTargets());
-      if (!IsName("in")) return SyntaxError(Cur().line, "expected 'in' in for loop");
-      Next();
-      ASSIGN_OR_RETURN(s->expr, ParseTuple(false));
-      if (IsName("if")) {
-        Next();
-        ASSIGN_OR_RETURN(s->cond, ParseExpression(true));
-      }
-      if (IsName("recursive")) return SyntaxError(Cur().line, "unsupported recursive for loop");
-      RETURN_IF_ERROR(ExpectBlockEnd());
-      ++loop_depth_;
-      ASSIGN_OR_RETURN(s->body, ParseBody({"endfor", "else"}, "for", line, &end));
-      --loop_depth_;
-      if (end == "else") {
-        RETURN_IF_ERROR(ExpectBlockEnd());
-        ASSIGN_OR_RETURN(s->else_body, ParseBody({"endfor"}, "for", line, &end));
-      }
+      RETURN_IF_ERROR(ParseFor(s.get()));
     } else if (name == "set") {
-      ASSIGN_OR_RETURN(std::string target, ExpectName());
-      s->targets.push_back(target);
-      if (IsOp(".")) {
-        Next();
-        ASSIGN_OR_RETURN(s->attr, ExpectName());
-      } else {
-        while (IsOp(",")) {
-          Next();
-          ASSIGN_OR_RETURN(std::string more, ExpectName());
-          s->targets.push_back(more);
-        }
-      }
-      if (IsOp("=")) {
-        Next();
-        s->kind = Stmt::Kind::kSet;
-        ASSIGN_OR_RETURN(s->expr, ParseTuple(true));
-      } else if (Cur().kind == Kind::kBlockEnd && s->targets.size() == 1 && s->attr.empty()) {
-        s->kind = Stmt::Kind::kSetBlock;
-        Next();
-        ASSIGN_OR_RETURN(s->body, ParseBody({"endset"}, "set", line, &end));
-      } else if (IsOp("|")) {
-        return SyntaxError(Cur().line, "unsupported filtered block set");
-      } else {
-        return SyntaxError(Cur().line, absl::StrCat("expected '=' in set, got ", Describe(Cur())));
-      }
+      RETURN_IF_ERROR(ParseSet(s.get()));
     } else if (name == "break" || name == "continue") {
       if (loop_depth_ == 0) return SyntaxError(line, absl::StrCat("'", name, "' outside a for loop"));
       s->kind = name == "break" ? Stmt::Kind::kBreak : Stmt::Kind::kContinue;
     } else if (name == "generation") {
       s->kind = Stmt::Kind::kGeneration;
       RETURN_IF_ERROR(ExpectBlockEnd());
+      std::string end;
       ASSIGN_OR_RETURN(s->body, ParseBody({"endgeneration"}, "generation", line, &end));
     } else {
-      static const char* const kJinjaTags[] = {"macro", "call", "filter", "block", "extends",
-                                               "include", "import", "from", "with", "autoescape",
-                                               "do", "print", "trans", "pluralize", "raw"};
-      for (const char* tag : kJinjaTags) {
-        if (name == tag) return SyntaxError(line, absl::StrCat("unsupported tag '", name, "'"));
-      }
-      if (name.rfind("end", 0) == 0 || name == "elif" || name == "else") {
-        return SyntaxError(line, absl::StrCat("unexpected '{% ", name, " %}'"));
-      }
-      return SyntaxError(line, absl::StrCat("unknown tag '", name, "'"));
+      return UnknownTag(name, line);
     }
     RETURN_IF_ERROR(ExpectBlockEnd());
     return s;
+  }
+
+  // `if`, any `elif`s, an optional `else`, `endif`: a branch each, the else branch's test null.
+  absl::Status ParseIf(Stmt* s) {
+    s->kind = Stmt::Kind::kIf;
+    std::string tag = "if";
+    std::string end;
+    while (true) {
+      ExprPtr test;
+      if (tag != "else") {
+        ASSIGN_OR_RETURN(test, ParseTuple(false));
+      }
+      RETURN_IF_ERROR(ExpectBlockEnd());
+      Body body;
+      if (tag == "else") {
+        ASSIGN_OR_RETURN(body, ParseBody({"endif"}, "if", s->line, &end));
+      } else {
+        ASSIGN_OR_RETURN(body, ParseBody({"elif", "else", "endif"}, "if", s->line, &end));
+      }
+      s->branches.emplace_back(std::move(test), std::move(body));
+      if (end == "endif") return absl::OkStatus();
+      tag = end;
+    }
+  }
+
+  // `for targets in expr [if cond]`, the body, an optional `else` body, `endfor`.
+  absl::Status ParseFor(Stmt* s) {
+    s->kind = Stmt::Kind::kFor;
+    ASSIGN_OR_RETURN(s->targets, ParseTargets());
+    if (!IsName("in")) return SyntaxError(Cur().line, "expected 'in' in for loop");
+    Next();
+    ASSIGN_OR_RETURN(s->expr, ParseTuple(false));
+    if (IsName("if")) {
+      Next();
+      ASSIGN_OR_RETURN(s->cond, ParseExpression(true));
+    }
+    if (IsName("recursive")) return SyntaxError(Cur().line, "unsupported recursive for loop");
+    RETURN_IF_ERROR(ExpectBlockEnd());
+    std::string end;
+    ++loop_depth_;
+    ASSIGN_OR_RETURN(s->body, ParseBody({"endfor", "else"}, "for", s->line, &end));
+    --loop_depth_;
+    if (end == "else") {
+      RETURN_IF_ERROR(ExpectBlockEnd());
+      ASSIGN_OR_RETURN(s->else_body, ParseBody({"endfor"}, "for", s->line, &end));
+    }
+    return absl::OkStatus();
+  }
+
+  // `set a = expr`, `set a, b = expr`, `set ns.attr = expr`, or the block `set a` ... `endset`.
+  absl::Status ParseSet(Stmt* s) {
+    ASSIGN_OR_RETURN(std::string target, ExpectName());
+    s->targets.push_back(target);
+    if (IsOp(".")) {
+      Next();
+      ASSIGN_OR_RETURN(s->attr, ExpectName());
+    } else {
+      while (IsOp(",")) {
+        Next();
+        ASSIGN_OR_RETURN(std::string more, ExpectName());
+        s->targets.push_back(more);
+      }
+    }
+    if (IsOp("=")) {
+      Next();
+      s->kind = Stmt::Kind::kSet;
+      ASSIGN_OR_RETURN(s->expr, ParseTuple(true));
+    } else if (Cur().kind == Kind::kBlockEnd && s->targets.size() == 1 && s->attr.empty()) {
+      s->kind = Stmt::Kind::kSetBlock;
+      Next();
+      std::string end;
+      ASSIGN_OR_RETURN(s->body, ParseBody({"endset"}, "set", s->line, &end));
+    } else if (IsOp("|")) {
+      return SyntaxError(Cur().line, "unsupported filtered block set");
+    } else {
+      return SyntaxError(Cur().line, absl::StrCat("expected '=' in set, got ", Describe(Cur())));
+    }
+    return absl::OkStatus();
+  }
+
+  // The error for a tag outside the subset: jinja2's own tags are unsupported, a stray end, elif
+  // or else is unexpected, anything else unknown.
+  static absl::Status UnknownTag(const std::string& name, int line) {
+    static const char* const kJinjaTags[] = {"macro", "call", "filter", "block", "extends",
+                                             "include", "import", "from", "with", "autoescape",
+                                             "do", "print", "trans", "pluralize", "raw"};
+    for (const char* tag : kJinjaTags) {
+      if (name == tag) return SyntaxError(line, absl::StrCat("unsupported tag '", name, "'"));
+    }
+    if (name.rfind("end", 0) == 0 || name == "elif" || name == "else") {
+      return SyntaxError(line, absl::StrCat("unexpected '{% ", name, " %}'"));
+    }
+    return SyntaxError(line, absl::StrCat("unknown tag '", name, "'"));
   }
 
   // for-loop targets: `x`, `k, v` or `(k, v)`.

@@ -54,6 +54,21 @@ class Params {
   std::vector<std::string_view> names_;
 };
 
+// One call of a filter or method: its name and arguments, and what its errors call it.
+struct Call {
+  const std::string& name;
+  std::string what;  // "filter 'join'", "str.split()"
+  const List& args;
+  const Kwargs& kwargs;
+
+  // The arguments bound to the parameters `names`, or the error for ones that do not fit.
+  absl::StatusOr<Params> Bind(std::initializer_list<std::string_view> names) const {
+    Params p(what, args, kwargs, names);
+    RETURN_IF_ERROR(p.Check());
+    return p;
+  }
+};
+
 absl::StatusOr<int64_t> Len(const Value& v) {
   if (v.Is(Value::Kind::kUndefined)) return 0;
   if (v.Is(Value::Kind::kString)) return static_cast<int64_t>(Decode(v.s).size());
@@ -76,7 +91,10 @@ std::optional<double> ParseFloat(std::string_view s) {
   return d;
 }
 
-absl::StatusOr<Value> IntFilter(const Value& v, const Params& p) {
+// ---- Filters and tests ----------------------------------------------------------------------
+
+absl::StatusOr<Value> IntFilter(const Value& v, const Call& c) {
+  ASSIGN_OR_RETURN(Params p, c.Bind({"default", "base"}));
   const Value dflt = p.Or(0, Value::Int(0));
   if (v.Is(Value::Kind::kUndefined)) return UndefinedError(v);
   if (v.Is(Value::Kind::kBool) || v.Is(Value::Kind::kInt)) return Value::Int(v.Is(Value::Kind::kBool) ? v.b : v.i);
@@ -108,7 +126,18 @@ absl::StatusOr<Value> IntFilter(const Value& v, const Params& p) {
   return Value::Int(static_cast<int64_t>(d));
 }
 
-absl::StatusOr<Value> ToJsonFilter(const Value& v, const Params& p) {
+absl::StatusOr<Value> FloatFilter(const Value& v, const Call& c) {
+  ASSIGN_OR_RETURN(Params p, c.Bind({"default"}));
+  if (v.Is(Value::Kind::kUndefined)) return UndefinedError(v);
+  if (v.IsNumber()) return Value::Float(v.Is(Value::Kind::kFloat) ? v.f : v.Is(Value::Kind::kBool) ? v.b : v.i);
+  if (v.Is(Value::Kind::kString)) {
+    if (auto f = ParseFloat(v.s)) return Value::Float(*f);
+  }
+  return p.Or(0, Value::Float(0));
+}
+
+absl::StatusOr<Value> ToJsonFilter(const Value& v, const Call& c) {
+  ASSIGN_OR_RETURN(Params p, c.Bind({"ensure_ascii", "indent", "separators", "sort_keys"}));
   JsonStyle st;
   st.ensure_ascii = Truthy(p.Or(0, Value::Bool(false)));
   const Value indent = p.Or(1, Value::None());
@@ -135,6 +164,12 @@ absl::StatusOr<Value> ToJsonFilter(const Value& v, const Params& p) {
   return Value::Str(std::move(out));
 }
 
+absl::StatusOr<Value> DefaultFilter(const Value& v, const Call& c) {
+  ASSIGN_OR_RETURN(Params p, c.Bind({"default_value", "boolean"}));
+  const bool use = v.Is(Value::Kind::kUndefined) || (Truthy(p.Or(1, Value::Bool(false))) && !Truthy(v));
+  return use ? p.Or(0, Value::Str("")) : v;
+}
+
 // `a.b.c` on each item, as jinja2's attribute getter does (item lookup, then attribute).
 absl::StatusOr<Value> GetPath(const Value& item, const std::string& path) {
   Value cur = item;
@@ -152,8 +187,46 @@ absl::StatusOr<Value> GetPath(const Value& item, const std::string& path) {
   }
 }
 
+absl::StatusOr<Value> JoinFilter(const Value& v, const Call& c) {
+  ASSIGN_OR_RETURN(Params p, c.Bind({"d", "attribute"}));
+  ASSIGN_OR_RETURN(std::string sep, ToStr(p.Or(0, Value::Str(""))));
+  const Value attr = p.Or(1, Value::None());
+  ASSIGN_OR_RETURN(List items, Iterate(v));
+  std::string out;
+  for (size_t k = 0; k < items.size(); ++k) {
+    Value item = items[k];
+    if (!attr.Is(Value::Kind::kNone)) {
+      ASSIGN_OR_RETURN(std::string path, ToStr(attr));
+      ASSIGN_OR_RETURN(item, GetPath(item, path));
+    }
+    ASSIGN_OR_RETURN(std::string s, ToStr(item));
+    absl::StrAppend(&out, k ? sep : "", s);
+  }
+  return Value::Str(std::move(out));
+}
+
+absl::StatusOr<Value> ReplaceFilter(const Value& v, const Call& c) {
+  ASSIGN_OR_RETURN(Params p, c.Bind({"old", "new", "count"}));
+  if (!p.Get(0) || !p.Get(1)) return TypeError("filter 'replace' needs the old and new strings");
+  ASSIGN_OR_RETURN(std::string s, ToStr(v));
+  ASSIGN_OR_RETURN(std::string old_s, ToStr(*p.Get(0)));
+  ASSIGN_OR_RETURN(std::string new_s, ToStr(*p.Get(1)));
+  const Value count = p.Or(2, Value::None());
+  return Value::Str(Replace(s, old_s, new_s, count.Is(Value::Kind::kInt) ? count.i : -1));
+}
+
+absl::StatusOr<Value> TrimFilter(const Value& v, const Call& c) {
+  ASSIGN_OR_RETURN(Params p, c.Bind({"chars"}));
+  ASSIGN_OR_RETURN(std::string s, ToStr(v));
+  return Value::Str(Strip(s, p.Get(0), true, true));
+}
+
 // select / reject / selectattr / rejectattr: the items whose test (or truth) is `keep`.
-absl::StatusOr<Value> SelectFilter(const Value& seq, const List& args, bool with_attr, bool keep) {
+absl::StatusOr<Value> SelectFilter(const Value& seq, const Call& c) {
+  if (!c.kwargs.empty()) return TypeError(absl::StrCat(c.what, " takes no keyword arguments"));
+  const List& args = c.args;
+  const bool with_attr = c.name.size() > 6;
+  const bool keep = c.name[0] == 's';
   if (with_attr && (args.empty() || !args[0].Is(Value::Kind::kString))) {
     return TypeError("selectattr/rejectattr need an attribute name");
   }
@@ -183,10 +256,123 @@ absl::StatusOr<Value> SelectFilter(const Value& seq, const List& args, bool with
   return Value::MakeList(std::move(out), Value::Seq::kGenerator);  // jinja2 returns a generator
 }
 
-const char* const kFilters[] = {"trim", "length", "count", "upper", "lower", "capitalize", "title",
-                                "string", "int", "float", "tojson", "default", "d", "first",
-                                "last", "join", "replace", "items", "list", "select", "reject",
-                                "selectattr", "rejectattr", "map", "reverse"};
+// map(attribute='a.b', default=d) or map('filter', args...): a generator, empty for a false input.
+absl::StatusOr<Value> MapFilter(const Value& v, const Call& c) {
+  const List& args = c.args;
+  List out;
+  const Value* attr = nullptr;
+  const Value* dflt = nullptr;
+  for (const auto& [k, x] : c.kwargs) {
+    if (k == "attribute") attr = &x;
+    if (k == "default") dflt = &x;
+  }
+  if (!Truthy(v)) return Value::MakeList({}, Value::Seq::kGenerator);
+  ASSIGN_OR_RETURN(List items, Iterate(v));
+  if (attr != nullptr) {
+    if (!args.empty() || c.kwargs.size() != (dflt ? 2u : 1u)) {
+      return TypeError("filter 'map' takes attribute= and default= only");
+    }
+    ASSIGN_OR_RETURN(std::string path, ToStr(*attr));
+    for (const Value& item : items) {
+      ASSIGN_OR_RETURN(Value x, GetPath(item, path));
+      out.push_back(dflt && x.Is(Value::Kind::kUndefined) ? *dflt : x);
+    }
+  } else {
+    if (args.empty() || !args[0].Is(Value::Kind::kString)) {
+      return TypeError("filter 'map' needs a filter name or attribute=");
+    }
+    if (!KnownFilter(args[0].s)) return TypeError(absl::StrCat("unsupported filter '", args[0].s, "'"));
+    const List rest(args.begin() + 1, args.end());
+    for (const Value& item : items) {
+      ASSIGN_OR_RETURN(Value x, ApplyFilter(args[0].s, item, rest, c.kwargs));
+      out.push_back(std::move(x));
+    }
+  }
+  return Value::MakeList(std::move(out), Value::Seq::kGenerator);
+}
+
+// The filters from here to kFilters take no arguments (ApplyFilter checks).
+
+absl::StatusOr<Value> LengthFilter(const Value& v, const Call&) {
+  ASSIGN_OR_RETURN(int64_t n, Len(v));
+  return Value::Int(n);
+}
+
+absl::StatusOr<Value> FirstLastFilter(const Value& v, const Call& c) {
+  if (c.name == "last" && v.Is(Value::Kind::kList) && v.seq == Value::Seq::kGenerator) {
+    return TypeError("'generator' object is not reversible");
+  }
+  ASSIGN_OR_RETURN(List items, Iterate(v));
+  if (items.empty()) return Value::Undefined(absl::StrCat("No ", c.name, " item, sequence was empty."));
+  return c.name == "first" ? items.front() : items.back();
+}
+
+absl::StatusOr<Value> ItemsFilter(const Value& v, const Call&) {
+  if (v.Is(Value::Kind::kUndefined)) return Value::MakeList({}, Value::Seq::kGenerator);
+  if (!v.Is(Value::Kind::kDict)) return TypeError("Can only get item pairs from a mapping.");
+  List pairs;
+  for (const auto& [k, x] : *v.dict) pairs.push_back(Value::MakeList({Value::Str(k), x}, Value::Seq::kTuple));
+  return Value::MakeList(std::move(pairs), Value::Seq::kGenerator);
+}
+
+// A string reversed; else a reverse iterator (a list for a generator).
+absl::StatusOr<Value> ReverseFilter(const Value& v, const Call&) {
+  if (v.Is(Value::Kind::kString)) {
+    std::u32string cps = Decode(v.s);
+    std::reverse(cps.begin(), cps.end());
+    return Value::Str(Encode(cps));
+  }
+  auto items = Iterate(v);
+  if (!items.ok()) return TypeError("argument must be iterable");
+  std::reverse(items->begin(), items->end());
+  const bool was_generator = v.Is(Value::Kind::kList) && v.seq == Value::Seq::kGenerator;
+  return Value::MakeList(std::move(*items), was_generator ? Value::Seq::kList : Value::Seq::kGenerator);
+}
+
+absl::StatusOr<Value> ListFilter(const Value& v, const Call&) {
+  ASSIGN_OR_RETURN(List items, Iterate(v));
+  return Value::MakeList(std::move(items));
+}
+
+// upper, lower, capitalize, title and string: str(v), recased (string leaves it as it is).
+absl::StatusOr<Value> StringFilter(const Value& v, const Call& c) {
+  ASSIGN_OR_RETURN(std::string s, ToStr(v));
+  if (c.name == "upper") return Value::Str(Upper(s));
+  if (c.name == "lower") return Value::Str(Lower(s));
+  if (c.name == "capitalize") return Value::Str(Capitalize(s));
+  if (c.name == "title") return Value::Str(JinjaTitle(s));
+  return Value::Str(s);
+}
+
+struct Filter {
+  const char* name;
+  absl::StatusOr<Value> (*apply)(const Value& v, const Call& c);
+  bool takes_args;
+};
+
+// Every supported filter: what the parser accepts, and what ApplyFilter calls.
+const Filter kFilters[] = {
+    {"trim", TrimFilter, true},          {"length", LengthFilter, false},
+    {"count", LengthFilter, false},      {"upper", StringFilter, false},
+    {"lower", StringFilter, false},      {"capitalize", StringFilter, false},
+    {"title", StringFilter, false},      {"string", StringFilter, false},
+    {"int", IntFilter, true},            {"float", FloatFilter, true},
+    {"tojson", ToJsonFilter, true},      {"default", DefaultFilter, true},
+    {"d", DefaultFilter, true},          {"first", FirstLastFilter, false},
+    {"last", FirstLastFilter, false},    {"join", JoinFilter, true},
+    {"replace", ReplaceFilter, true},    {"items", ItemsFilter, false},
+    {"list", ListFilter, false},         {"select", SelectFilter, true},
+    {"reject", SelectFilter, true},      {"selectattr", SelectFilter, true},
+    {"rejectattr", SelectFilter, true},  {"map", MapFilter, true},
+    {"reverse", ReverseFilter, false}};
+
+const Filter* FindFilter(std::string_view name) {
+  for (const Filter& f : kFilters) {
+    if (name == f.name) return &f;
+  }
+  return nullptr;
+}
+
 const char* const kTests[] = {
     "defined", "undefined", "none", "boolean", "true", "false", "integer", "float", "number",
     "string", "mapping", "iterable", "sequence", "callable", "odd", "even", "divisibleby", "eq",
@@ -195,9 +381,7 @@ const char* const kTests[] = {
 
 }  // namespace
 
-bool KnownFilter(std::string_view name) {
-  return std::find(std::begin(kFilters), std::end(kFilters), name) != std::end(kFilters);
-}
+bool KnownFilter(std::string_view name) { return FindFilter(name) != nullptr; }
 
 bool KnownTest(std::string_view name) {
   return std::find(std::begin(kTests), std::end(kTests), name) != std::end(kTests);
@@ -205,146 +389,13 @@ bool KnownTest(std::string_view name) {
 
 absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& v, const List& args,
                                   const Kwargs& kwargs) {
-  const std::string what = absl::StrCat("filter '", name, "'");
-  auto params = [&](std::initializer_list<std::string_view> names) -> absl::StatusOr<Params> {
-    Params p(what, args, kwargs, names);
-    RETURN_IF_ERROR(p.Check());
-    return p;
-  };
-  if (name == "select" || name == "reject" || name == "selectattr" || name == "rejectattr") {
-    if (!kwargs.empty()) return TypeError(absl::StrCat(what, " takes no keyword arguments"));
-    return SelectFilter(v, args, name.size() > 6, name[0] == 's');
+  const Filter* filter = FindFilter(name);
+  if (filter == nullptr) return TypeError(absl::StrCat("unsupported filter '", name, "'"));
+  const Call c{name, absl::StrCat("filter '", name, "'"), args, kwargs};
+  if (!filter->takes_args && (!args.empty() || !kwargs.empty())) {
+    return TypeError(absl::StrCat(c.what, " takes no arguments"));
   }
-  if (name == "default" || name == "d") {
-    ASSIGN_OR_RETURN(Params p, params({"default_value", "boolean"}));
-    const bool use = v.Is(Value::Kind::kUndefined) || (Truthy(p.Or(1, Value::Bool(false))) && !Truthy(v));
-    return use ? p.Or(0, Value::Str("")) : v;
-  }
-  if (name == "tojson") {
-    ASSIGN_OR_RETURN(Params p, params({"ensure_ascii", "indent", "separators", "sort_keys"}));
-    return ToJsonFilter(v, p);
-  }
-  if (name == "int") {
-    ASSIGN_OR_RETURN(Params p, params({"default", "base"}));
-    return IntFilter(v, p);
-  }
-  if (name == "float") {
-    ASSIGN_OR_RETURN(Params p, params({"default"}));
-    if (v.Is(Value::Kind::kUndefined)) return UndefinedError(v);
-    if (v.IsNumber()) return Value::Float(v.Is(Value::Kind::kFloat) ? v.f : v.Is(Value::Kind::kBool) ? v.b : v.i);
-    if (v.Is(Value::Kind::kString)) {
-      if (auto f = ParseFloat(v.s)) return Value::Float(*f);
-    }
-    return p.Or(0, Value::Float(0));
-  }
-  if (name == "join") {
-    ASSIGN_OR_RETURN(Params p, params({"d", "attribute"}));
-    ASSIGN_OR_RETURN(std::string sep, ToStr(p.Or(0, Value::Str(""))));
-    const Value attr = p.Or(1, Value::None());
-    ASSIGN_OR_RETURN(List items, Iterate(v));
-    std::string out;
-    for (size_t k = 0; k < items.size(); ++k) {
-      Value item = items[k];
-      if (!attr.Is(Value::Kind::kNone)) {
-        ASSIGN_OR_RETURN(std::string path, ToStr(attr));
-        ASSIGN_OR_RETURN(item, GetPath(item, path));
-      }
-      ASSIGN_OR_RETURN(std::string s, ToStr(item));
-      absl::StrAppend(&out, k ? sep : "", s);
-    }
-    return Value::Str(std::move(out));
-  }
-  if (name == "replace") {
-    ASSIGN_OR_RETURN(Params p, params({"old", "new", "count"}));
-    if (!p.Get(0) || !p.Get(1)) return TypeError("filter 'replace' needs the old and new strings");
-    ASSIGN_OR_RETURN(std::string s, ToStr(v));
-    ASSIGN_OR_RETURN(std::string old_s, ToStr(*p.Get(0)));
-    ASSIGN_OR_RETURN(std::string new_s, ToStr(*p.Get(1)));
-    const Value count = p.Or(2, Value::None());
-    return Value::Str(Replace(s, old_s, new_s, count.Is(Value::Kind::kInt) ? count.i : -1));
-  }
-  if (name == "trim") {
-    ASSIGN_OR_RETURN(Params p, params({"chars"}));
-    ASSIGN_OR_RETURN(std::string s, ToStr(v));
-    return Value::Str(Strip(s, p.Get(0), true, true));
-  }
-  if (name == "map") {
-    // map(attribute='a.b', default=d) or map('filter', args...): a generator, empty for a false input.
-    List out;
-    const Value* attr = nullptr;
-    const Value* dflt = nullptr;
-    for (const auto& [k, x] : kwargs) {
-      if (k == "attribute") attr = &x;
-      if (k == "default") dflt = &x;
-    }
-    if (!Truthy(v)) return Value::MakeList({}, Value::Seq::kGenerator);
-    ASSIGN_OR_RETURN(List items, Iterate(v));
-    if (attr != nullptr) {
-      if (!args.empty() || kwargs.size() != (dflt ? 2u : 1u)) {
-        return TypeError("filter 'map' takes attribute= and default= only");
-      }
-      ASSIGN_OR_RETURN(std::string path, ToStr(*attr));
-      for (const Value& item : items) {
-        ASSIGN_OR_RETURN(Value x, GetPath(item, path));
-        out.push_back(dflt && x.Is(Value::Kind::kUndefined) ? *dflt : x);
-      }
-    } else {
-      if (args.empty() || !args[0].Is(Value::Kind::kString)) {
-        return TypeError("filter 'map' needs a filter name or attribute=");
-      }
-      if (!KnownFilter(args[0].s)) return TypeError(absl::StrCat("unsupported filter '", args[0].s, "'"));
-      const List rest(args.begin() + 1, args.end());
-      for (const Value& item : items) {
-        ASSIGN_OR_RETURN(Value x, ApplyFilter(args[0].s, item, rest, kwargs));
-        out.push_back(std::move(x));
-      }
-    }
-    return Value::MakeList(std::move(out), Value::Seq::kGenerator);
-  }
-  // The rest take no arguments.
-  if (!args.empty() || !kwargs.empty()) return TypeError(absl::StrCat(what, " takes no arguments"));
-  if (name == "length" || name == "count") {
-    ASSIGN_OR_RETURN(int64_t n, Len(v));
-    return Value::Int(n);
-  }
-  if (name == "first" || name == "last") {
-    if (name == "last" && v.Is(Value::Kind::kList) && v.seq == Value::Seq::kGenerator) {
-      return TypeError("'generator' object is not reversible");
-    }
-    ASSIGN_OR_RETURN(List items, Iterate(v));
-    if (items.empty()) return Value::Undefined(absl::StrCat("No ", name, " item, sequence was empty."));
-    return name == "first" ? items.front() : items.back();
-  }
-  if (name == "items") {
-    if (v.Is(Value::Kind::kUndefined)) return Value::MakeList({}, Value::Seq::kGenerator);
-    if (!v.Is(Value::Kind::kDict)) return TypeError("Can only get item pairs from a mapping.");
-    List pairs;
-    for (const auto& [k, x] : *v.dict) pairs.push_back(Value::MakeList({Value::Str(k), x}, Value::Seq::kTuple));
-    return Value::MakeList(std::move(pairs), Value::Seq::kGenerator);
-  }
-  if (name == "reverse") {  // a string reversed; else a reverse iterator (a list for a generator)
-    if (v.Is(Value::Kind::kString)) {
-      std::u32string cps = Decode(v.s);
-      std::reverse(cps.begin(), cps.end());
-      return Value::Str(Encode(cps));
-    }
-    auto items = Iterate(v);
-    if (!items.ok()) return TypeError("argument must be iterable");
-    std::reverse(items->begin(), items->end());
-    const bool was_generator = v.Is(Value::Kind::kList) && v.seq == Value::Seq::kGenerator;
-    return Value::MakeList(std::move(*items), was_generator ? Value::Seq::kList : Value::Seq::kGenerator);
-  }
-  if (name == "list") {
-    ASSIGN_OR_RETURN(List items, Iterate(v));
-    return Value::MakeList(std::move(items));
-  }
-  ASSIGN_OR_RETURN(std::string s, ToStr(v));
-  if (name == "upper") return Value::Str(Upper(s));
-  if (name == "lower") return Value::Str(Lower(s));
-  if (name == "capitalize") return Value::Str(Capitalize(s));
-  if (name == "title") return Value::Str(JinjaTitle(s));
-  if (name == "string") return Value::Str(s);
-  return TypeError(absl::StrCat("unsupported filter '", name, "'"));
+  return filter->apply(v, c);
 }
 
 absl::StatusOr<bool> ApplyTest(const std::string& name, const Value& v, const List& args) {
@@ -406,100 +457,114 @@ absl::StatusOr<bool> ApplyTest(const std::string& name, const Value& v, const Li
   return TypeError(absl::StrCat("unsupported test '", name, "'"));
 }
 
-absl::StatusOr<Value> CallMethod(const Value& self, const std::string& name, const List& args,
-                                 const Kwargs& kwargs) {
-  const std::string what = absl::StrCat(TypeName(self), ".", name, "()");
-  auto params = [&](std::initializer_list<std::string_view> names) -> absl::StatusOr<Params> {
-    Params p(what, args, kwargs, names);
-    RETURN_IF_ERROR(p.Check());
-    return p;
-  };
-  if (self.Is(Value::Kind::kDict)) {
-    if (name == "items" || name == "keys" || name == "values") {
-      ASSIGN_OR_RETURN(Params p, params({}));
-      List out;
-      for (const auto& [k, v] : *self.dict) {
-        out.push_back(name == "keys" ? Value::Str(k)
-                      : name == "values" ? v
+// ---- Methods --------------------------------------------------------------------------------
+
+namespace {
+
+absl::StatusOr<Value> DictMethod(const Dict& d, const Call& c) {
+  if (c.name == "items" || c.name == "keys" || c.name == "values") {
+    ASSIGN_OR_RETURN(Params p, c.Bind({}));
+    List out;
+    for (const auto& [k, v] : d) {
+      out.push_back(c.name == "keys" ? Value::Str(k)
+                    : c.name == "values" ? v
                                          : Value::MakeList({Value::Str(k), v}, Value::Seq::kTuple));
-      }
-      return Value::MakeList(std::move(out));
     }
-    if (name == "get") {
-      ASSIGN_OR_RETURN(Params p, params({"key", "default"}));
-      if (!p.Get(0)) return TypeError("dict.get() needs a key");
-      const Value* v = p.Get(0)->Is(Value::Kind::kString) ? Find(*self.dict, p.Get(0)->s) : nullptr;
-      return v ? *v : p.Or(1, Value::None());
-    }
-    return TypeError(absl::StrCat("unsupported: ", what, " (the sandbox does not modify objects)"));
+    return Value::MakeList(std::move(out));
   }
-  if (!self.Is(Value::Kind::kString)) return TypeError(absl::StrCat("unsupported method ", what));
-  const std::string& s = self.s;
-  auto str_arg = [&](const Value* v) -> absl::Status {
-    if (v && !v->Is(Value::Kind::kString)) {
-      return TypeError(absl::StrCat(what, ": argument must be str, not ", TypeName(*v)));
+  if (c.name == "get") {
+    ASSIGN_OR_RETURN(Params p, c.Bind({"key", "default"}));
+    if (!p.Get(0)) return TypeError("dict.get() needs a key");
+    const Value* v = p.Get(0)->Is(Value::Kind::kString) ? Find(d, p.Get(0)->s) : nullptr;
+    return v ? *v : p.Or(1, Value::None());
+  }
+  return TypeError(absl::StrCat("unsupported: ", c.what, " (the sandbox does not modify objects)"));
+}
+
+// Python's error for an argument that must be a str; an absent one (null) passes.
+absl::Status StrArg(const Call& c, const Value* v) {
+  if (v && !v->Is(Value::Kind::kString)) {
+    return TypeError(absl::StrCat(c.what, ": argument must be str, not ", TypeName(*v)));
+  }
+  return absl::OkStatus();
+}
+
+// str.startswith() and str.endswith(): a prefix (suffix) or a tuple of them.
+absl::StatusOr<Value> StartsOrEndsWith(const std::string& s, const Call& c) {
+  ASSIGN_OR_RETURN(Params p, c.Bind({"prefix"}));
+  if (!p.Get(0)) return TypeError(absl::StrCat(c.what, " takes one argument"));
+  List options = p.Get(0)->Is(Value::Kind::kList) && p.Get(0)->seq == Value::Seq::kTuple
+                     ? *p.Get(0)->list : List{*p.Get(0)};
+  for (const Value& o : options) {
+    if (!o.Is(Value::Kind::kString)) {
+      return TypeError(absl::StrCat(c.what, ": argument must be str or a tuple of str, not ", TypeName(o)));
     }
-    return absl::OkStatus();
-  };
+    const bool hit = c.name == "startswith" ? s.compare(0, o.s.size(), o.s) == 0
+                                            : s.size() >= o.s.size() && s.compare(s.size() - o.s.size(), o.s.size(), o.s) == 0;
+    if (hit) return Value::Bool(true);
+  }
+  return Value::Bool(false);
+}
+
+absl::StatusOr<Value> StrJoin(const std::string& s, const Call& c) {
+  ASSIGN_OR_RETURN(Params p, c.Bind({"iterable"}));
+  if (!p.Get(0)) return TypeError("str.join() takes one argument");
+  ASSIGN_OR_RETURN(List items, Iterate(*p.Get(0)));
+  std::string out;
+  for (size_t k = 0; k < items.size(); ++k) {
+    if (!items[k].Is(Value::Kind::kString)) {
+      return TypeError(absl::StrCat("sequence item ", k, ": expected str instance, ", TypeName(items[k]), " found"));
+    }
+    absl::StrAppend(&out, k ? s : "", items[k].s);
+  }
+  return Value::Str(std::move(out));
+}
+
+absl::StatusOr<Value> StrMethod(const std::string& s, const Call& c) {
+  const std::string& name = c.name;
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
-    ASSIGN_OR_RETURN(Params p, params({"chars"}));
+    ASSIGN_OR_RETURN(Params p, c.Bind({"chars"}));
     const Value* chars = p.Get(0);
     if (chars && chars->Is(Value::Kind::kNone)) chars = nullptr;
-    RETURN_IF_ERROR(str_arg(chars));
+    RETURN_IF_ERROR(StrArg(c, chars));
     return Value::Str(Strip(s, chars, name != "rstrip", name != "lstrip"));
   }
   if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
-    ASSIGN_OR_RETURN(Params p, params({}));
+    ASSIGN_OR_RETURN(Params p, c.Bind({}));
     return Value::Str(name == "upper" ? Upper(s) : name == "lower" ? Lower(s)
                       : name == "title" ? PyTitle(s) : Capitalize(s));
   }
-  if (name == "startswith" || name == "endswith") {
-    ASSIGN_OR_RETURN(Params p, params({"prefix"}));
-    if (!p.Get(0)) return TypeError(absl::StrCat(what, " takes one argument"));
-    List options = p.Get(0)->Is(Value::Kind::kList) && p.Get(0)->seq == Value::Seq::kTuple
-                       ? *p.Get(0)->list : List{*p.Get(0)};
-    for (const Value& o : options) {
-      if (!o.Is(Value::Kind::kString)) {
-        return TypeError(absl::StrCat(what, ": argument must be str or a tuple of str, not ", TypeName(o)));
-      }
-      const bool hit = name == "startswith" ? s.compare(0, o.s.size(), o.s) == 0
-                                            : s.size() >= o.s.size() && s.compare(s.size() - o.s.size(), o.s.size(), o.s) == 0;
-      if (hit) return Value::Bool(true);
-    }
-    return Value::Bool(false);
-  }
+  if (name == "startswith" || name == "endswith") return StartsOrEndsWith(s, c);
   if (name == "split") {
-    ASSIGN_OR_RETURN(Params p, params({"sep", "maxsplit"}));
+    ASSIGN_OR_RETURN(Params p, c.Bind({"sep", "maxsplit"}));
     const Value sep = p.Or(0, Value::None());
-    if (!sep.Is(Value::Kind::kNone)) RETURN_IF_ERROR(str_arg(&sep));
+    if (!sep.Is(Value::Kind::kNone)) RETURN_IF_ERROR(StrArg(c, &sep));
     if (sep.Is(Value::Kind::kString) && sep.s.empty()) return TypeError("empty separator");
     const Value maxsplit = p.Or(1, Value::Int(-1));
     if (!maxsplit.Is(Value::Kind::kInt)) return TypeError("split: maxsplit must be an int");
     return Value::MakeList(Split(s, sep, maxsplit.i));
   }
   if (name == "replace") {
-    ASSIGN_OR_RETURN(Params p, params({"old", "new", "count"}));
+    ASSIGN_OR_RETURN(Params p, c.Bind({"old", "new", "count"}));
     if (!p.Get(0) || !p.Get(1)) return TypeError("str.replace() needs the old and new strings");
-    RETURN_IF_ERROR(str_arg(p.Get(0)));
-    RETURN_IF_ERROR(str_arg(p.Get(1)));
+    RETURN_IF_ERROR(StrArg(c, p.Get(0)));
+    RETURN_IF_ERROR(StrArg(c, p.Get(1)));
     const Value count = p.Or(2, Value::Int(-1));
     if (!count.Is(Value::Kind::kInt)) return TypeError("str.replace(): count must be an int");
     return Value::Str(Replace(s, p.Get(0)->s, p.Get(1)->s, count.i));
   }
-  if (name == "join") {
-    ASSIGN_OR_RETURN(Params p, params({"iterable"}));
-    if (!p.Get(0)) return TypeError("str.join() takes one argument");
-    ASSIGN_OR_RETURN(List items, Iterate(*p.Get(0)));
-    std::string out;
-    for (size_t k = 0; k < items.size(); ++k) {
-      if (!items[k].Is(Value::Kind::kString)) {
-        return TypeError(absl::StrCat("sequence item ", k, ": expected str instance, ", TypeName(items[k]), " found"));
-      }
-      absl::StrAppend(&out, k ? s : "", items[k].s);
-    }
-    return Value::Str(std::move(out));
-  }
+  if (name == "join") return StrJoin(s, c);
   return TypeError(absl::StrCat("unsupported string method '", name, "'"));
+}
+
+}  // namespace
+
+absl::StatusOr<Value> CallMethod(const Value& self, const std::string& name, const List& args,
+                                 const Kwargs& kwargs) {
+  const Call c{name, absl::StrCat(TypeName(self), ".", name, "()"), args, kwargs};
+  if (self.Is(Value::Kind::kDict)) return DictMethod(*self.dict, c);
+  if (!self.Is(Value::Kind::kString)) return TypeError(absl::StrCat("unsupported method ", c.what));
+  return StrMethod(self.s, c);
 }
 
 }  // namespace specula::jinja

@@ -1,7 +1,8 @@
 // Internals of the chat template engine (chat/chat_template.h), shared by its parts:
 //   chat_template_lexer.cc     source -> tokens (whitespace control, trim_blocks, lstrip_blocks)
 //   chat_template.cc           tokens -> syntax tree; the ChatTemplate API
-//   chat_template_eval.cc      the renderer, and the core operations on values
+//   chat_template_eval.cc      the renderer
+//   chat_template_ops.cc       the core operations on values
 //   chat_template_values.cc    printing values, tojson, Python's str functions
 //   chat_template_builtins.cc  filters, tests, str and dict methods
 // Semantics follow Python jinja2 as transformers configures it; "Python" below means what CPython
@@ -159,9 +160,12 @@ struct RenderOptions {
 absl::StatusOr<std::string> RenderTemplate(const Template& t, const Dict& variables,
                                            const RenderOptions& options);
 
-// ---- Core operations (chat_template_eval.cc) ------------------------------------------------
+// ---- Core operations (chat_template_ops.cc) -------------------------------------------------
 
 // Python semantics of the basic operations. Errors are plain messages (the renderer adds the line).
+// A bool is an int to Python: it indexes, repeats and counts as one.
+inline bool IsIntLike(const Value& v) { return v.Is(Value::Kind::kInt) || v.Is(Value::Kind::kBool); }
+inline int64_t AsInt(const Value& v) { return v.Is(Value::Kind::kBool) ? v.b : v.i; }  // int-like v
 bool Truthy(const Value& v);
 std::string TypeName(const Value& v);
 bool Equal(const Value& a, const Value& b);
