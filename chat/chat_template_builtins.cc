@@ -15,8 +15,6 @@
 namespace specula::jinja {
 namespace {
 
-absl::Status TypeError(const std::string& msg) { return absl::InvalidArgumentError(msg); }
-
 // Positional-or-keyword parameters, as a Python signature binds them.
 class Params {
  public:

@@ -15,8 +15,6 @@ namespace {
 constexpr int64_t kMaxSteps = 1'000'000;  // statements and loop iterations per render (~1 s)
 constexpr int64_t kMaxRange = 100'000;     // jinja2's sandbox limit on range()
 
-absl::Status TypeError(const std::string& msg) { return absl::InvalidArgumentError(msg); }
-
 absl::Status LineError(int line, std::string_view msg) {
   return absl::InvalidArgumentError(absl::StrCat("chat template line ", line, ": ", std::string(msg)));
 }

@@ -166,6 +166,8 @@ absl::StatusOr<std::string> RenderTemplate(const Template& t, const Dict& variab
 // A bool is an int to Python: it indexes, repeats and counts as one.
 inline bool IsIntLike(const Value& v) { return v.Is(Value::Kind::kInt) || v.Is(Value::Kind::kBool); }
 inline int64_t AsInt(const Value& v) { return v.Is(Value::Kind::kBool) ? v.b : v.i; }  // int-like v
+// Python's TypeError, as the templates' errors name it.
+inline absl::Status TypeError(const std::string& msg) { return absl::InvalidArgumentError(msg); }
 bool Truthy(const Value& v);
 std::string TypeName(const Value& v);
 bool Equal(const Value& a, const Value& b);

@@ -12,8 +12,6 @@
 namespace specula::jinja {
 namespace {
 
-absl::Status TypeError(const std::string& msg) { return absl::InvalidArgumentError(msg); }
-
 double AsFloat(const Value& v) { return v.Is(Value::Kind::kFloat) ? v.f : static_cast<double>(AsInt(v)); }
 
 const char* const kDictMethods[] = {"items", "keys", "values", "get", "clear", "copy", "pop",

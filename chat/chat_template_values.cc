@@ -84,8 +84,6 @@ const Value* Find(const Dict& d, std::string_view key) {
 
 namespace {
 
-absl::Status TypeError(const std::string& msg) { return absl::InvalidArgumentError(msg); }
-
 void Put(char32_t cp, std::string* out) {
   if (cp >= 0xDC80 && cp <= 0xDCFF) {
     *out += static_cast<char>(cp - 0xDC00);  // an escaped invalid byte
