@@ -263,6 +263,164 @@ inline __attribute__((always_inline)) void ValueTokens(const T* vh, int32_t n, c
   }
 }
 
+// The queries q[nq, heads, hd] in LoadKv's order (hd = S::kLanes * NV), once: a query head is
+// loaded for every block.
+template <typename S, int NV>
+inline __attribute__((always_inline)) const float* SplitQueries(const float* q, int32_t nq, int32_t heads) {
+  using V = typename S::V;
+  constexpr int32_t L = S::kLanes, hd = L * NV;
+  thread_local std::vector<float> split;  // [nq, heads, hd]
+  split.resize(static_cast<size_t>(nq) * heads * hd);
+  for (int64_t r = 0; r < static_cast<int64_t>(nq) * heads; ++r) {
+    float* d = split.data() + r * hd;
+    const float* s = q + r * hd;
+    for (int u = 0; u + 1 < NV; u += 2) {
+      V even, odd;
+      S::Deinterleave(s + L * u, even, odd);
+      S::Store(d + L * u, even);
+      S::Store(d + L * (u + 1), odd);
+    }
+    if constexpr (NV % 2 == 1) S::Store(d + L * (NV - 1), S::Load(s + L * (NV - 1)));
+  }
+  return split.data();
+}
+
+// The outputs out[nq, heads, hd] back from LoadKv's order, in place.
+template <typename S, int NV>
+inline __attribute__((always_inline)) void InterleaveOutputs(float* out, int32_t nq, int32_t heads) {
+  constexpr int32_t L = S::kLanes, hd = L * NV;
+  for (int64_t r = 0; r < static_cast<int64_t>(nq) * heads; ++r) {
+    float* o = out + r * hd;
+    for (int u = 0; u + 1 < NV; u += 2) S::Interleave(S::Load(o + L * u), S::Load(o + L * (u + 1)), o + L * u);
+  }
+}
+
+// One call of AttendSimd: its arguments (AttendFn's, with the queries in LoadKv's order) and its
+// passes' work on one query head of one block, always inlined, so that AttendSimd compiles to the
+// loops it has with them written in place.
+template <typename S, int NV, typename T>
+struct SimdAttention {
+  using V = typename S::V;
+  static constexpr int32_t L = S::kLanes, hd = L * NV;
+  // Scores of tokens in pairs on AVX2 (a prefill chunk's or a verification's): the 16 registers hold
+  // two tokens' accumulators of 8 lanes.
+  static constexpr bool kPairs = L == 8 && NV <= 6;
+  // At 16 lanes, scores of tokens in pairs on 8 keys at a time (ScoreHalves), up to five vectors a
+  // head (the registers' limit). attention_bench's 512-token prefill chunk, alternated 3 times with
+  // one token at a time: bf16 6.1-6.2 ms against 6.8-7.1, f32 6.1-6.3 against 6.2-6.4.
+  static constexpr bool kHalves = L == 16 && NV <= 5;
+  // Tokens that share each value vector loaded (ValueTokens): as many as leave registers for one
+  // head's values and a weight (32 registers at 16 lanes, 16 at 8), at most 8 (an item's tokens);
+  // AVX2 keeps its pairs at six vectors a head. attention_bench's 512-token prefill chunk on
+  // AVX-512, alternated with one token at a time: bf16 6.9-7.1 ms against 8.5-9.2, f32 6.2-6.6
+  // against 6.7-7.1.
+  static constexpr int32_t kValueGroup =
+      std::max<int32_t>(kPairs ? 2 : 1, std::min<int32_t>(8, ((L == 16 ? 32 : 16) - 1 - NV) / NV));
+
+  const float* q;        // [nq, heads, hd]
+  const int32_t* table;  // [ceil(cmax / bs)]: the sequence's blocks
+  int32_t bs;
+  int64_t block;         // elements between consecutive blocks
+  const int32_t* ctx;    // [nq]
+  int32_t nq, heads, group;
+  float scale;
+  float* sc;             // [nq, heads, cmax]
+  int32_t cmax;
+  int64_t head_stride;   // between KV heads in a block: bs * hd
+
+  __attribute__((always_inline)) void LoadQ(int32_t i, int32_t h, V (&qh)[NV]) const {
+    const float* qt = q + (static_cast<int64_t>(i) * heads + h) * hd;
+    for (int u = 0; u < NV; ++u) qh[u] = S::Load(qt + L * u);
+  }
+
+  __attribute__((always_inline)) float* ScoreRow(int32_t i, int32_t h, int32_t p0) const {
+    return sc + (static_cast<int64_t>(i) * heads + h) * cmax + p0;
+  }
+
+  // Asks for head h's part of its KV head in the next block of `pool` (see PrefetchHead).
+  __attribute__((always_inline)) void Prefetch(const T* pool, int32_t p0, int32_t h) const {
+    if (p0 + bs >= cmax) return;
+    const int32_t next = table[p0 / bs + 1], n = std::min(bs, cmax - p0 - bs);
+    PrefetchHead(pool + next * block + (h / group) * head_stride, n, hd, h % group, group);
+  }
+
+  // Every token over the block at p0: with kPairs or kHalves, pair(i, both) takes tokens i and i + 1
+  // on the keys [0, both) they both reach; then one(i, from, n) takes each token's keys [from, n) alone.
+  template <typename Pair, typename One>
+  __attribute__((always_inline)) void ByPairs(int32_t p0, Pair&& pair, One&& one) const {
+    int32_t i = 0;
+    if constexpr (kPairs || kHalves) {
+      for (; i + 1 < nq; i += 2) {
+        const int32_t n0 = std::min(bs, ctx[i] - p0), n1 = std::min(bs, ctx[i + 1] - p0);
+        const int32_t both = std::max(0, std::min(n0, n1));
+        if (both > 0) pair(i, both);
+        one(i, both, n0);
+        one(i + 1, both, n1);
+      }
+    }
+    for (; i < nq; ++i) one(i, 0, std::min(bs, ctx[i] - p0));
+  }
+
+  // Every token's scores of query head h on the keys kh[bs, hd] of the block at p0.
+  __attribute__((always_inline)) void ScoreHead(const T* kh, int32_t p0, int32_t h) const {
+    // Token i's keys [from, n) of the block, on their own.
+    auto one = [&](int32_t i, int32_t from, int32_t n) __attribute__((always_inline)) {
+      if (from >= n) return;
+      V qh[NV];
+      LoadQ(i, h, qh);
+      float* s = ScoreRow(i, h, p0);
+      for (int32_t j = from; j < n; j += L) ScoreLanes<S, NV>(qh, kh + j * hd, hd, std::min(L, n - j), scale, s + j);
+    };
+    auto pair = [&](int32_t i, int32_t both) __attribute__((always_inline)) {
+      V q0[NV], q1[NV];
+      LoadQ(i, h, q0);
+      LoadQ(i + 1, h, q1);
+      float *s0 = ScoreRow(i, h, p0), *s1 = ScoreRow(i + 1, h, p0);
+      if constexpr (kHalves) {
+#if defined(__AVX512F__)
+        for (int32_t j = 0; j < both; j += 8) {
+          ScoreHalves<NV>(q0, q1, kh + j * hd, hd, std::min(8, both - j), scale, s0 + j, s1 + j);
+        }
+#endif
+      } else {
+        for (int32_t j = 0; j < both; j += L) {
+          ScorePair<S, NV>(q0, q1, kh + j * hd, hd, std::min(L, both - j), scale, s0 + j, s1 + j);
+        }
+      }
+    };
+    ByPairs(p0, pair, one);
+  }
+
+  // Every token's outputs out[nq, heads, hd] of query head h (+=), weighted by its scores (softmaxed),
+  // over the values vh[bs, hd] of the block at p0. Up to kValueGroup tokens share each value vector
+  // on the values they all reach, then each token takes the rest of its own alone.
+  __attribute__((always_inline)) void ValueHead(const T* vh, int32_t p0, int32_t h, float* out) const {
+    for (int32_t i = 0; i < nq; i += kValueGroup) {
+      const int32_t g = std::min(kValueGroup, nq - i);
+      int32_t n[kValueGroup], common = bs;
+      const float* w[kValueGroup];
+      float* o[kValueGroup];
+      for (int32_t t = 0; t < g; ++t) {
+        n[t] = std::min(bs, ctx[i + t] - p0);
+        common = std::min(common, std::max(0, n[t]));
+        w[t] = ScoreRow(i + t, h, p0);
+        o[t] = out + (static_cast<int64_t>(i + t) * heads + h) * hd;
+      }
+      if (common > 0) {
+        [&]<int... G>(std::integer_sequence<int, G...>) {
+          ((g == G + 1 ? ValueTokens<S, NV, G + 1>(vh, common, w, o) : void()), ...);
+        }(std::make_integer_sequence<int, kValueGroup>());
+      }
+      // The rest of each token's values alone: the same chains, continued.
+      for (int32_t t = 0; t < g; ++t) {
+        if (n[t] <= common) continue;
+        const float* wt = w[t] + common;
+        ValueTokens<S, NV, 1>(vh + static_cast<int64_t>(common) * hd, n[t] - common, &wt, &o[t]);
+      }
+    }
+  }
+};
+
 // hd = S::kLanes * NV. Block by block, every head's keys (then values) of a block before the next
 // block, so that a token reads its K and V as sequential streams (one head at a time strides through
 // the pool and ran at half the bandwidth in 32-sequence decode steps); within a block, each KV head's
@@ -276,100 +434,16 @@ template <typename S, int NV, typename T>
 void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, int32_t bs, int64_t block,
                 const int32_t* ctx, int32_t nq, int32_t heads, int32_t group, int32_t /*hd*/, float scale, float* sc,
                 float* out) {
-  using V = typename S::V;
-  constexpr int32_t L = S::kLanes, hd = L * NV;
+  using A = SimdAttention<S, NV, T>;
+  constexpr int32_t hd = A::hd;
   const int32_t cmax = *std::max_element(ctx, ctx + nq);
-  // Scores of tokens in pairs on AVX2 (a prefill chunk's or a verification's): the 16 registers hold
-  // two tokens' accumulators of 8 lanes.
-  constexpr bool kPairs = L == 8 && NV <= 6;
-  // At 16 lanes, scores of tokens in pairs on 8 keys at a time (ScoreHalves), up to five vectors a
-  // head (the registers' limit). attention_bench's 512-token prefill chunk, alternated 3 times with
-  // one token at a time: bf16 6.1-6.2 ms against 6.8-7.1, f32 6.1-6.3 against 6.2-6.4.
-  constexpr bool kHalves = L == 16 && NV <= 5;
-  // Tokens that share each value vector loaded (ValueTokens): as many as leave registers for one
-  // head's values and a weight (32 registers at 16 lanes, 16 at 8), at most 8 (an item's tokens);
-  // AVX2 keeps its pairs at six vectors a head. attention_bench's 512-token prefill chunk on
-  // AVX-512, alternated with one token at a time: bf16 6.9-7.1 ms against 8.5-9.2, f32 6.2-6.6
-  // against 6.7-7.1.
-  constexpr int32_t kValueGroup =
-      std::max<int32_t>(kPairs ? 2 : 1, std::min<int32_t>(8, ((L == 16 ? 32 : 16) - 1 - NV) / NV));
-  // The queries in LoadKv's order, once: a query head is loaded for every block.
-  if constexpr (kSplitKv<T>) {
-    thread_local std::vector<float> split;  // [nq, heads, hd]
-    split.resize(static_cast<size_t>(nq) * heads * hd);
-    for (int64_t r = 0; r < static_cast<int64_t>(nq) * heads; ++r) {
-      float* d = split.data() + r * hd;
-      const float* s = q + r * hd;
-      for (int u = 0; u + 1 < NV; u += 2) {
-        V even, odd;
-        S::Deinterleave(s + L * u, even, odd);
-        S::Store(d + L * u, even);
-        S::Store(d + L * (u + 1), odd);
-      }
-      if constexpr (NV % 2 == 1) S::Store(d + L * (NV - 1), S::Load(s + L * (NV - 1)));
-    }
-    q = split.data();
-  }
-  auto load_q = [&](int32_t i, int32_t h, V(&qh)[NV]) __attribute__((always_inline)) {
-    const float* qt = q + (static_cast<int64_t>(i) * heads + h) * hd;
-    for (int u = 0; u < NV; ++u) qh[u] = S::Load(qt + L * u);
-  };
-  auto score_row = [&](int32_t i, int32_t h, int32_t p0) __attribute__((always_inline)) {
-    return sc + (static_cast<int64_t>(i) * heads + h) * cmax + p0;
-  };
-  // Every token over the block at p0: with kPairs or kHalves, pair(i, both) takes tokens i and i + 1 on the
-  // keys [0, both) they both reach; then one(i, from, n) takes each token's keys [from, n) alone.
-  auto by_pairs = [&](int32_t p0, auto&& pair, auto&& one) __attribute__((always_inline)) {
-    int32_t i = 0;
-    if constexpr (kPairs || kHalves) {
-      for (; i + 1 < nq; i += 2) {
-        const int32_t n0 = std::min(bs, ctx[i] - p0), n1 = std::min(bs, ctx[i + 1] - p0);
-        const int32_t both = std::max(0, std::min(n0, n1));
-        if (both > 0) pair(i, both);
-        one(i, both, n0);
-        one(i + 1, both, n1);
-      }
-    }
-    for (; i < nq; ++i) one(i, 0, std::min(bs, ctx[i] - p0));
-  };
-  const int64_t head_stride = static_cast<int64_t>(bs) * hd;  // between KV heads in a block
-  // Asks for head h's part of its KV head in the next block of `pool` (see PrefetchHead).
-  auto prefetch = [&](const T* pool, int32_t p0, int32_t h) __attribute__((always_inline)) {
-    if (p0 + bs >= cmax) return;
-    const int32_t next = table[p0 / bs + 1], n = std::min(bs, cmax - p0 - bs);
-    PrefetchHead(pool + next * block + (h / group) * head_stride, n, hd, h % group, group);
-  };
+  if constexpr (kSplitKv<T>) q = SplitQueries<S, NV>(q, nq, heads);
+  const A a{q, table, bs, block, ctx, nq, heads, group, scale, sc, cmax, static_cast<int64_t>(bs) * hd};
   for (int32_t p0 = 0; p0 < cmax; p0 += bs) {
     const T* kb = k + table[p0 / bs] * block;
     for (int32_t h = 0; h < heads; ++h) {
-      prefetch(k, p0, h);
-      const T* kh = kb + (h / group) * head_stride;
-      // Token i's keys [from, n) of the block, on their own.
-      auto one = [&](int32_t i, int32_t from, int32_t n) __attribute__((always_inline)) {
-        if (from >= n) return;
-        V qh[NV];
-        load_q(i, h, qh);
-        float* s = score_row(i, h, p0);
-        for (int32_t j = from; j < n; j += L) ScoreLanes<S, NV>(qh, kh + j * hd, hd, std::min(L, n - j), scale, s + j);
-      };
-      auto pair = [&](int32_t i, int32_t both) __attribute__((always_inline)) {
-        V q0[NV], q1[NV];
-        load_q(i, h, q0);
-        load_q(i + 1, h, q1);
-        float *s0 = score_row(i, h, p0), *s1 = score_row(i + 1, h, p0);
-        if constexpr (kHalves) {
-#if defined(__AVX512F__)
-          for (int32_t j = 0; j < both; j += 8) {
-            ScoreHalves<NV>(q0, q1, kh + j * hd, hd, std::min(8, both - j), scale, s0 + j, s1 + j);
-          }
-#endif
-        } else {
-          for (int32_t j = 0; j < both; j += L) {
-            ScorePair<S, NV>(q0, q1, kh + j * hd, hd, std::min(L, both - j), scale, s0 + j, s1 + j);
-          }
-        }
-      };
-      by_pairs(p0, pair, one);
+      a.Prefetch(k, p0, h);
+      a.ScoreHead(kb + (h / group) * a.head_stride, p0, h);
     }
   }
   for (int32_t i = 0; i < nq; ++i) {
@@ -379,41 +453,11 @@ void AttendSimd(const float* q, const T* k, const T* v, const int32_t* table, in
   for (int32_t p0 = 0; p0 < cmax; p0 += bs) {
     const T* vb = v + table[p0 / bs] * block;
     for (int32_t h = 0; h < heads; ++h) {
-      prefetch(v, p0, h);
-      const T* vh = vb + (h / group) * head_stride;
-      // Up to kValueGroup tokens share each value vector on the values they all reach, then each
-      // token takes the rest of its own alone.
-      for (int32_t i = 0; i < nq; i += kValueGroup) {
-        const int32_t g = std::min(kValueGroup, nq - i);
-        int32_t n[kValueGroup], common = bs;
-        const float* w[kValueGroup];
-        float* o[kValueGroup];
-        for (int32_t t = 0; t < g; ++t) {
-          n[t] = std::min(bs, ctx[i + t] - p0);
-          common = std::min(common, std::max(0, n[t]));
-          w[t] = score_row(i + t, h, p0);
-          o[t] = out + (static_cast<int64_t>(i + t) * heads + h) * hd;
-        }
-        if (common > 0) {
-          [&]<int... G>(std::integer_sequence<int, G...>) {
-            ((g == G + 1 ? ValueTokens<S, NV, G + 1>(vh, common, w, o) : void()), ...);
-          }(std::make_integer_sequence<int, kValueGroup>());
-        }
-        // The rest of each token's values alone: the same chains, continued.
-        for (int32_t t = 0; t < g; ++t) {
-          if (n[t] <= common) continue;
-          const float* wt = w[t] + common;
-          ValueTokens<S, NV, 1>(vh + static_cast<int64_t>(common) * hd, n[t] - common, &wt, &o[t]);
-        }
-      }
+      a.Prefetch(v, p0, h);
+      a.ValueHead(vb + (h / group) * a.head_stride, p0, h, out);
     }
   }
-  if constexpr (kSplitKv<T>) {  // the outputs back from LoadKv's order
-    for (int64_t r = 0; r < static_cast<int64_t>(nq) * heads; ++r) {
-      float* o = out + r * hd;
-      for (int u = 0; u + 1 < NV; u += 2) S::Interleave(S::Load(o + L * u), S::Load(o + L * (u + 1)), o + L * u);
-    }
-  }
+  if constexpr (kSplitKv<T>) InterleaveOutputs<S, NV>(out, nq, heads);
 }
 #endif
 
