@@ -1,7 +1,7 @@
-// The vector layer of the quantized products (kernels/cpu/quant_gemm.cc): integer and float vectors
-// of 512 bits (AVX-512 BW, with VNNI where present) or 256 (AVX2), and the shuffles the kernels
-// need, one set of names for both widths. Included by quant_gemm.cc only: everything has internal
-// linkage, so the AVX2 and AVX-512 builds of that file never share a definition.
+// The vector layer of the quantized products (kernels/cpu/quant_units.cc, tile_gemm.cc): integer and
+// float vectors of 512 bits (AVX-512 BW, with VNNI where present) or 256 (AVX2), and the shuffles the
+// kernels need, one set of names for both widths. Included by .cc files only: everything has internal
+// linkage, so the AVX2 and AVX-512 builds of those files never share a definition.
 #pragma once
 
 #include <immintrin.h>
@@ -16,7 +16,7 @@
 #include "kernels/cpu/simd.h"
 
 namespace specula::cpu {
-namespace {  // NOLINT(build/namespaces): one includer per build, see above
+namespace {  // NOLINT(build/namespaces): internal to each includer, see above
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define SPECULA_QUANT_WIDTH 512

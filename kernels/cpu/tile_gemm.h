@@ -15,7 +15,7 @@
 //
 // Rows past the matrix's last (the last tile's) are zeros. A token's outputs are the same bits
 // whatever the tokens and threads around it. They differ from the GGUF arrangement's products
-// (kernels/cpu/quant_gemm.cc) by float rounding only: the same integer dot products, summed in
+// (kernels/cpu/quant_units.cc) by float rounding only: the same integer dot products, summed in
 // another order.
 #pragma once
 
