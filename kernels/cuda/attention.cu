@@ -25,34 +25,25 @@ constexpr int kPerLane = kMaxHeadDim / 32;
 constexpr int kMaxSplits = 32;
 constexpr int kPartialFloats = kMaxHeadDim + 2;  // one split's (max, sum, acc[head_dim])
 
-template <typename T>
-__global__ void PagedAttentionKernel(const T* q, const T* kc, const T* vc, int32_t block_size, int32_t num_kv_heads,
-                                     int32_t hd, const int32_t* query_start, int32_t num_seqs,
-                                     const int32_t* positions, const int32_t* block_tables, int32_t max_blocks,
-                                     int32_t num_heads, float scale, T* out, float* partials) {
-  const int32_t t = blockIdx.x, h = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // The sequence of token t: the last s with query_start[s] <= t.
+// The sequence of token t: the last s with query_start[s] <= t.
+__device__ __forceinline__ int SequenceOf(const int32_t* query_start, int32_t num_seqs, int32_t t) {
   int lo = 0, hi = num_seqs - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
     if (query_start[mid] <= t) lo = mid; else hi = mid - 1;
   }
-  const int32_t* table = block_tables + int64_t{lo} * max_blocks;
-  const int32_t ctx = positions[t] + 1;
-  const int32_t kvh = h / (num_heads / num_kv_heads);
-  const int64_t row = int64_t{num_kv_heads} * hd;
+  return lo;
+}
 
-  float qv[kPerLane], acc[kPerLane];
-  const T* qh = q + (int64_t{t} * num_heads + h) * hd;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int j = lane + 32 * i;
-    qv[i] = j < hd ? ToF32(qh[j]) * scale : 0.0f;
-    acc[i] = 0.0f;
-  }
-  const int32_t chunk = (ctx + splits - 1) / splits, begin = split * chunk, end = min(ctx, begin + chunk);
-  float m = -INFINITY, l = 0.0f;
+// One warp's online softmax over its positions of the split [begin, end), every kWarps-th from
+// begin + warp: the running max m, the sum l of e^(score - m), and acc, the weighted V sum of the
+// lane's values (qv: the lane's query values, scaled). K and V rows are `row` elements apart, the
+// KV head's hd values at kvh * hd.
+template <typename T>
+__device__ __forceinline__ void WarpOnlineSoftmax(const float (&qv)[kPerLane], const T* kc, const T* vc,
+                                                  const int32_t* table, int32_t block_size, int64_t row, int32_t kvh,
+                                                  int32_t hd, int32_t begin, int32_t end, int lane, int warp, float& m,
+                                                  float& l, float (&acc)[kPerLane]) {
   for (int32_t p = begin + warp; p < end; p += kWarps) {
     const int32_t block = table[p / block_size];
     if (block < 0) continue;  // padding sequence: nothing cached
@@ -74,6 +65,31 @@ __global__ void PagedAttentionKernel(const T* q, const T* kc, const T* vc, int32
     }
     m = m_new;
   }
+}
+
+template <typename T>
+__global__ void PagedAttentionKernel(const T* q, const T* kc, const T* vc, int32_t block_size, int32_t num_kv_heads,
+                                     int32_t hd, const int32_t* query_start, int32_t num_seqs,
+                                     const int32_t* positions, const int32_t* block_tables, int32_t max_blocks,
+                                     int32_t num_heads, float scale, T* out, float* partials) {
+  const int32_t t = blockIdx.x, h = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int32_t* table = block_tables + int64_t{SequenceOf(query_start, num_seqs, t)} * max_blocks;
+  const int32_t ctx = positions[t] + 1;
+  const int32_t kvh = h / (num_heads / num_kv_heads);
+  const int64_t row = int64_t{num_kv_heads} * hd;
+
+  float qv[kPerLane], acc[kPerLane];
+  const T* qh = q + (int64_t{t} * num_heads + h) * hd;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int j = lane + 32 * i;
+    qv[i] = j < hd ? ToF32(qh[j]) * scale : 0.0f;
+    acc[i] = 0.0f;
+  }
+  const int32_t chunk = (ctx + splits - 1) / splits, begin = split * chunk, end = min(ctx, begin + chunk);
+  float m = -INFINITY, l = 0.0f;
+  WarpOnlineSoftmax(qv, kc, vc, table, block_size, row, kvh, hd, begin, end, lane, warp, m, l, acc);
 
   __shared__ float s_m[kWarps], s_l[kWarps];
   __shared__ float s_acc[kWarps][kMaxHeadDim];
