@@ -148,47 +148,54 @@ absl::StatusOr<GgufValue> ReadValue(Reader& r, const std::string& key) {
   return v;
 }
 
-}  // namespace
+// The fixed header's fields past its magic.
+struct Header {
+  uint32_t version;
+  uint64_t n_tensors;
+  uint64_t n_kv;
+};
 
-int64_t GgufTensor::num_elements() const {
-  int64_t n = 1;
-  for (int64_t d : dims) n *= d;
-  return n;
-}
-
-absl::StatusOr<GgufFile> GgufFile::Open(const std::string& path) {
-  GgufFile f;
-  ASSIGN_OR_RETURN(f.file_, MappedFile::Open(path));
-  Reader r(f.file_.data(), f.file_.size(), path);
+absl::StatusOr<Header> ReadHeader(Reader& r, const std::string& path) {
   ASSIGN_OR_RETURN(const uint32_t magic, r.Read<uint32_t>("magic"));
   if (magic != kMagic) return absl::InvalidArgumentError(absl::StrCat(path, ": not a GGUF file (bad magic)"));
-  ASSIGN_OR_RETURN(f.version_, r.Read<uint32_t>("version"));
-  if (f.version_ != 2 && f.version_ != 3) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": GGUF version ", f.version_, " is not supported (2 or 3)"));
+  Header h;
+  ASSIGN_OR_RETURN(h.version, r.Read<uint32_t>("version"));
+  if (h.version != 2 && h.version != 3) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": GGUF version ", h.version, " is not supported (2 or 3)"));
   }
-  ASSIGN_OR_RETURN(const uint64_t n_tensors, r.Read<uint64_t>("tensor count"));
-  ASSIGN_OR_RETURN(const uint64_t n_kv, r.Read<uint64_t>("metadata count"));
-  // A key/value takes at least 12 bytes and a tensor entry 28: bound the counts by the file.
+  ASSIGN_OR_RETURN(h.n_tensors, r.Read<uint64_t>("tensor count"));
+  ASSIGN_OR_RETURN(h.n_kv, r.Read<uint64_t>("metadata count"));
+  return h;
+}
+
+absl::Status ReadMetadata(Reader& r, uint64_t n_kv, std::map<std::string, GgufValue, std::less<>>* kv) {
+  // A key/value takes at least 12 bytes: bound the count by the file.
   if (n_kv > r.left() / 12) return r.Error("metadata count", absl::StrCat(n_kv, " entries cannot fit in the file"));
   for (uint64_t i = 0; i < n_kv; ++i) {
     ASSIGN_OR_RETURN(std::string_view key, r.ReadString(absl::StrCat("metadata key #", i)));
     ASSIGN_OR_RETURN(GgufValue v, ReadValue(r, std::string(key)));
-    if (!f.kv_.emplace(std::string(key), std::move(v)).second) {
+    if (!kv->emplace(std::string(key), std::move(v)).second) {
       return r.Error(std::string(key), "duplicate metadata key");
     }
   }
-  uint64_t alignment = kDefaultAlignment;
-  if (const GgufValue* a = f.Find("general.alignment")) {
-    if (a->type != GgufType::kU32 || a->u == 0 || (a->u & (a->u - 1)) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": GGUF general.alignment must be a power of two (u32), got ", a->u));
-    }
-    alignment = a->u;
+  return absl::OkStatus();
+}
+
+// The alignment of the data section and of every tensor offset: general.alignment, else 32.
+absl::StatusOr<uint64_t> DataAlignment(const GgufValue* a, const std::string& path) {
+  if (a == nullptr) return kDefaultAlignment;
+  if (a->type != GgufType::kU32 || a->u == 0 || (a->u & (a->u - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": GGUF general.alignment must be a power of two (u32), got ", a->u));
   }
+  return a->u;
+}
+
+// The tensor directory: each tensor's name, dimensions, type and size, and its offset into the data
+// section (offsets: [n_tensors]); the data pointers are set once the section's start is known.
+absl::Status ReadTensorInfos(Reader& r, uint64_t n_tensors, uint64_t alignment, std::vector<GgufTensor>* tensors,
+                             std::vector<uint64_t>* offsets) {
+  // A tensor entry takes at least 28 bytes: bound the count by the file.
   if (n_tensors > r.left() / 28) return r.Error("tensor count", absl::StrCat(n_tensors, " tensors cannot fit in the file"));
-  struct Pending {
-    uint64_t offset;
-  };
-  std::vector<Pending> offsets;
   for (uint64_t i = 0; i < n_tensors; ++i) {
     GgufTensor t;
     ASSIGN_OR_RETURN(std::string_view name, r.ReadString(absl::StrCat("tensor #", i, " name")));
@@ -217,27 +224,61 @@ absl::StatusOr<GgufFile> GgufFile::Open(const std::string& path) {
     t.bytes = elems / QuantBlockSize(t.type) * QuantBlockBytes(t.type);
     ASSIGN_OR_RETURN(const uint64_t offset, r.Read<uint64_t>(field + " offset"));
     if (offset % alignment != 0) return r.Error(field, absl::StrCat("offset ", offset, " is not aligned to ", alignment));
-    offsets.push_back({offset});
-    f.tensors_.push_back(std::move(t));
+    offsets->push_back(offset);
+    tensors->push_back(std::move(t));
   }
-  const uint64_t data_start = (r.pos() + alignment - 1) / alignment * alignment;
-  const uint64_t size = f.file_.size();
-  for (size_t i = 0; i < f.tensors_.size(); ++i) {
-    GgufTensor& t = f.tensors_[i];
-    const uint64_t off = offsets[i].offset;
+  return absl::OkStatus();
+}
+
+// Points each tensor at its data, data_start + its offset into the mapping, once its bytes are
+// known to lie inside the file.
+absl::Status PlaceTensorData(const MappedFile& file, uint64_t data_start, const std::vector<uint64_t>& offsets,
+                             const std::string& path, std::vector<GgufTensor>* tensors) {
+  const uint64_t size = file.size();
+  for (size_t i = 0; i < tensors->size(); ++i) {
+    GgufTensor& t = (*tensors)[i];
+    const uint64_t off = offsets[i];
     if (data_start > size || off > size - data_start || static_cast<uint64_t>(t.bytes) > size - data_start - off) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": GGUF tensor '", t.name, "' (", t.bytes, " bytes at offset ",
                                                      off, ") runs past the end of the file (", size,
                                                      " bytes; truncated?)"));
     }
-    t.data = f.file_.data() + data_start + off;
+    t.data = file.data() + data_start + off;
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckUniqueTensorNames(const std::vector<GgufTensor>& tensors, const std::string& path) {
   std::set<std::string_view> names;
-  for (const GgufTensor& t : f.tensors_) {
+  for (const GgufTensor& t : tensors) {
     if (!names.insert(t.name).second) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": GGUF tensor '", t.name, "' appears twice"));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t GgufTensor::num_elements() const {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+absl::StatusOr<GgufFile> GgufFile::Open(const std::string& path) {
+  GgufFile f;
+  ASSIGN_OR_RETURN(f.file_, MappedFile::Open(path));
+  Reader r(f.file_.data(), f.file_.size(), path);
+  ASSIGN_OR_RETURN(const Header header, ReadHeader(r, path));
+  f.version_ = header.version;
+  RETURN_IF_ERROR(ReadMetadata(r, header.n_kv, &f.kv_));
+  ASSIGN_OR_RETURN(const uint64_t alignment, DataAlignment(f.Find("general.alignment"), path));
+  std::vector<uint64_t> offsets;  // [n_tensors] each tensor's data, from the data section's start
+  RETURN_IF_ERROR(ReadTensorInfos(r, header.n_tensors, alignment, &f.tensors_, &offsets));
+  const uint64_t data_start = (r.pos() + alignment - 1) / alignment * alignment;
+  RETURN_IF_ERROR(PlaceTensorData(f.file_, data_start, offsets, path, &f.tensors_));
+  RETURN_IF_ERROR(CheckUniqueTensorNames(f.tensors_, path));
   return f;
 }
 

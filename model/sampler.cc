@@ -66,9 +66,80 @@ void ProcessLogits(const SamplingParams& params, absl::Span<const TokenId> histo
   }
 }
 
+// Softmax at temperature, in place: p holds the logits, max_logit the largest of them.
+static inline void SoftmaxAtTemperature(float temperature, float max_logit, std::vector<float>* probs) {
+  std::vector<float>& p = *probs;
+  double sum = 0.0;
+  for (float& v : p) {
+    v = std::exp((v - max_logit) / temperature);
+    sum += v;
+  }
+  for (float& v : p) v = static_cast<float>(v / sum);
+}
+
+// Zeroes every token outside the top-k and top-p prefix, in place (nothing when both are off).
+// probs: [vocab], summing to 1, with its largest at argmax.
+static inline void KeepTopKTopP(const SamplingParams& params, int32_t argmax, std::vector<float>* probs) {
+  std::vector<float>& p = *probs;
+  const int32_t n = static_cast<int32_t>(p.size());
+  const bool use_top_k = params.top_k > 0 && params.top_k < n;
+  if (!use_top_k && params.top_p >= 1.0f) return;
+  // Top-k and top-p keep a prefix of the tokens by descending probability, ties by id (the order a
+  // stable sort of 0..n-1 gives). Only candidates are sorted: the tokens with p >= t come first in
+  // that order, so once they number k, or the walk over them in order reaches the top-p mass, the
+  // prefix lies among them; otherwise t falls 4x and they are collected again. A sort of the whole
+  // vocabulary took 2.8 ms of a 32,000-token row (4.5 ms at 49,152), per sampled token and per
+  // draft, against 0.17 ms for the rest of SamplingProbabilities.
+  auto before = [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); };
+  const int32_t limit = use_top_k ? params.top_k : n;
+  // The mass top-p is a share of without top-k: the whole row's (about 1; summed by id, where a
+  // full sort summed it in order, which can differ in the last bits).
+  double total_all = 0.0;
+  if (params.top_p < 1.0f && !use_top_k) {
+    for (float v : p) total_all += v;
+  }
+  std::vector<int32_t> cand;  // [<= vocab] ids with p >= t, in the order once sorted
+  int32_t keep = 0;
+  for (float t = p[argmax] / 1024;; t = t > 1e-30f ? t / 4 : 0.0f) {
+    cand.clear();
+    double mass = 0.0;  // the candidates' (by id)
+    for (int32_t i = 0; i < n; ++i) {
+      if (p[i] >= t) {
+        cand.push_back(i);
+        mass += p[i];
+      }
+    }
+    const int32_t c = static_cast<int32_t>(cand.size());
+    // Too few for top-k, or too little mass for top-p: not sorted, collected again at a lower t.
+    if (t > 0 && (use_top_k ? c < limit : mass < params.top_p * total_all)) continue;
+    keep = std::min(limit, c);
+    std::partial_sort(cand.begin(), cand.begin() + keep, cand.end(), before);
+    if (params.top_p >= 1.0f) break;
+    double total = total_all;
+    if (use_top_k) {
+      total = 0.0;
+      for (int32_t i = 0; i < keep; ++i) total += p[cand[i]];
+    }
+    // Smallest prefix whose (top-k renormalized) mass reaches top_p.
+    double kept_mass = 0.0;
+    int32_t i = 0;
+    bool reached = false;
+    while (i < keep && !reached) {
+      kept_mass += p[cand[i++]];
+      reached = kept_mass >= params.top_p * total;
+    }
+    if (!reached && !use_top_k && t > 0) continue;  // the prefix may reach past the candidates
+    keep = i;
+    break;
+  }
+  std::vector<float> kept(keep);  // [keep] the kept tokens' probabilities
+  for (int32_t i = 0; i < keep; ++i) kept[i] = p[cand[i]];
+  std::fill(p.begin(), p.end(), 0.0f);
+  for (int32_t i = 0; i < keep; ++i) p[cand[i]] = kept[i];
+}
+
 void SamplingProbabilities(const SamplingParams& params, absl::Span<const float> logits,
                            absl::Span<const TokenId> history, std::vector<float>* probs) {
-  const int32_t n = static_cast<int32_t>(logits.size());
   std::vector<float>& p = *probs;
   p.assign(logits.begin(), logits.end());
   if (params.ProcessesLogits()) ProcessLogits(params, history, probs);
@@ -78,74 +149,13 @@ void SamplingProbabilities(const SamplingParams& params, absl::Span<const float>
     p[argmax] = 1.0f;
     return;
   }
-  // Softmax at temperature.
-  const float max_logit = p[argmax];
-  double sum = 0.0;
-  for (float& v : p) {
-    v = std::exp((v - max_logit) / params.temperature);
-    sum += v;
-  }
-  for (float& v : p) v = static_cast<float>(v / sum);
-  const bool use_top_k = params.top_k > 0 && params.top_k < n;
-  if (use_top_k || params.top_p < 1.0f) {
-    // Top-k and top-p keep a prefix of the tokens by descending probability, ties by id (the order a
-    // stable sort of 0..n-1 gives). Only candidates are sorted: the tokens with p >= t come first in
-    // that order, so once they number k, or the walk over them in order reaches the top-p mass, the
-    // prefix lies among them; otherwise t falls 4x and they are collected again. A sort of the whole
-    // vocabulary took 2.8 ms of a 32,000-token row (4.5 ms at 49,152), per sampled token and per
-    // draft, against 0.17 ms for the rest of this function.
-    auto before = [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); };
-    const int32_t limit = use_top_k ? params.top_k : n;
-    // The mass top-p is a share of without top-k: the whole row's (about 1; summed by id, where a
-    // full sort summed it in order, which can differ in the last bits).
-    double total_all = 0.0;
-    if (params.top_p < 1.0f && !use_top_k) {
-      for (float v : p) total_all += v;
-    }
-    std::vector<int32_t> cand;  // [<= vocab] ids with p >= t, in the order once sorted
-    int32_t keep = 0;
-    for (float t = p[argmax] / 1024;; t = t > 1e-30f ? t / 4 : 0.0f) {
-      cand.clear();
-      double mass = 0.0;  // the candidates' (by id)
-      for (int32_t i = 0; i < n; ++i) {
-        if (p[i] >= t) {
-          cand.push_back(i);
-          mass += p[i];
-        }
-      }
-      const int32_t c = static_cast<int32_t>(cand.size());
-      // Too few for top-k, or too little mass for top-p: not sorted, collected again at a lower t.
-      if (t > 0 && (use_top_k ? c < limit : mass < params.top_p * total_all)) continue;
-      keep = std::min(limit, c);
-      std::partial_sort(cand.begin(), cand.begin() + keep, cand.end(), before);
-      if (params.top_p >= 1.0f) break;
-      double total = total_all;
-      if (use_top_k) {
-        total = 0.0;
-        for (int32_t i = 0; i < keep; ++i) total += p[cand[i]];
-      }
-      // Smallest prefix whose (top-k renormalized) mass reaches top_p.
-      double kept_mass = 0.0;
-      int32_t i = 0;
-      bool reached = false;
-      while (i < keep && !reached) {
-        kept_mass += p[cand[i++]];
-        reached = kept_mass >= params.top_p * total;
-      }
-      if (!reached && !use_top_k && t > 0) continue;  // the prefix may reach past the candidates
-      keep = i;
-      break;
-    }
-    std::vector<float> kept(keep);  // [keep] the kept tokens' probabilities
-    for (int32_t i = 0; i < keep; ++i) kept[i] = p[cand[i]];
-    std::fill(p.begin(), p.end(), 0.0f);
-    for (int32_t i = 0; i < keep; ++i) p[cand[i]] = kept[i];
-  }
+  SoftmaxAtTemperature(params.temperature, p[argmax], probs);
+  KeepTopKTopP(params, argmax, probs);
   if (params.min_p > 0.0f) {
     const float threshold = params.min_p * *std::max_element(p.begin(), p.end());
     for (float& v : p) if (v < threshold) v = 0.0f;
   }
-  sum = 0.0;
+  double sum = 0.0;
   for (float v : p) sum += v;
   for (float& v : p) v = static_cast<float>(v / sum);
 }

@@ -381,15 +381,8 @@ std::string TokenContent(const json& j) {
   return "";
 }
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJson(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
-  json j = json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a valid JSON object"));
-  }
-  BpeModel t;
-  PieceIds ids;
-  const json& model = j.value("model", json::object());
+// The model section's shape: an object of type BPE with a vocabulary and no subword affixes.
+absl::Status CheckBpeModel(const json& model, const std::string& path) {
   if (!model.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": field 'model' must be an object"));
   ASSIGN_OR_RETURN(const std::string type, OptionalField<std::string>(model, "type", "", path, "model"));
   if (type != "BPE") return Unsupported(path, "model.type", type.empty() ? "(missing)" : type);
@@ -400,30 +393,38 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJson(const std::string& path) {
       !model.value("end_of_word_suffix", json()).is_null()) {
     return Unsupported(path, "model.continuing_subword_prefix", "BPE with subword affixes");
   }
-  const json& added_tokens = j.value("added_tokens", json::array());
-  if (!added_tokens.is_array()) return absl::InvalidArgumentError(absl::StrCat(path, ": field 'added_tokens' must be a list"));
-  // Every id below the largest must be used, so ids past the number of entries leave a gap: refused
-  // before the tables grow to them.
-  const int64_t entries = static_cast<int64_t>(model["vocab"].size() + added_tokens.size());
-  auto put = [&](const std::string& piece, int64_t id) -> absl::Status {
-    if (id < 0 || id > 10'000'000 || id >= entries) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": token '", piece, "' has id ", id, ", but model.vocab and ",
-                                                     "added_tokens hold ", entries, " entries (ids must be dense)"));
-    }
-    if (static_cast<size_t>(id) >= t.pieces.size()) {
-      t.pieces.resize(id + 1);
-      t.kinds.resize(id + 1, BpeTokenKind::kNormal);
-    }
-    t.pieces[id] = piece;
-    ids.emplace(piece, static_cast<TokenId>(id));
-    return absl::OkStatus();
-  };
-  for (auto& [piece, id] : model["vocab"].items()) {
+  return absl::OkStatus();
+}
+
+// Puts `piece` at `id`. Every id below the largest must be used, so ids past the number of entries
+// (model.vocab's and added_tokens' together) leave a gap: refused before the tables grow to them.
+absl::Status PutPiece(const std::string& piece, int64_t id, int64_t entries, const std::string& path, BpeModel* t,
+                      PieceIds* ids) {
+  if (id < 0 || id > 10'000'000 || id >= entries) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": token '", piece, "' has id ", id, ", but model.vocab and ",
+                                                   "added_tokens hold ", entries, " entries (ids must be dense)"));
+  }
+  if (static_cast<size_t>(id) >= t->pieces.size()) {
+    t->pieces.resize(id + 1);
+    t->kinds.resize(id + 1, BpeTokenKind::kNormal);
+  }
+  t->pieces[id] = piece;
+  ids->emplace(piece, static_cast<TokenId>(id));
+  return absl::OkStatus();
+}
+
+absl::Status ReadVocab(const json& vocab, int64_t entries, const std::string& path, BpeModel* t, PieceIds* ids) {
+  for (auto& [piece, id] : vocab.items()) {
     if (!id.is_number_integer()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": field 'model.vocab' entry '", piece, "' needs an integer id"));
     }
-    RETURN_IF_ERROR(put(piece, id.get<int64_t>()));
+    RETURN_IF_ERROR(PutPiece(piece, id.get<int64_t>(), entries, path, t, ids));
   }
+  return absl::OkStatus();
+}
+
+// The merges by rank, each an "a b" string or an [a, b] pair.
+absl::Status ReadMerges(const json& model, const PieceIds& ids, const std::string& path, BpeModel* t) {
   const json& merges = model.value("merges", json::array());
   if (!merges.is_array()) return absl::InvalidArgumentError(absl::StrCat(path, ": field 'model.merges' must be a list"));
   for (size_t r = 0; r < merges.size(); ++r) {
@@ -453,38 +454,33 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJson(const std::string& path) {
       }
       *dst = it->second;
     }
-    t.merges.push_back(mg);
+    t->merges.push_back(mg);
   }
-  ASSIGN_OR_RETURN(t.byte_fallback, OptionalField(model, "byte_fallback", false, path, "model"));
-  ASSIGN_OR_RETURN(t.ignore_merges, OptionalField(model, "ignore_merges", false, path, "model"));
-  if (const std::string unk = TokenContent(model.value("unk_token", json())); !unk.empty()) {
-    if (auto it = ids.find(unk); it != ids.end()) t.unk_id = it->second;
-  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadAddedTokens(const json& added_tokens, int64_t entries, const std::string& path, BpeModel* t,
+                             PieceIds* ids) {
   for (const auto& a : added_tokens) {
     if (!a.contains("id") || !a["id"].is_number_integer() || TokenContent(a).empty()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": field 'added_tokens' has a bad entry"));
     }
-    RETURN_IF_ERROR(put(TokenContent(a), a["id"].get<int64_t>()));
+    RETURN_IF_ERROR(PutPiece(TokenContent(a), a["id"].get<int64_t>(), entries, path, t, ids));
     ASSIGN_OR_RETURN(const bool special, OptionalField(a, "special", false, path, "added_tokens[]"));
-    t.kinds[a["id"].get<int64_t>()] = special ? BpeTokenKind::kSpecial : BpeTokenKind::kAdded;
+    t->kinds[a["id"].get<int64_t>()] = special ? BpeTokenKind::kSpecial : BpeTokenKind::kAdded;
   }
-  for (size_t i = 0; i < t.pieces.size(); ++i) {
-    if (t.pieces[i].empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": token id ", i, " is missing from the vocabulary"));
-    }
-  }
-  RETURN_IF_ERROR(ParseSteps(j.value("normalizer", json()), path, "normalizer", &t.normalizers));
-  RETURN_IF_ERROR(ParseSteps(j.value("pre_tokenizer", json()), path, "pre_tokenizer", &t.pre_tokenizers));
+  return absl::OkStatus();
+}
 
-  // BOS/EOS: tokenizer_config.json beside tokenizer.json, else the post_processor template.
-  const json& post = j.value("post_processor", json());
+// BOS/EOS: tokenizer_config.json beside tokenizer.json, else the post_processor template.
+absl::Status ReadBosEos(const json& post, const std::string& path, const PieceIds& ids, BpeModel* t) {
   if (post.is_object() && post.value("type", json()) == "TemplateProcessing" && post.contains("single") &&
       post["single"].is_array() && !post["single"].empty() && post["single"][0].contains("SpecialToken")) {
     const json& special = post["single"][0]["SpecialToken"];
     const std::string bos = special.is_object() ? TokenContent(special.value("id", json())) : "";
     if (auto it = ids.find(bos); it != ids.end()) {
-      t.bos_id = it->second;
-      t.add_bos_default = true;
+      t->bos_id = it->second;
+      t->add_bos_default = true;
     }
   }
   const std::string dir = path.substr(0, path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/') + 1);
@@ -498,19 +494,52 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJson(const std::string& path) {
       if (it == ids.end()) {
         return absl::InvalidArgumentError(absl::StrCat(dir, "tokenizer_config.json: field 'bos_token' '", bos, "' is not in the vocabulary"));
       }
-      t.bos_id = it->second;
+      t->bos_id = it->second;
     }
     if (const std::string eos = TokenContent(cfg.value("eos_token", json())); !eos.empty()) {
       auto it = ids.find(eos);
       if (it == ids.end()) {
         return absl::InvalidArgumentError(absl::StrCat(dir, "tokenizer_config.json: field 'eos_token' '", eos, "' is not in the vocabulary"));
       }
-      t.eos_ids = {it->second};
+      t->eos_ids = {it->second};
     }
     if (cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean()) {
-      t.add_bos_default = cfg["add_bos_token"].get<bool>() && t.bos_id >= 0;
+      t->add_bos_default = cfg["add_bos_token"].get<bool>() && t->bos_id >= 0;
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJson(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a valid JSON object"));
+  }
+  BpeModel t;
+  PieceIds ids;
+  const json& model = j.value("model", json::object());
+  RETURN_IF_ERROR(CheckBpeModel(model, path));
+  const json& added_tokens = j.value("added_tokens", json::array());
+  if (!added_tokens.is_array()) return absl::InvalidArgumentError(absl::StrCat(path, ": field 'added_tokens' must be a list"));
+  const int64_t entries = static_cast<int64_t>(model["vocab"].size() + added_tokens.size());  // bounds the ids
+  RETURN_IF_ERROR(ReadVocab(model["vocab"], entries, path, &t, &ids));
+  RETURN_IF_ERROR(ReadMerges(model, ids, path, &t));
+  ASSIGN_OR_RETURN(t.byte_fallback, OptionalField(model, "byte_fallback", false, path, "model"));
+  ASSIGN_OR_RETURN(t.ignore_merges, OptionalField(model, "ignore_merges", false, path, "model"));
+  // The model's unk_token is one of model.vocab's pieces: looked up before the added tokens join ids.
+  if (const std::string unk = TokenContent(model.value("unk_token", json())); !unk.empty()) {
+    if (auto it = ids.find(unk); it != ids.end()) t.unk_id = it->second;
+  }
+  RETURN_IF_ERROR(ReadAddedTokens(added_tokens, entries, path, &t, &ids));
+  for (size_t i = 0; i < t.pieces.size(); ++i) {
+    if (t.pieces[i].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": token id ", i, " is missing from the vocabulary"));
+    }
+  }
+  RETURN_IF_ERROR(ParseSteps(j.value("normalizer", json()), path, "normalizer", &t.normalizers));
+  RETURN_IF_ERROR(ParseSteps(j.value("pre_tokenizer", json()), path, "pre_tokenizer", &t.pre_tokenizers));
+  RETURN_IF_ERROR(ReadBosEos(j.value("post_processor", json()), path, ids, &t));
   return MakeBpeTokenizer(std::move(t));
 }
 
