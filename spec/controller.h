@@ -93,8 +93,8 @@ class SpecController {
   // those might (priced by the table's last segment), wants_larger_shapes() is set and the engine
   // measures the next shape and asks again. Otherwise larger batches gain less from drafts still
   // (the target's step grows with its tokens there, the draft's forwards too), and the engine
-  // leaves speculation off without asking again: the tinystories pair's draft is larger than its
-  // target, and choosing 0 on every step, with the cost model's later shapes measured as if drafts
+  // leaves speculation off without asking again: the tinystories pair's draft costs about as
+  // much as its target, and choosing 0 on every step, with the cost model's later shapes measured as if drafts
   // might pay, cost auto ~1% of a 0.3 s CLI job.
   bool DraftsCouldPay(int32_t max_seqs, int32_t max_k) const;
 
