@@ -223,8 +223,8 @@ absl::StatusOr<Value> TrimFilter(const Value& v, const Call& c) {
 absl::StatusOr<Value> SelectFilter(const Value& seq, const Call& c) {
   if (!c.kwargs.empty()) return TypeError(absl::StrCat(c.what, " takes no keyword arguments"));
   const List& args = c.args;
-  const bool with_attr = c.name.size() > 6;
-  const bool keep = c.name[0] == 's';
+  const bool with_attr = c.name == "selectattr" || c.name == "rejectattr";
+  const bool keep = c.name == "select" || c.name == "selectattr";
   if (with_attr && (args.empty() || !args[0].Is(Value::Kind::kString))) {
     return TypeError("selectattr/rejectattr need an attribute name");
   }
