@@ -10,14 +10,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/make_model.h"
+#include "tests/test_util.h"
 
 namespace specula::bench {
 
-// models/tinystories/FILE in the source tree, or $SPECULA_MODELS_DIR/tinystories/FILE.
-inline std::string TinyStories(const std::string& file) {
-  const char* env = std::getenv("SPECULA_MODELS_DIR");
-  return absl::StrCat(env ? env : SPECULA_SOURCE_DIR "/models", "/tinystories/", file);
-}
+// FILE in the tests' TinyStories folder (testing::TinyStoriesDir).
+inline std::string TinyStories(const std::string& file) { return absl::StrCat(testing::TinyStoriesDir(), "/", file); }
 
 // The directory of a random model with config `c`; written on first use. Aborts if it cannot be.
 inline std::string RandomModel(const std::string& name, const ModelConfig& c, DType dtype, uint64_t seed) {

@@ -12,6 +12,8 @@
 #include <string>
 #include <string_view>
 
+#include "tests/test_util.h"
+
 namespace specula::fuzz {
 
 // A directory of this process's own, removed at exit: in /dev/shm where there is one (a file
@@ -57,11 +59,8 @@ inline std::string WriteScratch(const std::string& name, const uint8_t* data, si
 // A file of this source tree (tests/data/...).
 inline std::string SourcePath(const std::string& rel) { return std::string(SPECULA_SOURCE_DIR) + "/" + rel; }
 
-// models/tinystories in the source tree, or $SPECULA_MODELS_DIR/tinystories (as the tests find it).
-inline std::string TinyStoriesDir() {
-  if (const char* env = std::getenv("SPECULA_MODELS_DIR")) return std::string(env) + "/tinystories";
-  return std::string(SPECULA_SOURCE_DIR) + "/models/tinystories";
-}
+// The TinyStories models, where the tests find them.
+using ::specula::testing::TinyStoriesDir;
 
 inline bool Exists(const std::string& path) { return ::access(path.c_str(), R_OK) == 0; }
 
