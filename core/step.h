@@ -11,6 +11,7 @@
 namespace specula {
 
 using RequestId = int64_t;
+struct SequenceState;  // core/sequence.h
 
 // One sequence's share of a step: tokens [start_pos, start_pos + num_tokens) of its sequence.
 struct ScheduledSeq {
@@ -23,6 +24,9 @@ struct ScheduledSeq {
   // Draft slots: num_tokens = 1 + num_spec for a speculative decode (the last known token, then up
   // to num_spec draft tokens that the proposer fills in).
   int32_t num_spec = 0;
+  // The sequence's state, owned by the request's record (the engine's, or a simulated replica's),
+  // valid for the step.
+  SequenceState* seq = nullptr;
 };
 
 struct StepPlan {

@@ -21,12 +21,13 @@ absl::Status DraftModelProposer::Propose(absl::Span<const ProposeInput> inputs, 
     const ProposeInput& in = inputs[i];
     const int32_t len = static_cast<int32_t>(in.tokens.size());
     if (in.k <= 0 || len + in.k - 1 > draft_->config().max_seq_len) continue;
-    auto [it, inserted] = seqs_.try_emplace(in.id);
-    if (inserted) {
-      it->second.rng.seed(in.sampling->seed ^ 0x5eedd1a7ull);
-      it->second.blocks = std::make_unique<SequenceBlocks>(&allocator_, kv_.block_size());
+    if (*in.state == nullptr) {
+      auto fresh = std::make_unique<SeqState>();
+      fresh->rng.seed(in.sampling->seed ^ 0x5eedd1a7ull);
+      fresh->blocks = std::make_unique<SequenceBlocks>(&allocator_, kv_.block_size());
+      *in.state = std::move(fresh);
     }
-    SeqState& st = it->second;
+    SeqState& st = static_cast<SeqState&>(**in.state);
     st.computed = std::min(st.computed, len - 1);  // re-run at least the last token for its logits
     // Slots for the catch-up and the k - 1 drafts that are run through the draft model.
     if (!st.blocks->Reserve(len + in.k - 1).ok()) continue;
@@ -112,22 +113,16 @@ absl::StatusOr<std::vector<CostPoint>> DraftModelProposer::MeasureCost(const Cos
   return MeasureForwardCost(*draft_, grid);
 }
 
-int32_t DraftModelProposer::CatchUpTokens(RequestId id, int32_t len) const {
-  auto it = seqs_.find(id);
-  return len - (it == seqs_.end() ? 0 : std::min(it->second.computed, len - 1));
+int32_t DraftModelProposer::CatchUpTokens(const ProposerState* state, int32_t len) const {
+  const auto* st = static_cast<const SeqState*>(state);
+  return len - (st == nullptr ? 0 : std::min(st->computed, len - 1));
 }
 
-void DraftModelProposer::Rollback(RequestId id, int32_t num_valid) {
-  auto it = seqs_.find(id);
-  if (it == seqs_.end()) return;
-  it->second.computed = std::min(it->second.computed, num_valid);
-  it->second.blocks->Truncate(it->second.computed);
-}
-
-void DraftModelProposer::Release(RequestId id) {
-  auto it = seqs_.find(id);
-  if (it == seqs_.end()) return;
-  seqs_.erase(it);  // SequenceBlocks gives its blocks back
+void DraftModelProposer::Rollback(ProposerState* state, int32_t num_valid) {
+  if (state == nullptr) return;
+  auto& st = static_cast<SeqState&>(*state);
+  st.computed = std::min(st.computed, num_valid);
+  st.blocks->Truncate(st.computed);
 }
 
 }  // namespace specula

@@ -6,7 +6,6 @@
 
 #include <memory>
 #include <random>
-#include <unordered_map>
 
 #include "draft/proposer.h"
 #include "kernels/sample_args.h"
@@ -26,12 +25,11 @@ class DraftModelProposer : public Proposer {
   }
 
   absl::Status Propose(absl::Span<const ProposeInput> inputs, std::vector<Proposal>* out) override;
-  void Rollback(RequestId id, int32_t num_valid) override;
-  void Release(RequestId id) override;
+  void Rollback(ProposerState* state, int32_t num_valid) override;
   int32_t blocks_in_use() const override { return kv_.num_blocks() - allocator_.num_free(); }
   const ModelConfig* model_config() const override { return &draft_->config(); }
   absl::StatusOr<std::vector<CostPoint>> MeasureCost(const CostGrid& grid) override;
-  int32_t CatchUpTokens(RequestId id, int32_t len) const override;
+  int32_t CatchUpTokens(const ProposerState* state, int32_t len) const override;
   // Drafts are chosen where the draft's logits are when its backend is a device: greedy ones by its
   // backend's Argmax, sampled ones by its Sample, whose distributions q stay there
   // (Proposal::backend_probs); only the ids come back. A step with a row whose sampling the backend
@@ -40,7 +38,7 @@ class DraftModelProposer : public Proposer {
   void set_choose_on_backend(bool on) { choose_on_backend_ = on; }
 
  private:
-  struct SeqState {
+  struct SeqState : ProposerState {  // a request's draft KV (its blocks go back with it) and stream
     std::unique_ptr<SequenceBlocks> blocks;
     int32_t computed = 0;  // tokens with draft KV
     std::mt19937_64 rng;
@@ -64,7 +62,6 @@ class DraftModelProposer : public Proposer {
   LlamaModel* draft_;
   KvCache kv_;
   BlockAllocator allocator_;
-  std::unordered_map<RequestId, SeqState> seqs_;
   std::vector<float> logits_;  // [num_seqs, vocab]
   std::vector<float> probs_;   // [vocab]
   bool choose_on_backend_;

@@ -2,6 +2,7 @@
 // them in one forward pass and the verifier (verify/) accepts a prefix.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -14,8 +15,17 @@ namespace specula {
 
 class Backend;
 
+// A proposer's own state for one request (a draft model's KV blocks and stream, a suffix index),
+// held in the request's record and handed to the proposer with every call about that request, so
+// that finishing the request (dropping its record) frees it.
+struct ProposerState {
+  virtual ~ProposerState() = default;
+};
+using ProposerSlot = std::unique_ptr<ProposerState>;
+
 struct ProposeInput {
   RequestId id = 0;
+  ProposerSlot* state = nullptr;  // the request's slot: a proposer that keeps state fills it on first use
   // The sequence so far; its last token has not been run through the target yet.
   absl::Span<const TokenId> tokens;
   int32_t k = 0;  // drafts wanted
@@ -38,12 +48,12 @@ class Proposer {
   virtual absl::Status Propose(absl::Span<const ProposeInput> inputs, std::vector<Proposal>* out) = 0;
   // After verification only the first `num_valid` tokens of the sequence have target KV; drafted
   // state past them is dropped by moving a watermark.
-  virtual void Rollback(RequestId id, int32_t num_valid) {}
-  // The sequence finished or was preempted: free what the proposer holds for it.
-  virtual void Release(RequestId id) {}
-  // The request finished for good (Release follows; a preemption gets Release alone) with these
-  // tokens, the first num_prompt its prompt: what a proposer that learns across requests learns.
-  virtual void Finish(RequestId id, absl::Span<const TokenId> tokens, int32_t num_prompt) {}
+  virtual void Rollback(ProposerState* state, int32_t num_valid) {}
+  // The request was preempted (its KV is recomputed later): by default its state goes.
+  virtual void Preempted(ProposerSlot& state) { state.reset(); }
+  // The request finished for good with these tokens, the first num_prompt its prompt: what a
+  // proposer that learns across requests learns. Its state goes with its record afterwards.
+  virtual void Finished(ProposerState* state, absl::Span<const TokenId> tokens, int32_t num_prompt) {}
   // Blocks the proposer holds (leak tests).
   virtual int32_t blocks_in_use() const { return 0; }
 
@@ -56,7 +66,7 @@ class Proposer {
   }
   // Tokens of a sequence of `len` tokens that the proposer's model must run before its first draft:
   // its state lags the target's by the tokens accepted since, or decoded without drafts.
-  virtual int32_t CatchUpTokens(RequestId id, int32_t len) const { return 0; }
+  virtual int32_t CatchUpTokens(const ProposerState* state, int32_t len) const { return 0; }
 };
 
 }  // namespace specula

@@ -4,23 +4,25 @@
 
 namespace specula {
 
-SuffixIndex& SuffixProposer::Sync(RequestId id, absl::Span<const TokenId> tokens) {
-  std::unique_ptr<Own>& own = requests_[id];
+SuffixIndex& SuffixProposer::Sync(ProposerSlot& state, absl::Span<const TokenId> tokens) {
+  auto* own = static_cast<Own*>(state.get());
   if (own != nullptr) {
     const absl::Span<const TokenId> have = own->index.sequence(own->seq);
-    // Sequences only grow between Releases; anything else (a reused id) starts over.
+    // Sequences only grow between preemptions; anything else starts over.
     if (have.size() <= tokens.size() && (have.empty() || tokens[have.size() - 1] == have.back())) {
       own->index.Extend(own->seq, tokens.subspan(have.size()));
       return own->index;
     }
   }
-  own = std::make_unique<Own>();
+  auto fresh = std::make_unique<Own>();
+  own = fresh.get();
+  state = std::move(fresh);
   own->seq = own->index.Add(tokens);
   return own->index;
 }
 
-std::vector<TokenId> SuffixProposer::Draft(RequestId id, absl::Span<const TokenId> tokens, int32_t k) {
-  const SuffixDraft mine = Sync(id, tokens).Speculate(tokens, k, params_);
+std::vector<TokenId> SuffixProposer::Draft(ProposerSlot& state, absl::Span<const TokenId> tokens, int32_t k) {
+  const SuffixDraft mine = Sync(state, tokens).Speculate(tokens, k, params_);
   SuffixDraft shared = cache_.Speculate(tokens, k, params_);
   if (shared.score > mine.score) {
     cache_.Touch(shared);
@@ -31,11 +33,11 @@ std::vector<TokenId> SuffixProposer::Draft(RequestId id, absl::Span<const TokenI
 
 absl::Status SuffixProposer::Propose(absl::Span<const ProposeInput> inputs, std::vector<Proposal>* out) {
   out->assign(inputs.size(), Proposal{});
-  for (size_t i = 0; i < inputs.size(); ++i) (*out)[i].tokens = Draft(inputs[i].id, inputs[i].tokens, inputs[i].k);
+  for (size_t i = 0; i < inputs.size(); ++i) (*out)[i].tokens = Draft(*inputs[i].state, inputs[i].tokens, inputs[i].k);
   return absl::OkStatus();
 }
 
-void SuffixProposer::Finish(RequestId id, absl::Span<const TokenId> tokens, int32_t num_prompt) {
+void SuffixProposer::Finished(ProposerState*, absl::Span<const TokenId> tokens, int32_t num_prompt) {
   const int32_t from = std::clamp(num_prompt - params_.max_depth, 0, static_cast<int32_t>(tokens.size()));
   cache_.Insert(tokens.subspan(from));
 }

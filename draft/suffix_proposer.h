@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <memory>
 
-#include "absl/container/flat_hash_map.h"
 #include "draft/proposer.h"
 #include "draft/suffix_index.h"
 
@@ -26,26 +25,23 @@ class SuffixProposer final : public Proposer {
   SuffixProposer(const SuffixParams& params, int64_t cache_tokens)
       : params_(params), cache_(cache_tokens, std::min(2, params.max_depth)) {}
   absl::Status Propose(absl::Span<const ProposeInput> inputs, std::vector<Proposal>* out) override;
-  void Finish(RequestId id, absl::Span<const TokenId> tokens, int32_t num_prompt) override;
-  void Release(RequestId id) override { requests_.erase(id); }
+  void Finished(ProposerState* state, absl::Span<const TokenId> tokens, int32_t num_prompt) override;
 
-  // The drafts for one sequence (exposed for tests): its own index brought up to `tokens`, then the
-  // better of its draft and the cache's.
-  std::vector<TokenId> Draft(RequestId id, absl::Span<const TokenId> tokens, int32_t k);
+  // The drafts for one sequence (exposed for tests): its own index (in `state`) brought up to
+  // `tokens`, then the better of its draft and the cache's.
+  std::vector<TokenId> Draft(ProposerSlot& state, absl::Span<const TokenId> tokens, int32_t k);
   const SuffixCache& cache() const { return cache_; }
-  int32_t num_requests() const { return static_cast<int32_t>(requests_.size()); }
 
  private:
-  struct Own {
+  struct Own : ProposerState {  // a request's own suffix index
     SuffixIndex index;
     int32_t seq = 0;  // the request's sequence in `index`
   };
   // The request's index, holding exactly `tokens`.
-  SuffixIndex& Sync(RequestId id, absl::Span<const TokenId> tokens);
+  SuffixIndex& Sync(ProposerSlot& state, absl::Span<const TokenId> tokens);
 
   SuffixParams params_;
   SuffixCache cache_;
-  absl::flat_hash_map<RequestId, std::unique_ptr<Own>> requests_;
 };
 
 }  // namespace specula

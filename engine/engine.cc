@@ -6,11 +6,16 @@
 #include "core/status_macros.h"
 #include "engine/logprobs.h"
 #include "model/forward_cost.h"
-#include "verify/verify.h"
 
 namespace specula {
 namespace {
 
+// Where the step's tokens are chosen: the backend that keeps the logits, or null: the host.
+Backend* VerifierBackend(LlamaModel* model, const SpecConfig& spec) {
+  const bool on_backend = spec.verify_on == SpecConfig::VerifyOn::kBackend ||
+                          (spec.verify_on == SpecConfig::VerifyOn::kAuto && model->backend().on_device());
+  return on_backend && model->logits_stay_in_backend() ? &model->backend() : nullptr;
+}
 
 }  // namespace
 
@@ -18,12 +23,9 @@ Engine::Engine(LlamaModel* model, const Tokenizer* tokenizer, const SchedulerCon
                Clock* clock)
     : model_(model), tokenizer_(tokenizer), scheduler_(config),
       kv_(model->config(), {config.block_size, config.num_blocks, model->kv_dtype()}, &model->backend()),
-      outputs_(tokenizer), spec_(spec), clock_(clock != nullptr ? clock : DefaultClock()),
-      start_s_(clock_->NowSeconds()) {
+      outputs_(tokenizer), verifier_(VerifierBackend(model, spec), spec.synthetic_alpha), spec_(spec),
+      clock_(clock != nullptr ? clock : DefaultClock()), start_s_(clock_->NowSeconds()) {
   stats_.spec_k_histogram.assign(std::max(config.num_spec_tokens, 0) + 1, 0);
-  const bool on_backend = spec_.verify_on == SpecConfig::VerifyOn::kBackend ||
-                          (spec_.verify_on == SpecConfig::VerifyOn::kAuto && model_->backend().on_device());
-  if (on_backend && model_->logits_stay_in_backend()) backend_verifier_ = std::make_unique<BackendVerifier>(&model_->backend());
   if (!spec_.adaptive || spec_.proposer == nullptr || !model_->status().ok() || !kv_.status().ok()) return;
   AdaptiveConfig ac{config.max_num_seqs, config.block_size, config.num_spec_tokens, spec_.calibration_seconds,
                     spec_.target_cost, spec_.draft_cost, spec_.refine_cost, clock_};
@@ -48,7 +50,7 @@ absl::Status Engine::Validate() const {
   if (!model_->status().ok()) return model_->status();
   if (!kv_.status().ok()) return kv_.status();
   if (!calibration_.ok()) return calibration_;
-  if (spec_.verify_on == SpecConfig::VerifyOn::kBackend && backend_verifier_ == nullptr) {
+  if (spec_.verify_on == SpecConfig::VerifyOn::kBackend && !verifier_.on_backend()) {
     return absl::FailedPreconditionError("tokens cannot be chosen on a device under tensor parallelism");
   }
   if (spec_.adaptive && spec_.proposer == nullptr) {
@@ -82,63 +84,56 @@ double Engine::NowMs() const {
   return (clock_->NowSeconds() - start_s_) * 1000.0;
 }
 
+
 absl::Status Engine::AddRequest(Request r) {
-  if (active_.count(r.id)) return absl::AlreadyExistsError(absl::StrCat("request id ", r.id, " is already in use"));
+  if (records_.count(r.id)) return absl::AlreadyExistsError(absl::StrCat("request id ", r.id, " is already in use"));
   if (auto st = ValidateRequest(r, model_->config().vocab_size, tokenizer_ != nullptr); !st.ok()) return st;
   const double now = NowMs();
   NewSequence n{r.id, r.prompt, r.max_tokens, StopTokenIds(r, model_->config(), tokenizer_), r.priority, now,
                 r.prompt_logprobs >= 0};
   r.sampling.output_start = static_cast<int32_t>(r.prompt.size());  // penalties count the generated tokens
-  if (auto st = scheduler_.Add(std::move(n)); !st.ok()) return st;
-  outputs_.Add(r, now);
-  Active a;
-  a.sampler = std::make_unique<Sampler>(r.sampling);
-  a.uniform = std::make_unique<Uniform>(r.sampling.seed ^ 0x9e3779b97f4a7c15ull);
-  a.request = std::move(r);
-  active_.emplace(a.request.id, std::move(a));
+  const RequestId id = r.id;
+  auto record = std::make_unique<RequestRecord>(std::move(r), now);
+  if (auto st = scheduler_.Add(std::move(n), record.get()); !st.ok()) return st;
+  records_.emplace(id, std::move(record));
   return absl::OkStatus();
 }
 
 void Engine::Abort(RequestId id) {
-  if (!active_.count(id)) return;
-  scheduler_.Finish(id, FinishReason::kAborted);
-  Complete(id, FinishReason::kAborted);
-}
-
-void Engine::Complete(RequestId id, FinishReason reason, std::string error) {
-  const SequenceState* s = scheduler_.Get(id);
-  if (spec_.proposer != nullptr) {
-    if (s != nullptr) spec_.proposer->Finish(id, s->tokens, s->num_prompt);
-    spec_.proposer->Release(id);
-  }
-  if (speculation_ != nullptr) speculation_->Forget(id);
-  outputs_.Finish(id, reason, NowMs(), s != nullptr ? s->num_preemptions : 0, std::move(error));
-  active_.erase(id);
-  scheduler_.Forget(id);
+  auto it = records_.find(id);
+  if (it == records_.end() || it->second->aborted) return;
+  RequestRecord& r = *it->second;
+  scheduler_.Finish(&r, FinishReason::kAborted);
+  if (spec_.proposer != nullptr) spec_.proposer->Finished(r.proposer.get(), r.tokens, r.num_prompt);
+  r.aborted = true;
+  aborted_.push_back(id);
 }
 
 std::vector<RequestDelta> Engine::Step() {
   const double start = clock_->NowSeconds();
   StepPlan plan = Schedule();
-  if (plan.seqs.empty()) return outputs_.TakeDeltas();
+  if (plan.seqs.empty()) return Publish({});
   const std::vector<SpecCandidate> candidates = Candidates(plan);
   if (speculation_ != nullptr) speculation_->Choose(&plan, candidates);
   CountSpeculation(plan, candidates);
   const Drafts drafts = Propose(plan);
   absl::StatusOr<Ran> ran = Forward(plan, drafts);
-  absl::StatusOr<StepResult> result = ran.ok() ? Verify(plan, drafts, *ran) : absl::StatusOr<StepResult>(ran.status());
-  if (!result.ok()) {
-    FailStep(plan, result.status());
-    return outputs_.TakeDeltas();
-  }
+  absl::StatusOr<Verified> verified = ran.ok() ? Verify(plan, drafts, *ran) : absl::StatusOr<Verified>(ran.status());
+  if (!verified.ok()) return Publish(FailStep(plan, verified.status()));
   if (speculation_ != nullptr) {
-    ran->timing.seconds = clock_->NowSeconds() - start;
-    speculation_->Observe(plan, candidates, *result, ran->timing);
+    StepTiming timing = ran->timing;
+    timing.seconds = clock_->NowSeconds() - start;
+    speculation_->Observe(plan, candidates, verified->result, timing);
     CopyCostStats();
   }
-  Update(plan, *result, drafts);
-  if (step_observer_) step_observer_(plan, *result, start);
-  return outputs_.TakeDeltas();
+  spare_logits_ = std::move(ran->logits);
+  if (step_observer_) {
+    const StepResult result = verified->result;  // Update takes the tokens
+    StepOutputs out = Update(plan, *std::move(verified), drafts);
+    step_observer_(plan, result, start);
+    return Publish(std::move(out));
+  }
+  return Publish(Update(plan, *std::move(verified), drafts));
 }
 
 StepPlan Engine::Schedule() {
@@ -149,21 +144,25 @@ StepPlan Engine::Schedule() {
     return plan;
   }
   ++stats_.steps;
-  for (const ScheduledSeq& s : plan.seqs) outputs_.Scheduled(s.id, now);
+  for (const ScheduledSeq& s : plan.seqs) {
+    RequestOutput& out = RecordOf(s).output.out;
+    if (out.scheduled_ms == 0) out.scheduled_ms = now;
+  }
   if (spec_.proposer != nullptr) {
-    for (RequestId id : plan.preempted) spec_.proposer->Release(id);
+    for (RequestId id : plan.preempted) spec_.proposer->Preempted(records_.at(id)->proposer);
   }
   return plan;
 }
 
-std::vector<SpecCandidate> Engine::Candidates(const StepPlan& plan) {
+std::vector<SpecCandidate> Engine::Candidates(const StepPlan& plan) const {
   std::vector<SpecCandidate> candidates;  // sequences the scheduler made room for drafts
   if (spec_.proposer == nullptr) return candidates;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
     if (s.num_spec == 0) continue;
-    const int32_t len = static_cast<int32_t>(scheduler_.Get(s.id)->tokens.size());
-    candidates.push_back({s.id, s.num_spec, len, spec_.proposer->CatchUpTokens(s.id, len), i});
+    RequestRecord& r = RecordOf(s);
+    const int32_t len = static_cast<int32_t>(r.tokens.size());
+    candidates.push_back({s.id, s.num_spec, len, spec_.proposer->CatchUpTokens(r.proposer.get(), len), i, &r.acceptance});
   }
   return candidates;
 }
@@ -175,7 +174,7 @@ void Engine::CountSpeculation(const StepPlan& plan, absl::Span<const SpecCandida
   bool any = false;
   if (stats_.drafts_cannot_pay) {  // the scheduler made no room for drafts: count the plain decodes
     for (const ScheduledSeq& s : plan.seqs) {
-      const bool decodes = s.samples && s.num_tokens == 1 && s.start_pos >= scheduler_.Get(s.id)->num_prompt;
+      const bool decodes = s.samples && s.num_tokens == 1 && s.start_pos >= s.seq->num_prompt;
       decoding += decodes ? 1 : 0;
     }
     histogram[0] += decoding;
@@ -198,8 +197,9 @@ Engine::Drafts Engine::Propose(const StepPlan& plan) {
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
     if (s.num_spec == 0) continue;
+    RequestRecord& r = RecordOf(s);
     d.index[i] = inputs.size();
-    inputs.push_back({s.id, scheduler_.Get(s.id)->tokens, s.num_spec, &active_.at(s.id).request.sampling});
+    inputs.push_back({s.id, &r.proposer, r.tokens, s.num_spec, &r.request.sampling});
   }
   if (inputs.empty()) return d;
   const double t0 = clock_->NowSeconds();
@@ -215,27 +215,30 @@ absl::StatusOr<Engine::Ran> Engine::Forward(const StepPlan& plan, const Drafts& 
   Ran ran;
   ran.row_of.resize(plan.seqs.size());
   ran.prompt_row.assign(plan.seqs.size(), -1);
-  fed_.resize(plan.seqs.size());
+  size_t num_fed = 0;
+  for (const Proposal& p : drafts.proposals) num_fed += 1 + p.tokens.size();
+  ran.fed.reserve(num_fed);  // spans into it stay valid
   int32_t rows = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
-    const SequenceState* st = scheduler_.Get(s.id);
+    const SequenceState& st = *s.seq;
     ran.row_of[i] = rows;
     if (drafts.index[i] != SIZE_MAX) {  // the last known token, then the drafts, each with its row
       const Proposal& d = drafts.proposals[drafts.index[i]];
-      fed_[i].assign(1, st->tokens[s.start_pos]);
-      fed_[i].insert(fed_[i].end(), d.tokens.begin(), d.tokens.end());
-      batch.seqs.push_back({fed_[i], s.start_pos, st->blocks, true});
-      rows += static_cast<int32_t>(fed_[i].size());
+      const size_t from = ran.fed.size();
+      ran.fed.push_back(st.tokens[s.start_pos]);
+      ran.fed.insert(ran.fed.end(), d.tokens.begin(), d.tokens.end());
+      batch.seqs.push_back({absl::MakeConstSpan(ran.fed).subspan(from), s.start_pos, st.blocks, true});
+      rows += static_cast<int32_t>(1 + d.tokens.size());
       stats_.decode_tokens += 1;
     } else {
       const bool scores = ScoresPrompt(s);  // every row of the chunk, not just its last
-      batch.seqs.push_back({absl::MakeConstSpan(st->tokens).subspan(s.start_pos, s.num_tokens), s.start_pos, st->blocks,
+      batch.seqs.push_back({absl::MakeConstSpan(st.tokens).subspan(s.start_pos, s.num_tokens), s.start_pos, st.blocks,
                             scores});
       ran.prompt_row[i] = scores ? rows : -1;
       ran.row_of[i] = scores ? rows + s.num_tokens - 1 : rows;
       rows += scores ? s.num_tokens : 1;
-      const bool decodes = s.samples && s.num_tokens == 1 && s.start_pos >= st->num_prompt;
+      const bool decodes = s.samples && s.num_tokens == 1 && s.start_pos >= st.num_prompt;
       (decodes ? stats_.decode_tokens : stats_.prefill_tokens) += decodes ? 1 : s.num_tokens;
     }
     ran.timing.tokens += batch.seqs.back().tokens.size();
@@ -243,167 +246,158 @@ absl::StatusOr<Engine::Ran> Engine::Forward(const StepPlan& plan, const Drafts& 
   }
   ran.timing.rows = rows;
   ran.timing.propose_seconds = drafts.seconds;
-  std::vector<float>* logits = backend_verifier_ != nullptr ? nullptr : &logits_;  // null: they stay in the backend
+  ran.logits = std::move(spare_logits_);
+  std::vector<float>* logits = verifier_.on_backend() ? nullptr : &ran.logits;  // null: they stay in the backend
   if (auto status = model_->Forward(batch, kv_, LogitsMode::kLastPerSequence, logits); !status.ok()) return status;
   return ran;
 }
 
-absl::StatusOr<StepResult> Engine::Verify(const StepPlan& plan, const Drafts& drafts, const Ran& ran) {
-  verified_.assign(plan.seqs.size(), VerifyResult{});
-  RETURN_IF_ERROR(backend_verifier_ != nullptr ? VerifyOnBackend(plan, drafts, ran) : VerifyOnHost(plan, drafts, ran));
-  RETURN_IF_ERROR(Score(plan, ran));
-  StepResult result;
+absl::StatusOr<Engine::Verified> Engine::Verify(const StepPlan& plan, const Drafts& drafts, const Ran& ran) {
+  std::vector<RowsToVerify> rows;  // [sampling sequences]
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
     if (!s.samples) continue;
-    int32_t k = 0;
-    if (drafts.index[i] != SIZE_MAX) {
-      k = static_cast<int32_t>(drafts.proposals[drafts.index[i]].tokens.size());
-      stats_.spec.Record(k, verified_[i].num_accepted);
-      outputs_.RecordSpec(s.id, k, verified_[i].num_accepted);
-    }
-    result.outputs.push_back({s.id, std::move(verified_[i].tokens), k});
-  }
-  return result;
-}
-
-absl::Status Engine::VerifyOnHost(const StepPlan& plan, const Drafts& drafts, const Ran& ran) {
-  const int32_t vocab = model_->config().vocab_size;
-  const int64_t num = static_cast<int64_t>(plan.seqs.size());
-  // Draft distributions a proposer left in its backend come to the host first, one at a time (a
-  // backend's stream is not for several threads).
-  host_q_.resize(drafts.proposals.size());
-  for (size_t j = 0; j < drafts.proposals.size(); ++j) {
-    const Proposal& d = drafts.proposals[j];
-    host_q_[j].clear();
-    if (!d.probs.empty() || d.backend_probs == nullptr) continue;
-    host_q_[j].resize(d.tokens.size() * static_cast<size_t>(vocab));
-    d.probs_backend->CopyOut(host_q_[j].data(), d.backend_probs, host_q_[j].size() * sizeof(float));
-    RETURN_IF_ERROR(d.probs_backend->Sync());
-  }
-  // Every sequence's new tokens over every core: a sampled row is a pass over the vocabulary (an
-  // argmax when greedy), 2.6% of a 32-sequence step on one core while the others waited, and a
-  // verification up to k + 1 of them (hence a dynamic schedule). Each sequence has its own sampler
-  // and verification stream, so any order gives the same tokens.
-#pragma omp parallel for schedule(dynamic) if (ran.timing.rows >= 8)
-  for (int64_t i = 0; i < num; ++i) {
-    const ScheduledSeq& s = plan.seqs[i];
-    if (!s.samples) continue;
-    const float* row = logits_.data() + static_cast<size_t>(ran.row_of[i]) * vocab;
-    Active& a = active_.at(s.id);
-    const SequenceState& st = *scheduler_.Get(s.id);
-    if (drafts.index[i] == SIZE_MAX) {
-      verified_[i].tokens = {a.sampler->Sample(absl::MakeConstSpan(row, vocab), st.tokens)};
-      continue;
-    }
-    const Proposal& d = drafts.proposals[drafts.index[i]];
-    const auto logits = absl::MakeConstSpan(row, (d.tokens.size() + 1) * static_cast<size_t>(vocab));
-    const std::vector<float>& q = host_q_[drafts.index[i]].empty() ? d.probs : host_q_[drafts.index[i]];
-    verified_[i] = specula::Verify(logits, vocab, {d.tokens, q}, a.request.sampling, st.tokens, *a.uniform,
-                                   spec_.synthetic_alpha);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Engine::VerifyOnBackend(const StepPlan& plan, const Drafts& drafts, const Ran& ran) {
-  to_verify_.clear();
-  std::vector<size_t> plan_index;  // [to_verify_]
-  for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    const ScheduledSeq& s = plan.seqs[i];
-    if (!s.samples) continue;
-    Active& a = active_.at(s.id);
+    RequestRecord& r = RecordOf(s);
     DraftChain chain;
     if (drafts.index[i] != SIZE_MAX) {
       const Proposal& d = drafts.proposals[drafts.index[i]];
       chain = {d.tokens, d.probs, d.backend_probs, d.probs_backend};
     }
-    to_verify_.push_back({ran.row_of[i], chain, &a.request.sampling, scheduler_.Get(s.id)->tokens, a.sampler.get(),
-                          a.uniform.get()});
-    plan_index.push_back(i);
+    rows.push_back({ran.row_of[i], chain, &r.request.sampling, r.tokens, &r.sampler, &r.uniform,
+                    drafts.index[i] != SIZE_MAX});
   }
-  std::vector<VerifyResult> results;
-  RETURN_IF_ERROR(backend_verifier_->Run(model_->backend_logits(), ran.timing.rows, model_->config().vocab_size,
-                                         to_verify_, spec_.synthetic_alpha, &results));
-  for (size_t j = 0; j < results.size(); ++j) verified_[plan_index[j]] = std::move(results[j]);
-  return absl::OkStatus();
-}
-
-void Engine::Update(const StepPlan& plan, const StepResult& result, const Drafts& drafts) {
-  std::vector<RequestId> finished = scheduler_.Update(plan, result);
-  std::vector<RequestId> stop_strings;  // requests whose text now holds a stop string
-  const double now = NowMs();
-  for (const SeqOutput& o : result.outputs) {
-    const SequenceState& st = *scheduler_.Get(o.id);
-    // The scheduler keeps the tokens up to a stop token or the length limit; so do the outputs.
-    const size_t kept = st.num_generated() - outputs_.num_tokens(o.id);
-    stats_.generated_tokens += static_cast<int64_t>(kept);
-    auto lp = step_logprobs_.find(o.id);
-    const auto logprobs = lp == step_logprobs_.end() ? absl::Span<const TokenLogprobs>()
-                                                     : absl::MakeConstSpan(lp->second).first(std::min(kept, lp->second.size()));
-    if (outputs_.Append(o.id, absl::MakeConstSpan(o.new_tokens).first(kept), now, st.num_cached_prompt, logprobs)) {
-      stop_strings.push_back(o.id);
-      if (st.status != SeqStatus::kFinished) finished.push_back(o.id);
-      scheduler_.Finish(o.id, FinishReason::kStopString);
-    }
-  }
-  for (RequestId id : finished) {
-    const bool stop_string = std::find(stop_strings.begin(), stop_strings.end(), id) != stop_strings.end();
-    Complete(id, stop_string ? FinishReason::kStopString : scheduler_.Get(id)->finish);
-  }
-  for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    const SequenceState* st = scheduler_.Get(plan.seqs[i].id);
-    if (drafts.index[i] != SIZE_MAX && st != nullptr && st->status == SeqStatus::kRunning) {
-      spec_.proposer->Rollback(st->id, st->num_computed);  // the draft's watermark follows the target's
-    }
-  }
-}
-
-bool Engine::ScoresPrompt(const ScheduledSeq& s) const {
-  const Active& a = active_.at(s.id);
-  if (a.request.prompt_logprobs < 0) return false;
-  const int32_t num_prompt = scheduler_.Get(s.id)->num_prompt;
-  // Row j scores position start_pos + j + 1; positions 1 .. num_prompt - 1 are the prompt's.
-  return s.start_pos + 1 < num_prompt && outputs_.num_prompt_logprobs(s.id) < static_cast<size_t>(num_prompt - 1);
-}
-
-absl::StatusOr<absl::Span<const float>> Engine::LogitsRow(int32_t row) {
-  const size_t vocab = model_->config().vocab_size;
-  if (backend_verifier_ == nullptr) return absl::MakeConstSpan(logits_).subspan(static_cast<size_t>(row) * vocab, vocab);
-  row_.resize(vocab);
-  model_->backend().CopyOut(row_.data(), model_->backend_logits() + static_cast<size_t>(row) * vocab, vocab * sizeof(float));
-  RETURN_IF_ERROR(model_->backend().Sync());
-  return absl::MakeConstSpan(row_);
-}
-
-absl::Status Engine::Score(const StepPlan& plan, const Ran& ran) {
-  step_logprobs_.clear();
+  ASSIGN_OR_RETURN(std::vector<VerifyResult> verified,
+                   verifier_.Run(ran.logits, model_->backend_logits(), ran.timing.rows, model_->config().vocab_size, rows));
+  Verified v;
+  size_t j = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
-    const Request& r = active_.at(s.id).request;
+    if (!s.samples) continue;
+    VerifyResult& vr = verified[j++];
+    int32_t k = 0;
+    if (drafts.index[i] != SIZE_MAX) {
+      k = static_cast<int32_t>(drafts.proposals[drafts.index[i]].tokens.size());
+      stats_.spec.Record(k, vr.num_accepted);
+      RecordOf(s).output.out.spec.Record(k, vr.num_accepted);
+    }
+    v.result.outputs.push_back({s.id, std::move(vr.tokens), k});
+  }
+  RETURN_IF_ERROR(Score(plan, ran, &v));
+  return v;
+}
+
+bool Engine::ScoresPrompt(const ScheduledSeq& s) {
+  const RequestRecord& r = RecordOf(s);
+  if (r.request.prompt_logprobs < 0) return false;
+  // Row j scores position start_pos + j + 1; positions 1 .. num_prompt - 1 are the prompt's.
+  return s.start_pos + 1 < r.num_prompt && r.output.out.prompt_logprobs.size() < static_cast<size_t>(r.num_prompt - 1);
+}
+
+absl::StatusOr<absl::Span<const float>> Engine::LogitsRow(const Ran& ran, int32_t row, std::vector<float>* scratch) const {
+  const size_t vocab = model_->config().vocab_size;
+  if (!verifier_.on_backend()) return absl::MakeConstSpan(ran.logits).subspan(static_cast<size_t>(row) * vocab, vocab);
+  scratch->resize(vocab);
+  model_->backend().CopyOut(scratch->data(), model_->backend_logits() + static_cast<size_t>(row) * vocab,
+                            vocab * sizeof(float));
+  RETURN_IF_ERROR(model_->backend().Sync());
+  return absl::MakeConstSpan(*scratch);
+}
+
+absl::Status Engine::Score(const StepPlan& plan, const Ran& ran, Verified* v) {
+  v->logprobs.resize(plan.seqs.size());
+  v->prompt_logprobs.resize(plan.seqs.size());
+  std::vector<float> row_copy;  // [vocab]: a row copied from the backend
+  size_t out = 0;               // the sequence's place in v->result.outputs
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
+    const RequestRecord& r = RecordOf(s);
     if (ran.prompt_row[i] >= 0) {
-      const SequenceState& st = *scheduler_.Get(s.id);
-      for (int32_t j = 0; j < s.num_tokens && s.start_pos + j + 1 < st.num_prompt; ++j) {
+      const size_t scored = r.output.out.prompt_logprobs.size();
+      for (int32_t j = 0; j < s.num_tokens && s.start_pos + j + 1 < r.num_prompt; ++j) {
         const int32_t pos = s.start_pos + j + 1;
-        if (outputs_.num_prompt_logprobs(s.id) != static_cast<size_t>(pos - 1)) continue;  // scored before
-        ASSIGN_OR_RETURN(auto row, LogitsRow(ran.prompt_row[i] + j));
-        outputs_.AddPromptLogprobs(s.id, ScoreToken(row, st.tokens[pos], r.prompt_logprobs));
+        if (scored + v->prompt_logprobs[i].size() != static_cast<size_t>(pos - 1)) continue;  // scored before
+        ASSIGN_OR_RETURN(auto row, LogitsRow(ran, ran.prompt_row[i] + j, &row_copy));
+        v->prompt_logprobs[i].push_back(ScoreToken(row, r.tokens[pos], r.request.prompt_logprobs));
       }
     }
-    if (!s.samples || r.logprobs < 0) continue;
-    std::vector<TokenLogprobs>& out = step_logprobs_[s.id];
-    for (size_t j = 0; j < verified_[i].tokens.size(); ++j) {
-      ASSIGN_OR_RETURN(auto row, LogitsRow(ran.row_of[i] + static_cast<int32_t>(j)));
-      out.push_back(ScoreToken(row, verified_[i].tokens[j], r.logprobs));
+    if (!s.samples) continue;
+    const std::vector<TokenId>& tokens = v->result.outputs[out++].new_tokens;
+    if (r.request.logprobs < 0) continue;
+    for (size_t j = 0; j < tokens.size(); ++j) {
+      ASSIGN_OR_RETURN(auto row, LogitsRow(ran, ran.row_of[i] + static_cast<int32_t>(j), &row_copy));
+      v->logprobs[i].push_back(ScoreToken(row, tokens[j], r.request.logprobs));
     }
   }
   return absl::OkStatus();
 }
 
-void Engine::FailStep(const StepPlan& plan, const absl::Status& status) {
-  for (const ScheduledSeq& s : plan.seqs) {
-    scheduler_.Finish(s.id, FinishReason::kError);
-    Complete(s.id, FinishReason::kError, std::string(status.message()));
+Engine::StepOutputs Engine::Update(const StepPlan& plan, Verified verified, const Drafts& drafts) {
+  scheduler_.Update(plan, verified.result);
+  StepOutputs step;
+  size_t out = 0;  // the sequence's place in verified.result.outputs
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
+    RequestRecord& r = RecordOf(s);
+    OutputUpdate u;
+    u.state = &r.output;
+    u.prompt_logprobs = std::move(verified.prompt_logprobs[i]);
+    if (s.samples) {
+      // The scheduler keeps the tokens up to a stop token or the length limit; so do the outputs.
+      const size_t kept = r.num_generated() - r.output.out.tokens.size();
+      stats_.generated_tokens += static_cast<int64_t>(kept);
+      u.tokens = absl::MakeConstSpan(verified.result.outputs[out++].new_tokens).first(kept);
+      std::vector<TokenLogprobs>& lp = verified.logprobs[i];
+      lp.resize(std::min(kept, lp.size()));
+      u.logprobs = std::move(lp);
+    }
+    u.cached_prompt_tokens = r.num_cached_prompt;
+    u.finish = r.status == SeqStatus::kFinished ? r.finish : FinishReason::kNone;
+    u.num_preemptions = r.num_preemptions;
+    if (drafts.index[i] != SIZE_MAX && r.status == SeqStatus::kRunning) {
+      spec_.proposer->Rollback(r.proposer.get(), r.num_computed);  // the draft's watermark follows the target's
+    }
+    step.records.push_back(&r);
+    step.updates.push_back(std::move(u));
   }
+  // The tokens' spans point into verified.result, which the step keeps alive until Publish.
+  step.keep = std::move(verified.result);
+  return step;
+}
+
+std::vector<RequestDelta> Engine::Publish(StepOutputs step) {
+  if (!aborted_.empty()) {  // first, as they ended before the step
+    StepOutputs all;
+    for (RequestId id : aborted_) {
+      RequestRecord& r = *records_.at(id);
+      all.records.push_back(&r);
+      all.updates.push_back({&r.output, {}, {}, {}, 0, FinishReason::kAborted, r.num_preemptions, ""});
+    }
+    aborted_.clear();
+    all.records.insert(all.records.end(), step.records.begin(), step.records.end());
+    for (OutputUpdate& u : step.updates) all.updates.push_back(std::move(u));
+    all.keep = std::move(step.keep);
+    step = std::move(all);
+  }
+  std::vector<RequestDelta> deltas = outputs_.Process(absl::MakeSpan(step.updates), NowMs());
+  for (size_t i = 0; i < step.records.size(); ++i) {
+    RequestRecord& r = *step.records[i];
+    if (!r.output.finished) continue;
+    if (step.updates[i].finish == FinishReason::kStopString) scheduler_.Finish(&r, FinishReason::kStopString);
+    if (spec_.proposer != nullptr && !r.aborted) spec_.proposer->Finished(r.proposer.get(), r.tokens, r.num_prompt);
+    records_.erase(r.id);  // the request's state, everywhere
+  }
+  return deltas;
+}
+
+Engine::StepOutputs Engine::FailStep(const StepPlan& plan, const absl::Status& status) {
+  StepOutputs step;
+  for (const ScheduledSeq& s : plan.seqs) {
+    RequestRecord& r = RecordOf(s);
+    scheduler_.Finish(&r, FinishReason::kError);
+    step.records.push_back(&r);
+    step.updates.push_back({&r.output, {}, {}, {}, 0, FinishReason::kError, r.num_preemptions, std::string(status.message())});
+  }
+  return step;
 }
 
 }  // namespace specula

@@ -8,22 +8,23 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "core/clock.h"
 #include "draft/proposer.h"
 #include "engine/output_processor.h"
 #include "engine/request.h"
+#include "engine/request_record.h"
 #include "model/kv_cache.h"
 #include "model/llama_model.h"
 #include "model/sampler.h"
 #include "scheduler/scheduler.h"
 #include "spec/adaptive.h"
 #include "tokenizer/tokenizer.h"
-#include "verify/backend_verify.h"
 #include "verify/rejection_sampler.h"
+#include "verify/step_verifier.h"
 
 namespace specula {
 
@@ -90,7 +91,7 @@ class Engine {
   // (an aborted request's last delta comes from the next step).
   std::vector<RequestDelta> Step();
   void Abort(RequestId id);
-  bool HasUnfinished() const { return scheduler_.HasUnfinished(); }
+  bool HasUnfinished() const { return scheduler_.HasUnfinished() || !aborted_.empty(); }
   const Scheduler& scheduler() const { return scheduler_; }
   const EngineStats& stats() const { return stats_; }
   double NowMs() const;
@@ -109,72 +110,77 @@ class Engine {
   void set_step_observer(StepObserver f) { step_observer_ = std::move(f); }
 
  private:
-  struct Active {  // a request's sampling state
-    Request request;
-    std::unique_ptr<Sampler> sampler;
-    std::unique_ptr<Uniform> uniform;  // verification randomness
-  };
   // The step's drafts: per plan index, the proposal's index or SIZE_MAX.
   struct Drafts {
     std::vector<Proposal> proposals;
     std::vector<size_t> index;  // [plan.seqs]
     double seconds = 0;         // in the proposer
   };
-  // The step's forward: each sequence's first logits row, and the work as it ran.
+  // The step's forward: each sequence's first logits row, the logits, and the work as it ran.
   struct Ran {
-    std::vector<int32_t> row_of;  // [plan.seqs]: the row of the first token chosen
+    std::vector<int32_t> row_of;      // [plan.seqs]: the row of the first token chosen
     std::vector<int32_t> prompt_row;  // [plan.seqs]: a chunk's first row when it scores its prompt, else -1
+    std::vector<TokenId> fed;         // [fed tokens]: each speculating sequence's last token, then its drafts
+    std::vector<float> logits;        // [rows, vocab] on the host; empty when they stay in the backend
     StepTiming timing;
   };
+  // The step's verification: the tokens, and their scores for requests that ask.
+  struct Verified {
+    StepResult result;                                       // [sampling sequences]
+    std::vector<std::vector<TokenLogprobs>> logprobs;        // [plan.seqs][its tokens]
+    std::vector<std::vector<TokenLogprobs>> prompt_logprobs; // [plan.seqs][prompt positions scored]
+  };
+  // What a step brings the outputs: per request, its record and its update.
+  struct StepOutputs {
+    std::vector<RequestRecord*> records;  // [updates]
+    std::vector<OutputUpdate> updates;
+    StepResult keep;  // the tokens the updates' spans point into
+  };
 
-  // The five stages of a step (Step reads as the architecture's loop).
+  // The stages of a step (Step reads as the architecture's loop); each returns what the next takes.
   StepPlan Schedule();
-  std::vector<SpecCandidate> Candidates(const StepPlan& plan);
+  std::vector<SpecCandidate> Candidates(const StepPlan& plan) const;
   Drafts Propose(const StepPlan& plan);
   absl::StatusOr<Ran> Forward(const StepPlan& plan, const Drafts& drafts);
-  absl::StatusOr<StepResult> Verify(const StepPlan& plan, const Drafts& drafts, const Ran& ran);
-  // Verify's two places: each fills verified_ for every sampling sequence of the plan.
-  absl::Status VerifyOnHost(const StepPlan& plan, const Drafts& drafts, const Ran& ran);
-  absl::Status VerifyOnBackend(const StepPlan& plan, const Drafts& drafts, const Ran& ran);
-  void Update(const StepPlan& plan, const StepResult& result, const Drafts& drafts);
-  // The step's logprobs (engine/logprobs.h): each chosen token's, into step_logprobs_, for requests
-  // that ask; and the prompt tokens a chunk scored, into the outputs.
-  absl::Status Score(const StepPlan& plan, const Ran& ran);
-  // One row of the step's logits, wherever they are: [vocab].
-  absl::StatusOr<absl::Span<const float>> LogitsRow(int32_t row);
-  // Whether sequence i's chunk scores prompt tokens not yet scored.
-  bool ScoresPrompt(const ScheduledSeq& s) const;
+  absl::StatusOr<Verified> Verify(const StepPlan& plan, const Drafts& drafts, const Ran& ran);
+  StepOutputs Update(const StepPlan& plan, Verified verified, const Drafts& drafts);
+  // The outputs' one call: the step's updates after those of requests aborted since the last step;
+  // then requests that ended are finished everywhere and their records dropped.
+  std::vector<RequestDelta> Publish(StepOutputs step);
+
+  // The step's logprobs (engine/logprobs.h): each chosen token's for requests that ask, and the
+  // prompt tokens a chunk scored.
+  absl::Status Score(const StepPlan& plan, const Ran& ran, Verified* v);
+  // One row of the step's logits, wherever they are: [vocab]. `scratch` holds a row copied from the
+  // backend.
+  absl::StatusOr<absl::Span<const float>> LogitsRow(const Ran& ran, int32_t row, std::vector<float>* scratch) const;
+  // Whether a sequence's chunk scores prompt tokens not yet scored.
+  static bool ScoresPrompt(const ScheduledSeq& s);
 
   // Counts the step's decoding sequences by the drafts they were given.
   void CountSpeculation(const StepPlan& plan, absl::Span<const SpecCandidate> candidates);
   // The adaptive speculation's measurement counters into stats_.
   void CopyCostStats();
   // Fails the step's requests (a forward that failed: a bug or corrupt state), keeping the rest.
-  void FailStep(const StepPlan& plan, const absl::Status& status);
-  // Ends a request everywhere: scheduler (already finished there), proposer, speculation, outputs.
-  void Complete(RequestId id, FinishReason reason, std::string error = "");
+  StepOutputs FailStep(const StepPlan& plan, const absl::Status& status);
 
   LlamaModel* model_;
   const Tokenizer* tokenizer_;
   Scheduler scheduler_;
   KvCache kv_;
   OutputProcessor outputs_;
-  std::unordered_map<RequestId, Active> active_;
-  std::vector<float> logits_;           // [rows, vocab] (host verification)
-  std::vector<std::vector<float>> host_q_;  // [proposals][k * vocab]: q a proposer left in its backend
-  std::unique_ptr<BackendVerifier> backend_verifier_;  // null: tokens are chosen on the host
-  std::vector<RowsToVerify> to_verify_;                // [sampling sequences] (backend verification)
-  std::vector<VerifyResult> verified_;  // [num_seqs]: the step's tokens of each sampling sequence
-  std::vector<std::vector<TokenId>> fed_;  // [num_seqs]: last token + drafts, for speculating sequences
-  std::unordered_map<RequestId, std::vector<TokenLogprobs>> step_logprobs_;  // [the step's tokens] per request
-  std::vector<float> row_;  // [vocab]: a logits row copied from the backend
+  // Every request's record, from AddRequest until its last delta: the one owner of per-request state.
+  absl::flat_hash_map<RequestId, std::unique_ptr<RequestRecord>> records_;
+  std::vector<RequestId> aborted_;  // aborted between steps, their last delta due from the next step
+  StepVerifier verifier_;
+  std::vector<float> spare_logits_;  // capacity only: the last step's logits buffer, for the next Forward
   EngineStats stats_;
   SpecConfig spec_;
   std::unique_ptr<AdaptiveSpeculation> speculation_;  // --num-spec-tokens auto
   absl::Status calibration_;
   Clock* const clock_;
-  const double start_s_;
-  StepObserver step_observer_;  // the clock's time when the engine started
+  const double start_s_;  // the clock's time when the engine started
+  StepObserver step_observer_;
 };
 
 }  // namespace specula

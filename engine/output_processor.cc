@@ -7,32 +7,20 @@
 
 namespace specula {
 
-void OutputProcessor::Add(const Request& r, double now_ms) {
-  State s;
+OutputState StartOutput(const Request& r, double now_ms) {
+  OutputState s;
   s.out.id = r.id;
   s.out.prompt_tokens = static_cast<int32_t>(r.prompt.size());
   s.out.arrival_ms = now_ms;
   s.stop_strings = r.stop_strings;
   for (const std::string& stop : r.stop_strings) s.hold_back = std::max(s.hold_back, std::max<size_t>(stop.size(), 1) - 1);
   s.last = r.prompt.empty() ? -1 : r.prompt.back();
-  outputs_[r.id] = std::move(s);
+  return s;
 }
 
-void OutputProcessor::MarkChanged(RequestId id, State& s) {
-  if (s.changed) return;
-  s.changed = true;
-  changed_.push_back(id);
-}
-
-void OutputProcessor::Scheduled(RequestId id, double now_ms) {
-  RequestOutput& out = outputs_.at(id).out;
-  if (out.scheduled_ms == 0) out.scheduled_ms = now_ms;
-}
-
-bool OutputProcessor::Append(RequestId id, absl::Span<const TokenId> tokens, double now_ms, int32_t cached_prompt_tokens,
-                             absl::Span<const TokenLogprobs> logprobs) {
+bool OutputProcessor::Append(OutputState& s, absl::Span<const TokenId> tokens, double now_ms,
+                             int32_t cached_prompt_tokens, absl::Span<const TokenLogprobs> logprobs) const {
   if (tokens.empty()) return false;
-  State& s = outputs_.at(id);
   RequestOutput& out = s.out;
   if (out.tokens.empty()) {
     out.first_token_ms = now_ms;
@@ -46,7 +34,6 @@ bool OutputProcessor::Append(RequestId id, absl::Span<const TokenId> tokens, dou
     if (tokenizer_ != nullptr) out.text += tokenizer_->DecodeToken(s.last, t);
     s.last = t;
   }
-  MarkChanged(id, s);
   // A stop string the new text completes starts at most its length - 1 bytes before it.
   for (const std::string& stop : s.stop_strings) {
     if (stop.empty()) continue;
@@ -59,19 +46,37 @@ bool OutputProcessor::Append(RequestId id, absl::Span<const TokenId> tokens, dou
   return false;
 }
 
-void OutputProcessor::Finish(RequestId id, FinishReason reason, double now_ms, int32_t num_preemptions,
-                             std::string error) {
-  State& s = outputs_.at(id);
-  if (s.finished) return;
-  s.finished = true;
-  s.out.finish = reason;
-  s.out.finish_ms = now_ms;
-  s.out.num_preemptions = num_preemptions;
-  s.out.error = std::move(error);
-  MarkChanged(id, s);
+std::vector<RequestDelta> OutputProcessor::Process(absl::Span<OutputUpdate> updates, double now_ms) const {
+  std::vector<RequestDelta> deltas;
+  deltas.reserve(updates.size());
+  for (OutputUpdate& u : updates) {
+    OutputState& s = *u.state;
+    if (s.finished) continue;
+    RequestOutput& out = s.out;
+    for (TokenLogprobs& lp : u.prompt_logprobs) out.prompt_logprobs.push_back(std::move(lp));
+    if (Append(s, u.tokens, now_ms, u.cached_prompt_tokens, u.logprobs)) u.finish = FinishReason::kStopString;
+    if (u.finish != FinishReason::kNone) {
+      s.finished = true;
+      out.finish = u.finish;
+      out.finish_ms = now_ms;
+      out.num_preemptions = u.num_preemptions;
+      out.error = std::move(u.error);
+    } else if (u.tokens.empty()) {
+      continue;  // nothing new to send
+    }
+    deltas.push_back(DeltaOf(s));
+    if (s.finished) {
+      // The final text as the deltas spell it: valid UTF-8, whatever the surface.
+      std::string text;
+      TakeUtf8(out.text, true, &text);
+      out.text = std::move(text);
+      deltas.back().final = std::move(out);
+    }
+  }
+  return deltas;
 }
 
-RequestDelta OutputProcessor::DeltaOf(State& s) {
+RequestDelta OutputProcessor::DeltaOf(OutputState& s) {
   RequestDelta d;
   d.id = s.out.id;
   const std::vector<TokenId>& tokens = s.out.tokens;
@@ -92,27 +97,6 @@ RequestDelta OutputProcessor::DeltaOf(State& s) {
   }
   d.finished = s.finished;
   return d;
-}
-
-std::vector<RequestDelta> OutputProcessor::TakeDeltas() {
-  std::vector<RequestDelta> deltas;
-  deltas.reserve(changed_.size());
-  for (RequestId id : changed_) {
-    auto it = outputs_.find(id);
-    State& s = it->second;
-    s.changed = false;
-    deltas.push_back(DeltaOf(s));
-    if (s.finished) {
-      // The final text as the deltas spell it: valid UTF-8, whatever the surface.
-      std::string text;
-      TakeUtf8(s.out.text, true, &text);
-      s.out.text = std::move(text);
-      deltas.back().final = std::move(s.out);
-      outputs_.erase(it);
-    }
-  }
-  changed_.clear();
-  return deltas;
 }
 
 }  // namespace specula

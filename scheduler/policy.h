@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "scheduler/sequence.h"
+#include "core/sequence.h"
 
 namespace specula {
 

@@ -24,8 +24,7 @@ absl::Status ValidateSchedulerConfig(const SchedulerConfig& c) {
 Scheduler::Scheduler(const SchedulerConfig& config)
     : config_(config), blocks_(config.num_blocks, config.block_size, config.enable_prefix_caching) {}
 
-absl::Status Scheduler::Add(NewSequence n) {
-  if (seqs_.count(n.id)) return absl::AlreadyExistsError(absl::StrCat("request id ", n.id, " is already in use"));
+absl::Status Scheduler::Add(NewSequence n, SequenceState* s) {
   if (n.prompt.empty()) return absl::InvalidArgumentError(absl::StrCat("request ", n.id, ": empty prompt"));
   if (static_cast<int32_t>(n.prompt.size()) >= config_.max_model_len) {
     return absl::InvalidArgumentError(absl::StrCat("request ", n.id, ": prompt of ", n.prompt.size(),
@@ -39,7 +38,6 @@ absl::Status Scheduler::Add(NewSequence n) {
         "request ", n.id, ": ", total, " tokens need more KV blocks than the pool has (",
         config_.num_blocks, " blocks of ", config_.block_size, ")"));
   }
-  auto s = std::make_unique<SequenceState>();
   s->id = n.id;
   s->priority = n.priority;
   s->arrival_order = next_arrival_++;
@@ -49,8 +47,7 @@ absl::Status Scheduler::Add(NewSequence n) {
   s->max_new_tokens = n.max_new_tokens;
   s->stop_ids = std::move(n.stop_ids);
   s->skip_prefix_cache = n.skip_prefix_cache;
-  waiting_.push_back(s.get());
-  seqs_.emplace(s->id, std::move(s));
+  waiting_.push_back(s);
   return absl::OkStatus();
 }
 
@@ -107,7 +104,8 @@ StepPlan Scheduler::Schedule(double now_ms) {
       }
     }
     if (self_preempted) break;  // s was the last running sequence
-    plan.seqs.push_back({s->id, s->num_computed, n, s->num_computed + n - spec == static_cast<int32_t>(s->tokens.size()), spec});
+    plan.seqs.push_back(
+        {s->id, s->num_computed, n, s->num_computed + n - spec == static_cast<int32_t>(s->tokens.size()), spec, s});
     budget -= n;
     ++i;
   }
@@ -129,7 +127,7 @@ StepPlan Scheduler::Schedule(double now_ms) {
     waiting_.erase(waiting_.begin());
     s->status = SeqStatus::kRunning;
     running_.push_back(s);
-    plan.seqs.push_back({s->id, s->num_computed, n, s->num_computed + n == len});
+    plan.seqs.push_back({s->id, s->num_computed, n, s->num_computed + n == len, 0, s});
     budget -= n;
   }
   if (plan.seqs.empty() && !window_open) {
@@ -139,14 +137,13 @@ StepPlan Scheduler::Schedule(double now_ms) {
   return plan;
 }
 
-std::vector<RequestId> Scheduler::Update(const StepPlan& plan, const StepResult& result) {
-  std::vector<RequestId> finished;  // in this step
+std::vector<SequenceState*> Scheduler::Update(const StepPlan& plan, const StepResult& result) {
+  std::vector<SequenceState*> finished;  // in this step
   std::unordered_map<RequestId, const SeqOutput*> outputs;
   for (const SeqOutput& o : result.outputs) outputs[o.id] = &o;
   for (const ScheduledSeq& sch : plan.seqs) {
-    auto it = seqs_.find(sch.id);
-    if (it == seqs_.end() || it->second->status != SeqStatus::kRunning) continue;  // aborted meanwhile
-    SequenceState* s = it->second.get();
+    SequenceState* s = sch.seq;
+    if (s->status != SeqStatus::kRunning) continue;  // failed meanwhile
     auto out = outputs.find(sch.id);
     const SeqOutput* o = out == outputs.end() ? nullptr : out->second;
     // KV is valid for the known tokens and the accepted drafts; the rejected drafts' slots are
@@ -169,8 +166,8 @@ std::vector<RequestId> Scheduler::Update(const StepPlan& plan, const StepResult&
     s->num_computed = std::min(s->num_computed, static_cast<int32_t>(s->tokens.size()));
     blocks_.Commit(s->tokens, s->num_computed, s->blocks, &s->num_hashed, &s->last_hash);
     if (reason != FinishReason::kNone) {
-      Finish(s->id, reason);
-      finished.push_back(s->id);
+      Finish(s, reason);
+      finished.push_back(s);
     } else {
       // Lookahead slots back: those of rejected drafts, and those reserved for drafts the engine
       // chose not to propose (adaptive speculation lowers num_spec after Schedule).
@@ -180,10 +177,8 @@ std::vector<RequestId> Scheduler::Update(const StepPlan& plan, const StepResult&
   return finished;
 }
 
-void Scheduler::Finish(RequestId id, FinishReason reason) {
-  auto it = seqs_.find(id);
-  if (it == seqs_.end() || it->second->status == SeqStatus::kFinished) return;
-  SequenceState* s = it->second.get();
+void Scheduler::Finish(SequenceState* s, FinishReason reason) {
+  if (s->status == SeqStatus::kFinished) return;
   blocks_.Release(&s->blocks);
   for (auto* q : {&running_, &waiting_}) {
     auto pos = std::find(q->begin(), q->end(), s);
@@ -193,27 +188,17 @@ void Scheduler::Finish(RequestId id, FinishReason reason) {
   s->finish = reason;
 }
 
-void Scheduler::Forget(RequestId id) {
-  auto it = seqs_.find(id);
-  if (it != seqs_.end() && it->second->status == SeqStatus::kFinished) seqs_.erase(it);
-}
-
-const SequenceState* Scheduler::Get(RequestId id) const {
-  auto it = seqs_.find(id);
-  return it == seqs_.end() ? nullptr : it->second.get();
-}
-
 absl::Status Scheduler::CheckInvariants() const {
   if (auto st = blocks_.CheckInvariants(); !st.ok()) return st;
   std::vector<int32_t> refs(blocks_.num_blocks(), 0);
-  for (const auto& [id, s] : seqs_) {
-    if (s->status == SeqStatus::kFinished && !s->blocks.empty()) {
-      return absl::InternalError(absl::StrCat("finished request ", id, " still holds blocks"));
-    }
-    for (BlockId b : s->blocks) ++refs[b];
-    if (s->status == SeqStatus::kRunning &&
-        static_cast<int32_t>(s->blocks.size()) * blocks_.block_size() < s->num_computed) {
-      return absl::InternalError(absl::StrCat("request ", id, " has KV past its block table"));
+  // A finished sequence's blocks would count here without a table holding them.
+  for (const auto* q : {&running_, &waiting_}) {
+    for (const SequenceState* s : *q) {
+      for (BlockId b : s->blocks) ++refs[b];
+      if (s->status == SeqStatus::kRunning &&
+          static_cast<int32_t>(s->blocks.size()) * blocks_.block_size() < s->num_computed) {
+        return absl::InternalError(absl::StrCat("request ", s->id, " has KV past its block table"));
+      }
     }
   }
   for (BlockId b = 0; b < blocks_.num_blocks(); ++b) {

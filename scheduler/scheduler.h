@@ -6,14 +6,12 @@
 #pragma once
 
 #include <deque>
-#include <memory>
-#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "scheduler/block_manager.h"
 #include "scheduler/policy.h"
-#include "scheduler/sequence.h"
+#include "core/sequence.h"
 
 namespace specula {
 
@@ -48,19 +46,17 @@ class Scheduler {
  public:
   explicit Scheduler(const SchedulerConfig& config);
 
-  // Errors: duplicate id, empty prompt, a prompt that leaves no room in max_model_len, or a
-  // request that could not fit in the whole KV pool even alone.
-  absl::Status Add(NewSequence seq);
+  // Fills `s` (owned by the caller's request record, which keeps it until the sequence is finished)
+  // from `seq` and queues it. Errors: empty prompt, a prompt that leaves no room in max_model_len,
+  // or a request that could not fit in the whole KV pool even alone.
+  absl::Status Add(NewSequence seq, SequenceState* s);
   StepPlan Schedule(double now_ms);
-  // Applies the step: KV computed, new tokens appended, stop conditions. Returns the ids that
+  // Applies the step: KV computed, new tokens appended, stop conditions. Returns the sequences that
   // finished in this step.
-  std::vector<RequestId> Update(const StepPlan& plan, const StepResult& result);
-  // Ends a sequence in any state (abort, stop string, error) and frees its blocks.
-  void Finish(RequestId id, FinishReason reason);
-  // Drops a finished sequence's state.
-  void Forget(RequestId id);
-
-  const SequenceState* Get(RequestId id) const;
+  std::vector<SequenceState*> Update(const StepPlan& plan, const StepResult& result);
+  // Ends a sequence in any state (abort, stop string, error) and frees its blocks; the scheduler
+  // holds no pointer to it afterwards.
+  void Finish(SequenceState* s, FinishReason reason);
   bool HasUnfinished() const { return !waiting_.empty() || !running_.empty(); }
   int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
@@ -82,7 +78,7 @@ class Scheduler {
 
   SchedulerConfig config_;
   BlockManager blocks_;
-  std::unordered_map<RequestId, std::unique_ptr<SequenceState>> seqs_;
+  // The unfinished sequences, aliases of their owners' records.
   std::vector<SequenceState*> running_;
   std::vector<SequenceState*> waiting_;
   uint64_t next_arrival_ = 0;

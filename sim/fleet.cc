@@ -195,7 +195,7 @@ SimSummary Summary(const std::vector<const Replica*>& replicas, const GoodputSlo
   int64_t output_tokens = 0, k_sum = 0, k_count = 0, good = 0;
   double kv_block_seconds = 0, kv_blocks = 0;
   for (const Replica* r : replicas) {
-    for (const RequestRecord& rec : r->records()) {
+    for (const SimRequestRecord& rec : r->records()) {
       ++s.requests;
       s.duration_s = std::max(s.duration_s, std::max(rec.request.arrival_s, rec.finish_s));
       if (!rec.refused.empty()) {

@@ -106,12 +106,14 @@ void Replica::AddPending() {
     n.max_new_tokens = std::max(r.output_len, 1);
     n.priority = r.priority;
     n.arrival_ms = r.arrival_s * 1000.0;
-    if (!scheduler_.Add(std::move(n)).ok()) {  // longer than a replica can hold: refused as the engine would
+    auto seq = std::make_unique<Seq>();
+    seq->record = rec;
+    if (!scheduler_.Add(std::move(n), seq.get()).ok()) {  // longer than a replica can hold: refused as the engine would
       records_[rec].refused = "invalid_argument";
       no_token_yet_.erase(no_token_yet_.find(r.arrival_s));
       continue;
     }
-    seqs_[r.id] = Seq{rec};
+    seqs_[r.id] = std::move(seq);
     ++unfinished_;
   }
   pending_.clear();
@@ -122,9 +124,10 @@ std::vector<SpecCandidate> Replica::Candidates(const StepPlan& plan) {
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
     if (s.num_spec == 0) continue;
-    const int32_t len = static_cast<int32_t>(scheduler_.Get(s.id)->tokens.size());
-    const int32_t catch_up = config_.draft_shape ? len - std::min(seqs_.at(s.id).draft_computed, len - 1) : 0;
-    c.push_back({s.id, s.num_spec, len, catch_up, i});
+    Seq& seq = static_cast<Seq&>(*s.seq);
+    const int32_t len = static_cast<int32_t>(seq.tokens.size());
+    const int32_t catch_up = config_.draft_shape ? len - std::min(seq.draft_computed, len - 1) : 0;
+    c.push_back({s.id, s.num_spec, len, catch_up, i, &seq.acceptance});
   }
   return c;
 }
@@ -141,7 +144,7 @@ double Replica::RunDraft(const StepPlan& plan, absl::Span<const SpecCandidate> c
     for (const SpecCandidate& x : c) {
       const int32_t k = plan.seqs[x.plan_index].num_spec;
       if (j >= k) continue;
-      Seq& seq = seqs_.at(x.id);
+      Seq& seq = static_cast<Seq&>(*plan.seqs[x.plan_index].seq);
       const int32_t first = j == 0 ? std::min(seq.draft_computed, x.len - 1) : x.len + j - 1;
       const int32_t n = j == 0 ? x.len - first : 1;
       w.seqs += 1;
@@ -163,7 +166,7 @@ StepResult Replica::Draw(const StepPlan& plan, const std::vector<int32_t>& draft
     const ScheduledSeq& s = plan.seqs[i];
     if (!s.samples) continue;
     const int32_t accepted =
-        drafts[i] > 0 ? acceptance_->Accepted(s.id, drafts[i], scheduler_.Get(s.id)->num_generated(), rng_) : 0;
+        drafts[i] > 0 ? acceptance_->Accepted(s.id, drafts[i], s.seq->num_generated(), rng_) : 0;
     draft_tokens_ += drafts[i];
     accepted_tokens_ += accepted;
     std::vector<TokenId> tokens(accepted + 1);
@@ -185,7 +188,7 @@ std::optional<double> Replica::Begin(double now_s) {
     return std::min(plan_.wait_ms, 5.0) / 1000.0;
   }
   ++num_steps_;
-  for (RequestId id : plan_.preempted) seqs_.at(id).draft_computed = 0;  // the proposer's Release
+  for (RequestId id : plan_.preempted) seqs_.at(id)->draft_computed = 0;  // the proposer's Preempted
   candidates_ = Candidates(plan_);
   if (speculation_ != nullptr) speculation_->Choose(&plan_, candidates_);
   for (const SpecCandidate& c : candidates_) {
@@ -194,7 +197,7 @@ std::optional<double> Replica::Begin(double now_s) {
   std::vector<int32_t> drafts(plan_.seqs.size(), 0);  // [plan]: what the proposer gave each sequence
   for (size_t i = 0; i < plan_.seqs.size(); ++i) {
     const ScheduledSeq& s = plan_.seqs[i];
-    if (s.num_spec > 0) drafts[i] = acceptance_->Proposed(s.id, s.num_spec, scheduler_.Get(s.id)->num_generated(), rng_);
+    if (s.num_spec > 0) drafts[i] = acceptance_->Proposed(s.id, s.num_spec, s.seq->num_generated(), rng_);
   }
   result_ = Draw(plan_, drafts);
   timing_ = StepTiming{};
@@ -218,10 +221,10 @@ std::optional<double> Replica::Begin(double now_s) {
 void Replica::End(double end_s) {
   in_step_ = false;
   if (plan_.seqs.empty()) return;  // a wait for the batching window
-  const std::vector<RequestId> finished = scheduler_.Update(plan_, result_);
+  const std::vector<SequenceState*> finished = scheduler_.Update(plan_, result_);
   for (const SeqOutput& o : result_.outputs) {
-    const SequenceState* st = scheduler_.Get(o.id);
-    RequestRecord& rec = records_[seqs_.at(o.id).record];
+    const Seq* st = seqs_.at(o.id).get();
+    SimRequestRecord& rec = records_[st->record];
     const int32_t kept = st->num_generated() - rec.output_tokens;
     if (kept <= 0) continue;
     if (rec.first_token_s < 0) {
@@ -233,13 +236,10 @@ void Replica::End(double end_s) {
     rec.message_s.push_back(end_s + config_.request_overhead_s);
   }
   for (const ScheduledSeq& s : plan_.seqs) {  // the draft's rollback to the target's KV
-    const SequenceState* st = scheduler_.Get(s.id);
-    if (s.num_spec > 0 && st != nullptr && st->status == SeqStatus::kRunning) {
-      Seq& seq = seqs_.at(s.id);
-      seq.draft_computed = std::min(seq.draft_computed, st->num_computed);
-    }
+    Seq& seq = static_cast<Seq&>(*s.seq);
+    if (s.num_spec > 0 && seq.status == SeqStatus::kRunning) seq.draft_computed = std::min(seq.draft_computed, seq.num_computed);
   }
-  for (RequestId id : finished) Complete(id, end_s);
+  for (SequenceState* s : finished) Complete(s->id, end_s);
   const BlockManager& blocks = scheduler_.blocks();
   const int32_t used = blocks.num_blocks() - blocks.num_available();
   kv_block_seconds_ += used * (end_s - step_start_s_);
@@ -250,14 +250,12 @@ void Replica::End(double end_s) {
 }
 
 void Replica::Complete(RequestId id, double end_s) {
-  const SequenceState* st = scheduler_.Get(id);
-  RequestRecord& rec = records_[seqs_.at(id).record];
+  const Seq& seq = *seqs_.at(id);
+  SimRequestRecord& rec = records_[seq.record];
   rec.finish_s = end_s + config_.request_overhead_s;
-  rec.preemptions = st != nullptr ? st->num_preemptions : 0;
+  rec.preemptions = seq.num_preemptions;
   if (rec.first_token_s < 0) no_token_yet_.erase(no_token_yet_.find(rec.request.arrival_s));
-  if (speculation_ != nullptr) speculation_->Forget(id);
   acceptance_->Forget(id);
-  scheduler_.Forget(id);
   admission_.ObserveCompletion(end_s);
   seqs_.erase(id);
   --unfinished_;

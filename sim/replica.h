@@ -65,7 +65,7 @@ struct ReplicaConfig {
 };
 
 // What happened to one request, in the simulation's seconds.
-struct RequestRecord {
+struct SimRequestRecord {
   SimRequest request;
   std::string refused;        // admission's reason; empty if admitted
   double first_token_s = -1;  // -1: none yet (as the client sees it: request_overhead_s after the step)
@@ -101,8 +101,8 @@ class Replica {
   bool has_work() const { return !pending_.empty() || scheduler_.HasUnfinished(); }
   int32_t outstanding() const { return static_cast<int32_t>(pending_.size()) + unfinished_; }
   const Scheduler& scheduler() const { return scheduler_; }
-  const std::vector<RequestRecord>& records() const { return records_; }
-  std::vector<RequestRecord>& mutable_records() { return records_; }
+  const std::vector<SimRequestRecord>& records() const { return records_; }
+  std::vector<SimRequestRecord>& mutable_records() { return records_; }
   // Every step (kept only when record_steps is set: tests and traces).
   void set_record_steps(bool on) { record_steps_ = on; }
   const std::vector<SimStep>& steps() const { return steps_; }
@@ -115,9 +115,10 @@ class Replica {
   bool drafts_cannot_pay() const { return speculation_ != nullptr && speculation_->drafts_cannot_pay(); }
 
  private:
-  struct Seq {  // an admitted request's simulation state
-    size_t record;
+  struct Seq : SequenceState {  // an admitted request's simulation state, its core part the scheduler's
+    size_t record = 0;
     int32_t draft_computed = 0;  // tokens the draft model has run (its KV)
+    SpecAcceptance acceptance;   // adaptive speculation's estimate of its acceptance
   };
   std::vector<TokenId> Prompt(const SimRequest& r);
   void AddPending();
@@ -136,8 +137,8 @@ class Replica {
   Scheduler scheduler_;
   Admission admission_;
   std::unique_ptr<AdaptiveSpeculation> speculation_;
-  std::vector<RequestRecord> records_;
-  std::unordered_map<RequestId, Seq> seqs_;
+  std::vector<SimRequestRecord> records_;
+  std::unordered_map<RequestId, std::unique_ptr<Seq>> seqs_;  // the admitted requests' one owner
   std::vector<size_t> pending_;  // records submitted, not yet in the scheduler
   std::unordered_map<int64_t, std::vector<TokenId>> sessions_;  // a session's last prompt
   int32_t unfinished_ = 0;

@@ -125,9 +125,15 @@ void AdaptiveSpeculation::Choose(StepPlan* plan, absl::Span<const SpecCandidate>
 void AdaptiveSpeculation::Observe(const StepPlan& plan, absl::Span<const SpecCandidate> candidates,
                                   const StepResult& result, const StepTiming& timing) {
   if (drafts_cannot_pay_) return;
+  // The outputs and the candidates are both in the plan's order, and every output with drafts is a
+  // candidate's.
+  const SpecCandidate* c = candidates.begin();
   for (const SeqOutput& o : result.outputs) {
+    if (o.num_drafts <= 0) continue;
+    while (c != candidates.end() && c->id != o.id) ++c;
+    if (c == candidates.end()) break;
     // A verification yields its accepted drafts and one more token.
-    if (o.num_drafts > 0) controller_->ObserveAcceptance(o.id, o.num_drafts, static_cast<int32_t>(o.new_tokens.size()) - 1);
+    controller_->ObserveAcceptance(c->acceptance, o.num_drafts, static_cast<int32_t>(o.new_tokens.size()) - 1);
   }
   if (config_.refine_cost) {
     std::vector<int32_t> k;  // [candidates]

@@ -67,8 +67,6 @@ class AdaptiveSpeculation {
   // `result`, the costs from `timing`; then measures the next shape if one is due.
   void Observe(const StepPlan& plan, absl::Span<const SpecCandidate> candidates, const StepResult& result,
                const StepTiming& timing);
-  // The request finished or was preempted.
-  void Forget(RequestId id) { controller_->Forget(id); }
   // Measures now every shape that Observe would measure later, between steps (up to the largest):
   // for timed runs, whose steps should not carry the measurement's forwards. With a cost cache, the
   // shapes another process measured cost nothing.

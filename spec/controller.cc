@@ -51,29 +51,30 @@ double SpecController::EngineAlpha() const {
   return (engine_.accepted + 1.0) / (engine_.accepted + engine_.rejected + 2.0);
 }
 
-std::pair<double, double> SpecController::Posterior(RequestId id, double prior) const {
+std::pair<double, double> SpecController::Posterior(const SpecAcceptance* r, double prior) const {
   if (prior < 0) prior = EngineAlpha();
   double a = kRequestWeight * prior, b = kRequestWeight * (1.0 - prior);
-  if (auto it = seqs_.find(id); it != seqs_.end()) {
-    a += it->second.accepted;
-    b += it->second.rejected;
+  if (r != nullptr) {
+    a += r->accepted;
+    b += r->rejected;
   }
   return {a, b};
 }
 
-double SpecController::Alpha(RequestId id) const {
-  const auto [a, b] = Posterior(id);
+double SpecController::Alpha(const SpecAcceptance& r) const {
+  const auto [a, b] = Posterior(&r);
   return a / (a + b);
 }
 
-void SpecController::ObserveAcceptance(RequestId id, int32_t drafts, int32_t accepted) {
+void SpecController::ObserveAcceptance(SpecAcceptance* r, int32_t drafts, int32_t accepted) {
   if (drafts <= 0) return;
   // Under the model (each draft accepted with probability alpha until the first rejection) the
   // likelihood of a verification is alpha^accepted (1 - alpha)^[accepted < drafts].
   const double rejected = accepted < drafts ? 1.0 : 0.0;
-  Acceptance& a = seqs_[id];
-  a.accepted += accepted;
-  a.rejected += rejected;
+  if (r != nullptr) {
+    r->accepted += accepted;
+    r->rejected += rejected;
+  }
   engine_.accepted = kEngineForget * engine_.accepted + accepted;
   engine_.rejected = kEngineForget * engine_.rejected + rejected;
 }
@@ -162,7 +163,7 @@ std::vector<int32_t> SpecController::Evaluate(double base_flops, double fixed_to
   for (size_t i = 0; i < c.size(); ++i) {
     if (c[i].max_k <= 0 || ForwardFlops(target_, 1, 1, c[i].len + 1) > target_room) continue;
     if (engine_draw < 0) engine_draw = SampleBeta(engine_.accepted + 1.0, engine_.rejected + 1.0, &rng_);
-    const auto [a, b] = Posterior(c[i].id, engine_draw);
+    const auto [a, b] = Posterior(c[i].acceptance, engine_draw);
     alpha[i] = std::min(SampleBeta(a, b, &rng_), kMaxAlpha);
     any = true;
   }

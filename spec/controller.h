@@ -22,7 +22,6 @@
 #include <memory>
 #include <optional>
 #include <random>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -33,6 +32,12 @@
 
 namespace specula {
 
+// A request's acceptance so far, held in its record (the controller keeps no state per request):
+// drafts accepted, and verifications that rejected one.
+struct SpecAcceptance {
+  double accepted = 0, rejected = 0;
+};
+
 // One decoding sequence of the step.
 struct SpecCandidate {
   RequestId id = 0;
@@ -40,6 +45,7 @@ struct SpecCandidate {
   int32_t len = 0;       // tokens so far (the last one not yet run through the target)
   int32_t catch_up = 0;  // tokens the draft model must run before its first draft (its lag)
   size_t plan_index = 0;  // its place in the step's plan
+  SpecAcceptance* acceptance = nullptr;  // its request's (null: none kept), updated by the step's verification
 };
 
 class SpecController {
@@ -57,9 +63,9 @@ class SpecController {
   double TargetFlops(double base_flops, absl::Span<const SpecCandidate> c, absl::Span<const int32_t> k) const;
   std::vector<double> DraftFlops(absl::Span<const SpecCandidate> c, absl::Span<const int32_t> k) const;
 
-  // A verification of `drafts` draft tokens of which the first `accepted` were accepted.
-  void ObserveAcceptance(RequestId id, int32_t drafts, int32_t accepted);
-  void Forget(RequestId id) { seqs_.erase(id); }
+  // A verification of `drafts` draft tokens of which the first `accepted` were accepted, into the
+  // request's record `a` and the engine-wide estimate.
+  void ObserveAcceptance(SpecAcceptance* a, int32_t drafts, int32_t accepted);
   // A step's measured times: the target part (everything but drafting) and the draft's forwards.
   // `verified`: some sequence of the step had drafts. Such steps learn a factor of their own on
   // top of the plain steps' one: their host work per logits row (a distribution over the
@@ -99,7 +105,7 @@ class SpecController {
   bool DraftsCouldPay(int32_t max_seqs, int32_t max_k) const;
 
   // The acceptance estimate (posterior mean) of a request, and the engine-wide one.
-  double Alpha(RequestId id) const;
+  double Alpha(const SpecAcceptance& r) const;
   double EngineAlpha() const;
   const StepCost& target_cost() const { return target_cost_; }
   const StepCost* draft_cost() const { return draft_cost_.get(); }
@@ -139,11 +145,9 @@ class SpecController {
   // The draft's time for forwards of work `flops`.
   double DraftSeconds(absl::Span<const double> flops) const;
 
-  struct Acceptance {
-    double accepted = 0, rejected = 0;  // drafts accepted; verifications that rejected one
-  };
-  // Beta(a, b) of a request's acceptance, around the engine-wide `prior` (< 0: its mean).
-  std::pair<double, double> Posterior(RequestId id, double prior = -1) const;
+  // Beta(a, b) of a request's acceptance (null: nothing observed), around the engine-wide `prior`
+  // (< 0: its mean).
+  std::pair<double, double> Posterior(const SpecAcceptance* r, double prior = -1) const;
 
   ForwardShape target_;
   StepCost target_cost_;   // plain steps
@@ -156,8 +160,7 @@ class SpecController {
   }
   std::optional<ForwardShape> draft_;
   std::unique_ptr<StepCost> draft_cost_;
-  std::unordered_map<RequestId, Acceptance> seqs_;
-  Acceptance engine_;  // decayed sums over every request
+  SpecAcceptance engine_;  // decayed sums over every request
   std::mt19937_64 rng_{0x5eed};
 };
 

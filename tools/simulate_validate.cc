@@ -283,11 +283,11 @@ absl::Status WriteSteps(const std::vector<SimStep>& steps, const std::string& pa
 
 // The simulated requests in the format of an experiment's trace (experiments/runner.cc), to set
 // beside a run's; a replica keeps its records in the order they arrived.
-absl::Status WriteRequests(const std::vector<RequestRecord>& records, const std::string& path) {
+absl::Status WriteRequests(const std::vector<SimRequestRecord>& records, const std::string& path) {
   std::ofstream out(path);
   if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot write"));
   using Line = nlohmann::ordered_json;
-  for (const RequestRecord& r : records) {
+  for (const SimRequestRecord& r : records) {
     const bool ok = r.refused.empty() && r.finish_s >= 0;
     const double at = r.request.arrival_s;
     Line j = {{"arrival_s", at}, {"prompt_tokens", r.request.prompt_len}, {"output_tokens", r.output_tokens},

@@ -27,6 +27,9 @@ struct RowsToVerify {
   absl::Span<const TokenId> history;  // the sequence so far (the host path's repetition penalty)
   Sampler* sampler = nullptr;         // a plain row's draw
   Uniform* uniform = nullptr;         // the verification stream
+  // A proposer was asked (its chain may be empty: an n-gram miss). On the host such a row goes
+  // through Verify and its stream's draws, as a verification would; one never asked is sampled.
+  bool proposed = false;
 };
 
 class BackendVerifier {

@@ -117,20 +117,22 @@ TEST(SuffixCacheTest, MatchesAtLeastTwoTokens) {
 }
 
 TEST(SuffixProposerTest, DraftsFromTheRequestsOwnSequenceAsItGrows) {
+  std::map<int, ProposerSlot> slot;  // each request's, as its record holds it
   SuffixProposer p(Params(), 1000);
-  EXPECT_TRUE(p.Draft(1, Tokens{1, 2, 3}, 4).empty());  // its own last token has nothing after it
-  EXPECT_EQ(p.Draft(1, Tokens{1, 2, 3, 1, 2}, 4), (Tokens{3, 1}));  // "1 2" matched: at most 2
+  EXPECT_TRUE(p.Draft(slot[1], Tokens{1, 2, 3}, 4).empty());  // its own last token has nothing after it
+  EXPECT_EQ(p.Draft(slot[1], Tokens{1, 2, 3, 1, 2}, 4), (Tokens{3, 1}));  // "1 2" matched: at most 2
   // "1 2 3 1 2" matched, and its continuation runs into the sequence's end after 3 tokens.
-  EXPECT_EQ(p.Draft(1, Tokens{1, 2, 3, 1, 2, 3, 1, 2}, 4), (Tokens{3, 1, 2}));
-  EXPECT_EQ(p.Draft(1, Tokens{1, 2, 3, 1, 2, 3, 1, 2, 3, 1}, 4), (Tokens{2, 3, 1}));
+  EXPECT_EQ(p.Draft(slot[1], Tokens{1, 2, 3, 1, 2, 3, 1, 2}, 4), (Tokens{3, 1, 2}));
+  EXPECT_EQ(p.Draft(slot[1], Tokens{1, 2, 3, 1, 2, 3, 1, 2, 3, 1}, 4), (Tokens{2, 3, 1}));
   // The same as an index built at once.
   SuffixProposer fresh(Params(), 1000);
-  EXPECT_EQ(fresh.Draft(1, Tokens{1, 2, 3, 1, 2, 3, 1, 2, 3, 1}, 4), (Tokens{2, 3, 1}));
-  // A reused id with another sequence starts over.
-  EXPECT_TRUE(p.Draft(1, Tokens{7, 8}, 4).empty());
+  ProposerSlot fresh_slot;
+  EXPECT_EQ(fresh.Draft(fresh_slot, Tokens{1, 2, 3, 1, 2, 3, 1, 2, 3, 1}, 4), (Tokens{2, 3, 1}));
+  // A slot whose sequence is not a prefix of the new one starts over.
+  EXPECT_TRUE(p.Draft(slot[1], Tokens{7, 8}, 4).empty());
   std::vector<Proposal> out;
   const Tokens seq = {4, 5, 4};
-  ASSERT_TRUE(p.Propose({{2, seq, 1}, {3, Tokens{9}, 4}}, &out).ok());
+  ASSERT_TRUE(p.Propose({{2, &slot[2], seq, 1}, {3, &slot[3], Tokens{9}, 4}}, &out).ok());
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(out[0].tokens, (Tokens{5}));
   EXPECT_TRUE(out[0].probs.empty());  // one-hot
@@ -138,33 +140,35 @@ TEST(SuffixProposerTest, DraftsFromTheRequestsOwnSequenceAsItGrows) {
 }
 
 TEST(SuffixProposerTest, LearnsFinishedRequestsOnceAndNotFromPreemptions) {
+  std::map<int, ProposerSlot> slot;  // each request's, as its record holds it
   SuffixProposer p(Params(0.1f, 2), 1000);
   const Tokens prompt = {1, 2, 3, 4, 5}, full = {1, 2, 3, 4, 5, 6, 7, 8};
-  EXPECT_TRUE(p.Draft(1, Tokens(full.begin(), full.begin() + 6), 4).empty());
-  p.Release(1);  // preempted: its own index goes, nothing is cached
-  EXPECT_EQ(p.num_requests(), 0);
+  EXPECT_TRUE(p.Draft(slot[1], Tokens(full.begin(), full.begin() + 6), 4).empty());
+  ASSERT_NE(slot[1], nullptr);
+  p.Preempted(slot[1]);  // its own index goes, nothing is cached
+  EXPECT_EQ(slot[1], nullptr);
   EXPECT_EQ(p.cache().num_sequences(), 0);
-  EXPECT_TRUE(p.Draft(1, Tokens(full.begin(), full.begin() + 7), 4).empty());  // back, rebuilt
-  p.Finish(1, full, static_cast<int32_t>(prompt.size()));
-  p.Release(1);
+  EXPECT_TRUE(p.Draft(slot[1], Tokens(full.begin(), full.begin() + 7), 4).empty());  // back, rebuilt
+  p.Finished(slot[1].get(), full, static_cast<int32_t>(prompt.size()));
+  slot.erase(1);
   // Cached once: the output and max_depth (2) tokens of prompt before it.
   EXPECT_EQ(p.cache().num_sequences(), 1);
   EXPECT_EQ(p.cache().num_tokens(), 5);
   // Another request with the same prompt drafts the output (a match of 2: 2 tokens).
-  EXPECT_EQ(p.Draft(2, prompt, 4), (Tokens{6, 7}));
-  p.Release(2);
+  EXPECT_EQ(p.Draft(slot[2], prompt, 4), (Tokens{6, 7}));
 }
 
 TEST(SuffixProposerTest, TakesTheHigherScoringOfItsOwnAndTheSharedDraft) {
+  std::map<int, ProposerSlot> slot;  // each request's, as its record holds it
   SuffixProposer p(Params(), 1000);
-  p.Finish(9, Tokens{0, 1, 7, 5, 8, 8, 8}, 0);
+  p.Finished(nullptr, Tokens{0, 1, 7, 5, 8, 8, 8}, 0);
   // Own: "7 5" once before, then 6 1 (score 2). Shared: "1 7 5" then 8 8 8 (score 3).
-  EXPECT_EQ(p.Draft(1, Tokens{7, 5, 6, 1, 7, 5}, 3), (Tokens{8, 8, 8}));
+  EXPECT_EQ(p.Draft(slot[1], Tokens{7, 5, 6, 1, 7, 5}, 3), (Tokens{8, 8, 8}));
   // Own: "3 1 7 5" then 6 1 2 (score 3) ties the shared 8 8 8 (score 3): own wins ties.
-  EXPECT_EQ(p.Draft(2, Tokens{3, 1, 7, 5, 6, 1, 2, 3, 1, 7, 5}, 3), (Tokens{6, 1, 2}));
+  EXPECT_EQ(p.Draft(slot[2], Tokens{3, 1, 7, 5, 6, 1, 2, 3, 1, 7, 5}, 3), (Tokens{6, 1, 2}));
   // The shared draft splits 8 / 9 (8 8 8 at 1/2 each: score 1.5), below own's 2 1 7 (score 3).
-  p.Finish(10, Tokens{0, 1, 7, 5, 9, 9, 9}, 0);
-  EXPECT_EQ(p.Draft(3, Tokens{4, 1, 7, 5, 2, 1, 7, 5}, 3), (Tokens{2, 1, 7}));
+  p.Finished(nullptr, Tokens{0, 1, 7, 5, 9, 9, 9}, 0);
+  EXPECT_EQ(p.Draft(slot[3], Tokens{4, 1, 7, 5, 2, 1, 7, 5}, 3), (Tokens{2, 1, 7}));
 }
 
 // The reference: every position's match length by direct comparison, the longest kept, then the

@@ -3,10 +3,35 @@
 #pragma once
 
 #include <functional>
+#include <map>
+#include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "scheduler/scheduler.h"
 
 namespace specula::testing {
+
+// A scheduler whose sequences the test owns, as the engine's records own them.
+class TestScheduler : public Scheduler {
+ public:
+  using Scheduler::Scheduler;
+  absl::Status Add(NewSequence n) {
+    if (seqs_.count(n.id)) return absl::AlreadyExistsError(absl::StrCat("request id ", n.id, " is already in use"));
+    auto s = std::make_unique<SequenceState>();
+    const RequestId id = n.id;
+    if (auto st = Scheduler::Add(std::move(n), s.get()); !st.ok()) return st;
+    seqs_.emplace(id, std::move(s));
+    return absl::OkStatus();
+  }
+  SequenceState* Get(RequestId id) {
+    auto it = seqs_.find(id);
+    return it == seqs_.end() ? nullptr : it->second.get();
+  }
+  void Finish(RequestId id, FinishReason reason) { Scheduler::Finish(Get(id), reason); }
+
+ private:
+  std::map<RequestId, std::unique_ptr<SequenceState>> seqs_;
+};
 
 constexpr TokenId kStop = 2;
 

@@ -22,7 +22,7 @@ TEST(SchedulerPropertyTest, RandomAddStepAbort) {
     c.max_model_len = 256;
     c.enable_prefix_caching = rng() % 2;
     c.policy = rng() % 2 ? SchedulingPolicy::kFcfs : SchedulingPolicy::kPriority;
-    Scheduler s(c);
+    testing::TestScheduler s(c);
     RequestId next = 0;
     std::set<RequestId> live;
     for (int op = 0; op < 400 || s.HasUnfinished(); ++op) {

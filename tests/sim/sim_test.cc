@@ -284,7 +284,7 @@ std::string Dump(const FleetResult& r) {
   std::string out;
   char buf[128];
   for (const auto& rep : r.replicas) {
-    for (const RequestRecord& rec : rep->records()) {
+    for (const SimRequestRecord& rec : rep->records()) {
       std::snprintf(buf, sizeof buf, "%lld %a %a %d|", static_cast<long long>(rec.request.id), rec.first_token_s,
                     rec.finish_s, rec.output_tokens);
       out += buf;

@@ -5,6 +5,7 @@
 // choice).
 #include "spec/controller.h"
 
+#include <map>
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -105,6 +106,26 @@ SpecController Controller(double per_token, double per_forward, double fixed = 1
                         std::move(draft));
 }
 
+// A controller with its requests' acceptance kept by id, as the engine's records keep them.
+class TestController : public SpecController {
+ public:
+  using SpecController::SpecController;
+  TestController(SpecController c) : SpecController(std::move(c)) {}  // NOLINT: from Controller()
+  void ObserveAcceptance(RequestId id, int32_t drafts, int32_t accepted) {
+    SpecController::ObserveAcceptance(&acceptance_[id], drafts, accepted);
+  }
+  double Alpha(RequestId id) { return SpecController::Alpha(acceptance_[id]); }
+  void Forget(RequestId id) { acceptance_.erase(id); }
+  std::vector<int32_t> Choose(double base_flops, double fixed_tokens, absl::Span<const SpecCandidate> c) {
+    std::vector<SpecCandidate> with(c.begin(), c.end());
+    for (SpecCandidate& x : with) x.acceptance = &acceptance_[x.id];
+    return SpecController::Choose(base_flops, fixed_tokens, with);
+  }
+
+ private:
+  std::map<RequestId, SpecAcceptance> acceptance_;
+};
+
 // The target's work for `n` decoding sequences at context 50.
 double Base(int n) { return ForwardFlops(kTarget, n, n, n * 50.0); }
 
@@ -116,7 +137,7 @@ std::vector<SpecCandidate> Candidates(int n) {
 }
 
 // `verifications` of k = 4 drafts, each accepted with probability alpha until the first rejection.
-void Simulate(SpecController& c, RequestId id, double alpha, int verifications, std::mt19937* rng) {
+void Simulate(TestController& c, RequestId id, double alpha, int verifications, std::mt19937* rng) {
   std::uniform_real_distribution<double> u(0, 1);
   for (int v = 0; v < verifications; ++v) {
     int accepted = 0;
@@ -126,7 +147,7 @@ void Simulate(SpecController& c, RequestId id, double alpha, int verifications, 
 }
 
 TEST(SpecControllerTest, EstimatesAcceptanceFromTruncatedRuns) {
-  SpecController c = Controller(1e-5, 1e-4);
+  TestController c = Controller(1e-5, 1e-4);
   std::mt19937 rng(2);
   Simulate(c, 1, 0.7, 3000, &rng);
   Simulate(c, 2, 0.3, 3000, &rng);
@@ -143,22 +164,22 @@ TEST(SpecControllerTest, SpeculatesOnlyWhereItPays) {
   std::mt19937 rng(3);
   std::vector<SpecCandidate> c = Candidates(8);
   // Memory-bound target (a token costs 1% of a step) and a draft forward of 5%: drafts pay.
-  SpecController cheap = Controller(1e-5, 5e-5);
+  TestController cheap = Controller(1e-5, 5e-5);
   for (int i = 0; i < 8; ++i) Simulate(cheap, i, 0.8, 2000, &rng);
   for (int32_t k : cheap.Choose(Base(8), 0, c)) {
     EXPECT_GE(k, 2);
     EXPECT_LE(k, 8);
   }
   // Compute-bound target (the tokens are nearly all of a step): no drafts.
-  SpecController busy = Controller(1e-3, 5e-5, 1e-4);
+  TestController busy = Controller(1e-3, 5e-5, 1e-4);
   for (int i = 0; i < 8; ++i) Simulate(busy, i, 0.8, 2000, &rng);
   for (int32_t k : busy.Choose(Base(8), 0, c)) EXPECT_EQ(k, 0);
   // A draft forward as costly as a target step: no drafts.
-  SpecController slow_draft = Controller(1e-5, 1e-3);
+  TestController slow_draft = Controller(1e-5, 1e-3);
   for (int i = 0; i < 8; ++i) Simulate(slow_draft, i, 0.9, 2000, &rng);
   for (int32_t k : slow_draft.Choose(Base(8), 0, c)) EXPECT_EQ(k, 0);
   // No draft model (n-gram): drafts cost only their verification.
-  SpecController ngram = Controller(1e-5, 0);
+  TestController ngram = Controller(1e-5, 0);
   for (int i = 0; i < 8; ++i) Simulate(ngram, i, 0.8, 2000, &rng);
   for (int32_t k : ngram.Choose(Base(8), 0, c)) EXPECT_GE(k, 4);
   // The scheduler's room bounds k.
@@ -201,7 +222,7 @@ bool RunStep(SpecController& ctl, double slow, double extra) {
 // plain steps keep their price.
 TEST(SpecControllerTest, PricesStepsWithDraftsOnTheirOwn) {
   std::mt19937 rng(4);
-  SpecController ctl = Controller(1e-5, 5e-5);
+  TestController ctl = Controller(1e-5, 5e-5);
   for (int i = 0; i < 8; ++i) Simulate(ctl, i, 0.8, 2000, &rng);
   const double plain = ctl.target_cost().Predict(Base(8));
   ASSERT_TRUE(RunStep(ctl, 1.0, 4.0));  // as predicted, drafts pay
@@ -219,7 +240,7 @@ TEST(SpecControllerTest, PricesStepsWithDraftsOnTheirOwn) {
 // Requests of 40 steps each, new ones drawing their acceptance around the engine's, so that the
 // sizes of the steps vary as they do in an engine.
 TEST(SpecControllerTest, LearnsWhatEachSizeOfVerificationCosts) {
-  SpecController ctl = Controller(5e-5, 3e-4);  // 1 ms + 0.05 ms per token; draft forwards of 0.3 ms
+  TestController ctl = Controller(5e-5, 3e-4);  // 1 ms + 0.05 ms per token; draft forwards of 0.3 ms
   const StepCost table(Table(kTarget, 1e-3, 5e-5)), draft(Table(kDraft, 3e-4, 1e-7));
   std::mt19937 rng(12);
   for (int i = 0; i < 8; ++i) Simulate(ctl, 1000 + i, 0.8, 200, &rng);  // the engine's estimate: 0.8
@@ -264,7 +285,7 @@ TEST(SpecControllerTest, LearnsWhatEachSizeOfVerificationCosts) {
 // happens at the margin, and the steps with drafts that the draws choose bring the extra down).
 TEST(SpecControllerTest, ComesBackToDraftsAfterASlowSpell) {
   std::mt19937 rng(8);
-  SpecController ctl = Controller(1e-5, 5e-5);
+  TestController ctl = Controller(1e-5, 5e-5);
   for (int i = 0; i < 8; ++i) Simulate(ctl, i, 0.8, 2000, &rng);
   constexpr double kExtra = 1.2;  // steps with drafts: 20% of host work on top of the forward
   int verified = 0;
@@ -285,7 +306,7 @@ TEST(SpecControllerTest, ComesBackToDraftsAfterASlowSpell) {
 TEST(SpecControllerTest, FollowsTheTurnFromMemoryToCompute) {
   std::vector<CostPoint> table;
   for (int n = 1; n <= 512; n *= 2) table.push_back({ForwardFlops(kTarget, n, n, n * 50.0), 2e-3 + 2.5e-4 * std::max(0, n - 8)});
-  SpecController c(kTarget, StepCost(table), kDraft, std::make_unique<StepCost>(Table(kDraft, 3e-4, 1e-7)));
+  TestController c(kTarget, StepCost(table), kDraft, std::make_unique<StepCost>(Table(kDraft, 3e-4, 1e-7)));
   std::mt19937 rng(6);
   for (int i = 0; i < 8; ++i) Simulate(c, i, 0.8, 2000, &rng);
   const std::vector<SpecCandidate> eight = Candidates(8), two = Candidates(2);
@@ -297,7 +318,7 @@ TEST(SpecControllerTest, FollowsTheTurnFromMemoryToCompute) {
 // prefix of the order of gains is that set (the well-accepted sequences' second drafts come before
 // the others' first), so the choice must weigh each number of forwards on its own.
 TEST(SpecControllerTest, OneDraftEachWhenAForwardIsCostly) {
-  SpecController c = Controller(1e-6, 4e-4);
+  TestController c = Controller(1e-6, 4e-4);
   std::mt19937 rng(5);
   for (int i = 0; i < 20; ++i) Simulate(c, i, i < 10 ? 0.8 : 0.3, 2000, &rng);
   const std::vector<SpecCandidate> cands = Candidates(20);
@@ -307,7 +328,7 @@ TEST(SpecControllerTest, OneDraftEachWhenAForwardIsCostly) {
 
 TEST(SpecControllerTest, RetriesARequestWhoseFirstDraftsWereRejected) {
   // One sequence; a draft forward of 0.6 ms on a 1 ms step: a draft pays when alpha > 0.6.
-  SpecController c = Controller(1e-5, 6e-4);
+  TestController c = Controller(1e-5, 6e-4);
   std::mt19937 rng(4);
   Simulate(c, 1, 0.8, 500, &rng);  // other requests: the engine-wide estimate is 0.8
   c.ObserveAcceptance(2, 4, 0);    // request 2's first drafts: rejected
@@ -331,7 +352,7 @@ TEST(SpecControllerTest, RetriesARequestWhoseFirstDraftsWereRejected) {
 TEST(SpecControllerTest, StaysWithinTheMeasuredShapes) {
   auto upto = [](std::vector<CostPoint> t, size_t points) { return std::vector<CostPoint>(t.begin(), t.begin() + points); };
   const std::vector<CostPoint> target = Table(kTarget, 1e-3, 1e-5), draft = Table(kDraft, 5e-5, 1e-7);
-  SpecController c(kTarget, StepCost(upto(target, 4)), kDraft, std::make_unique<StepCost>(upto(draft, 4)));
+  TestController c(kTarget, StepCost(upto(target, 4)), kDraft, std::make_unique<StepCost>(upto(draft, 4)));
   std::mt19937 rng(7);
   for (int i = 0; i < 32; ++i) Simulate(c, i, 0.8, 2000, &rng);
   const std::vector<SpecCandidate> many = Candidates(32), one = Candidates(1);
@@ -361,7 +382,7 @@ TEST(SpecControllerTest, AsksForLargerShapesWhereTheyMightPay) {
   const std::vector<SpecCandidate> eight = Candidates(8);
   auto all_zero = [](const std::vector<int32_t>& k) { return std::all_of(k.begin(), k.end(), [](int32_t x) { return x == 0; }); };
   for (const auto& [alpha, per_forward] : {std::pair{0.8, 5e-5}, std::pair{0.02, 5e-5}, std::pair{0.8, 2e-3}}) {
-    SpecController c(kTarget, StepCost(upto8), kDraft, std::make_unique<StepCost>(Table(kDraft, per_forward, 1e-7)));
+    TestController c(kTarget, StepCost(upto8), kDraft, std::make_unique<StepCost>(Table(kDraft, per_forward, 1e-7)));
     std::mt19937 rng(11);
     for (int i = 0; i < 8; ++i) Simulate(c, i, alpha, 2000, &rng);
     for (int step = 0; step < 20; ++step) EXPECT_TRUE(all_zero(c.Choose(Base(8), 0, eight))) << alpha;
@@ -380,7 +401,7 @@ TEST(SpecControllerTest, AsksForLargerShapesWhereTheyMightPay) {
 // lag kept auto on plain steps until new requests came.)
 TEST(SpecControllerTest, TakesDraftsAfterALongLag) {
   const std::vector<CostPoint> draft = Table(kDraft, 5e-5, 1e-7);
-  SpecController c(kTarget, StepCost(Table(kTarget, 1e-3, 1e-5)), kDraft,
+  TestController c(kTarget, StepCost(Table(kTarget, 1e-3, 1e-5)), kDraft,
                    std::make_unique<StepCost>(std::vector<CostPoint>(draft.begin(), draft.begin() + 4)));
   std::mt19937 rng(9);
   for (int i = 0; i < 8; ++i) Simulate(c, i, 0.8, 2000, &rng);
@@ -391,7 +412,7 @@ TEST(SpecControllerTest, TakesDraftsAfterALongLag) {
 }
 
 TEST(SpecControllerTest, WorkOfADraftChoice) {
-  SpecController c = Controller(1e-5, 1e-4);
+  TestController c = Controller(1e-5, 1e-4);
   const std::vector<SpecCandidate> cands = {{1, 8, 100, 3}, {2, 8, 50, 1}, {3, 8, 10, 1}};
   const std::vector<int32_t> k = {2, 4, 0};
   // The draft's forwards: the first runs each sequence's lag (3 tokens at 97..99, 1 at 49), each

@@ -1,5 +1,7 @@
-// The scheduler's view of one request: tokens, how many have KV computed, its block table and its
-// place in the lifecycle (waiting -> running -> finished, with preemption back to waiting).
+// The core part of a request's record: what the scheduler sees of it (tokens, how many have KV
+// computed, its block table, its place in the lifecycle: waiting -> running -> finished, with
+// preemption back to waiting). Its owner's record extends it (engine/request_record.h, sim/replica.h)
+// with what the scheduler never reads; the scheduler holds pointers to it from Add to Finish.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +14,10 @@ namespace specula {
 enum class SeqStatus { kWaiting, kRunning, kFinished };
 
 struct SequenceState {
+  SequenceState() = default;
+  SequenceState(const SequenceState&) = delete;  // the scheduler and the plan point at it
+  SequenceState& operator=(const SequenceState&) = delete;
+
   RequestId id = 0;
   int32_t priority = 0;        // lower is served first under the priority policy
   uint64_t arrival_order = 0;  // FCFS tie-break
