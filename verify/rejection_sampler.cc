@@ -62,11 +62,13 @@ void SpecStats::Record(int32_t num_drafts, int32_t num_accepted) {
   if (static_cast<int32_t>(reached_per_position.size()) < num_drafts) reached_per_position.resize(num_drafts, 0);
   for (int32_t i = 0; i < num_accepted; ++i) ++accepted_per_position[i];
   for (int32_t i = 0; i <= std::min(num_accepted, num_drafts - 1); ++i) ++reached_per_position[i];
+  if (static_cast<int32_t>(acceptance_histogram.size()) <= num_drafts) acceptance_histogram.resize(num_drafts + 1, 0);
+  ++acceptance_histogram[num_accepted];
 }
 
 namespace {
 
-void AddPerPosition(std::vector<int64_t>* into, const std::vector<int64_t>& from) {
+void AddCounts(std::vector<int64_t>* into, const std::vector<int64_t>& from) {
   if (into->size() < from.size()) into->resize(from.size(), 0);
   for (size_t i = 0; i < from.size(); ++i) (*into)[i] += from[i];
 }
@@ -77,8 +79,9 @@ void SpecStats::Merge(const SpecStats& o) {
   drafts += o.drafts;
   draft_tokens += o.draft_tokens;
   accepted_tokens += o.accepted_tokens;
-  AddPerPosition(&accepted_per_position, o.accepted_per_position);
-  AddPerPosition(&reached_per_position, o.reached_per_position);
+  AddCounts(&accepted_per_position, o.accepted_per_position);
+  AddCounts(&reached_per_position, o.reached_per_position);
+  AddCounts(&acceptance_histogram, o.acceptance_histogram);
 }
 
 }  // namespace specula

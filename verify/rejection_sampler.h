@@ -53,6 +53,9 @@ struct SpecStats {
   // the drafts before it were accepted; accepted_per_position[i] / drafts is not (a verification of
   // fewer drafts never reaches i).
   std::vector<int64_t> reached_per_position;
+  // [k_max + 1]: verifications by the number of drafts they accepted (entry j: exactly j, the bonus
+  // token not counted); its entries add up to `drafts`.
+  std::vector<int64_t> acceptance_histogram;
 
   void Record(int32_t num_drafts, int32_t num_accepted);
   void Merge(const SpecStats& o);

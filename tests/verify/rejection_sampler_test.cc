@@ -107,5 +107,35 @@ TEST(SpecStatsTest, AcceptancePerPositionAndMeanLength) {
   EXPECT_DOUBLE_EQ(s.acceptance_rate(), 0.6);
 }
 
+TEST(SpecStatsTest, AcceptanceHistogramCountsVerificationsByDraftsAccepted) {
+  SpecStats s;
+  s.Record(0, 0);  // a step without drafts is no verification
+  EXPECT_TRUE(s.acceptance_histogram.empty());
+  s.Record(2, 0);
+  s.Record(2, 2);
+  s.Record(2, 0);
+  EXPECT_EQ(s.acceptance_histogram, (std::vector<int64_t>{2, 0, 1}));
+  s.Record(4, 3);  // a longer draft widens it; the shorter ones' entries stay
+  EXPECT_EQ(s.acceptance_histogram, (std::vector<int64_t>{2, 0, 1, 1, 0}));
+  int64_t steps = 0, accepted = 0;
+  for (size_t j = 0; j < s.acceptance_histogram.size(); ++j) {
+    steps += s.acceptance_histogram[j];
+    accepted += static_cast<int64_t>(j) * s.acceptance_histogram[j];
+  }
+  EXPECT_EQ(steps, s.drafts);
+  EXPECT_EQ(accepted, s.accepted_tokens);
+
+  SpecStats m;
+  m.Record(1, 1);
+  m.Merge(s);  // the wider one merged into the narrower
+  EXPECT_EQ(m.acceptance_histogram, (std::vector<int64_t>{2, 1, 1, 1, 0}));
+  SpecStats w = s;
+  SpecStats narrow;
+  narrow.Record(1, 0);
+  w.Merge(narrow);  // and the narrower into the wider
+  EXPECT_EQ(w.acceptance_histogram, (std::vector<int64_t>{3, 0, 1, 1, 0}));
+  EXPECT_EQ(w.drafts, 5);
+}
+
 }  // namespace
 }  // namespace specula
