@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "grpc/health/v1/health.pb.h"
+#include "serving/spec_metrics.h"
 #include "serving/tls_files.h"
 #include "specula/v1/generation.grpc.pb.h"
 
@@ -76,7 +77,21 @@ void AddLogprobs(const std::vector<TokenLogprobs>& from, google::protobuf::Repea
   }
 }
 
-void SetLast(const RequestOutput& out, v1::GenerateResponse* r) {
+void SetSpeculativeDecoding(const SpecStats& s, int32_t num_spec_tokens, v1::SpeculativeDecoding* to) {
+  const SpecDecodingMetrics m = SpecDecodingMetricsOf(s, num_spec_tokens);
+  to->set_mean_acceptance_length(m.mean_acceptance_length);
+  to->set_draft_acceptance_rate(m.draft_acceptance_rate);
+  to->mutable_acceptance_histogram()->Add(m.acceptance_histogram.begin(), m.acceptance_histogram.end());
+  to->set_num_spec_steps(m.num_spec_steps);
+  to->set_num_draft_tokens(m.num_draft_tokens);
+  to->set_num_accepted_draft_tokens(m.num_accepted_draft_tokens);
+  to->set_num_spec_tokens(m.num_spec_tokens);
+  to->mutable_accepted_per_position()->Add(m.accepted_per_position.begin(), m.accepted_per_position.end());
+  to->mutable_reached_per_position()->Add(m.reached_per_position.begin(), m.reached_per_position.end());
+}
+
+// `spec_tokens`: Server::spec_metrics_tokens (-1: no speculative_decoding message).
+void SetLast(const RequestOutput& out, int32_t spec_tokens, v1::GenerateResponse* r) {
   r->set_finish_reason(FinishOf(out.finish));
   r->mutable_usage()->set_prompt_tokens(out.prompt_tokens);
   r->mutable_usage()->set_completion_tokens(static_cast<int32_t>(out.tokens.size()));
@@ -84,6 +99,7 @@ void SetLast(const RequestOutput& out, v1::GenerateResponse* r) {
   r->mutable_spec()->set_num_drafts(out.spec.drafts);
   r->mutable_spec()->set_num_draft_tokens(out.spec.draft_tokens);
   r->mutable_spec()->set_num_accepted_tokens(out.spec.accepted_tokens);
+  if (spec_tokens >= 0) SetSpeculativeDecoding(out.spec, spec_tokens, r->mutable_speculative_decoding());
 }
 
 // One Generate call. Event driven: the engine loop's push of a delta (the generation's listener) or
@@ -91,7 +107,8 @@ void SetLast(const RequestOutput& out, v1::GenerateResponse* r) {
 // deadline (OnCancel) aborts the samples; their aborted last deltas then finish the call.
 class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
-  GenerateReactor(Server* server, grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) : ctx_(ctx) {
+  GenerateReactor(Server* server, grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req)
+      : ctx_(ctx), spec_tokens_(server->spec_metrics_tokens()) {
     auto started = server->Generate(FromProto(req));
     if (!started.ok()) {
       Finish(ToGrpc(started.status()));
@@ -162,7 +179,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       AddLogprobs(d.logprobs, response_.mutable_logprobs());
       AddLogprobs(d.prompt_logprobs, response_.mutable_prompt_logprobs());
       if (!d.finished) continue;
-      SetLast(d.final, &response_);
+      SetLast(d.final, spec_tokens_, &response_);
       ++samples_done_;
       if (!d.error.ok() || d.final.finish == FinishReason::kAborted) {
         finished_ = true;
@@ -202,6 +219,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   }
 
   grpc::CallbackServerContext* const ctx_;
+  const int32_t spec_tokens_;  // Server::spec_metrics_tokens
   std::shared_ptr<Generation> gen_;
   std::atomic<Generation*> cancel_target_{nullptr};  // gen_, for OnCancel
   std::string request_id_;

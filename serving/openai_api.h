@@ -81,6 +81,11 @@ class OpenAiResponder {
   std::vector<Sample> samples_;  // [best_of]
   int32_t finished_ = 0;
   int32_t prompt_tokens_ = 0;
+  // num_spec_tokens of the speculative-decoding metrics (Generation::spec_metrics_tokens); -1: none.
+  // They go where vLLM puts them: `metrics.speculative_decoding` at the root (the body, or the
+  // stream's usage chunk) for one choice; with n > 1 null there and one per choice (streamed: on
+  // the choice's last chunk).
+  int32_t spec_tokens_ = -1;
   bool first_event_sent_ = false;
 };
 

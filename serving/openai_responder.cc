@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "serving/openai_api.h"
+#include "serving/spec_metrics.h"
 
 namespace specula {
 namespace {
@@ -105,6 +106,12 @@ std::vector<Scored> PromptScored(const Sample& s, const std::vector<TokenId>& pr
   return out;
 }
 
+// A `metrics` member: {"speculative_decoding": the statistics of `s`}, or null there (vLLM's value at a
+// response's root for n > 1, where each choice carries its own).
+json SpecMetrics(const SpecStats* s, int32_t num_spec_tokens) {
+  return {{"speculative_decoding", s != nullptr ? SpecDecodingJson(*s, num_spec_tokens) : json(nullptr)}};
+}
+
 double TotalLogprob(const Sample& s) {
   double t = 0;
   for (const TokenLogprobs& lp : s.logprobs) t += lp.logprob;
@@ -116,7 +123,8 @@ double TotalLogprob(const Sample& s) {
 OpenAiResponder::OpenAiResponder(const HttpRequestBody& call, std::string model, std::string id,
                                  const Generation& generation, const Tokenizer* tokenizer, std::time_t created)
     : call_(call), model_(std::move(model)), id_(std::move(id)), created_(created), tokenizer_(tokenizer),
-      prompt_(generation.prompt()), samples_(generation.n()), prompt_tokens_(static_cast<int32_t>(prompt_.size())) {}
+      prompt_(generation.prompt()), samples_(generation.n()), prompt_tokens_(static_cast<int32_t>(prompt_.size())),
+      spec_tokens_(generation.spec_metrics_tokens()) {}
 
 std::string OpenAiResponder::EchoText() const {
   if (!call_.echo) return "";
@@ -159,6 +167,10 @@ std::string OpenAiResponder::StreamEvents(int32_t index, const RequestDelta& d, 
       scored.insert(scored.end(), gen.begin(), gen.end());
       if (call_.logprobs >= 0) c["logprobs"] = CompletionLogprobs(Namer{*tokenizer_, call_.tokens_as_ids}, scored, &s.offset);
     }
+    // With n > 1 a choice's statistics ride its last chunk; one choice's ride the usage chunk (vLLM).
+    if (d.finished && spec_tokens_ >= 0 && samples_.size() > 1) {
+      c["metrics"] = SpecMetrics(&d.final.spec, spec_tokens_);
+    }
     json chunk = {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
     if (call_.return_token_ids) {
       c["token_ids"] = d.tokens;
@@ -172,9 +184,13 @@ std::string OpenAiResponder::StreamEvents(int32_t index, const RequestDelta& d, 
   if (call_.usage_in_stream) {
     int32_t completion = 0;
     for (const Sample& x : samples_) completion += static_cast<int32_t>(x.tokens.size());
-    out += Event({{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}, {"choices", json::array()},
+    json chunk = {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}, {"choices", json::array()},
                   {"usage", {{"prompt_tokens", prompt_tokens_}, {"completion_tokens", completion},
-                             {"total_tokens", prompt_tokens_ + completion}}}});
+                             {"total_tokens", prompt_tokens_ + completion}}}};
+    if (spec_tokens_ >= 0) {
+      chunk["metrics"] = SpecMetrics(samples_.size() == 1 ? &samples_[0].final.spec : nullptr, spec_tokens_);
+    }
+    out += Event(chunk);
   }
   return out + "data: [DONE]\n\n";
 }
@@ -209,6 +225,7 @@ std::string OpenAiResponder::Body() const {
       }
     }
     if (call_.return_token_ids) choice["token_ids"] = s.tokens;
+    if (spec_tokens_ >= 0 && order.size() > 1) choice["metrics"] = SpecMetrics(&s.final.spec, spec_tokens_);
     choices.push_back(std::move(choice));
   }
   json usage = {{"prompt_tokens", prompt_tokens_}, {"completion_tokens", completion},
@@ -216,6 +233,9 @@ std::string OpenAiResponder::Body() const {
   json body = {{"id", id_}, {"object", call_.chat ? "chat.completion" : "text_completion"}, {"created", created_},
                {"model", model_}, {"choices", choices}, {"usage", usage}};
   if (call_.return_token_ids) body["prompt_token_ids"] = prompt_;
+  if (spec_tokens_ >= 0) {
+    body["metrics"] = SpecMetrics(order.size() == 1 ? &samples_[order[0]].final.spec : nullptr, spec_tokens_);
+  }
   return Dump(body);
 }
 

@@ -29,6 +29,9 @@ struct ServeOptions {
   bool add_bos = true;           // prepend BOS to text prompts
   AdmissionConfig admission;
   std::string spec_method = "none", num_spec_tokens = "0";  // for ModelInfo
+  // Each finished request's speculative-decoding metrics in its response (on unless
+  // --per-request-spec-decode-metrics none; nothing without speculation).
+  bool spec_metrics = true;
 };
 
 // One request as a front end parsed it. Field names in errors are the canonical ones
@@ -79,6 +82,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   int32_t n() const { return static_cast<int32_t>(requests_.size()); }
   RequestId id() const { return ids_[0]; }  // sample 0's
   const std::vector<TokenId>& prompt() const { return prompt_; }
+  int32_t spec_metrics_tokens() const;  // Server::spec_metrics_tokens
 
  private:
   friend class Server;
@@ -152,6 +156,11 @@ class Server {
   const ModelConfig& model_config() const { return model_; }
   const ServeOptions& options() const { return options_; }
   const SchedulerConfig& scheduler_config() const { return scheduler_; }
+  // num_spec_tokens of the responses' speculative-decoding metrics: the engine's k (the largest under
+  // auto), or -1 when responses carry none (no speculation, or ServeOptions::spec_metrics off).
+  int32_t spec_metrics_tokens() const {
+    return options_.spec_metrics && scheduler_.num_spec_tokens > 0 ? scheduler_.num_spec_tokens : -1;
+  }
 
  private:
   friend class Generation;

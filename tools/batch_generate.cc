@@ -8,6 +8,7 @@
 #include "engine/engine.h"
 #include "engine/run.h"
 #include "nlohmann/json.hpp"
+#include "serving/spec_metrics.h"
 
 namespace specula {
 namespace {
@@ -103,7 +104,7 @@ void WriteJsonLine(std::FILE* out, const json& j) {
   std::fflush(out);
 }
 
-json OutputJson(const json& id, const RequestOutput& o, bool spec) {
+json OutputJson(const json& id, const RequestOutput& o, int32_t num_spec_tokens) {
   json j = {{"id", id},
             {"text", o.text},
             {"token_ids", o.tokens},
@@ -113,7 +114,10 @@ json OutputJson(const json& id, const RequestOutput& o, bool spec) {
             {"ttft_ms", o.ttft_ms()},
             {"tpot_ms", o.tpot_ms()},
             {"preemptions", o.num_preemptions}};
-  if (spec) j["spec"] = SpecStatsJson(o.spec);
+  if (num_spec_tokens > 0) {
+    j["spec"] = SpecStatsJson(o.spec);
+    j["metrics"] = {{"speculative_decoding", SpecDecodingJson(o.spec, num_spec_tokens)}};
+  }
   return j;
 }
 
@@ -197,7 +201,7 @@ absl::Status RunBatchGenerate(LlamaModel& model, const Tokenizer& tokenizer, con
   callbacks.on_delta = [&](const RequestDelta& d) {
     if (!d.finished) return;
     ++finished;
-    WriteJsonLine(out, OutputJson(lines.at(d.id).id, d.final, opt.proposer != nullptr));
+    WriteJsonLine(out, OutputJson(lines.at(d.id).id, d.final, opt.proposer != nullptr ? opt.scheduler.num_spec_tokens : 0));
   };
   callbacks.after_step = [&] {
     if (!opt.progress || engine.NowMs() - last_progress <= 200) return;

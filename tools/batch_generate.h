@@ -36,8 +36,10 @@ struct BatchOptions {
 // Acceptance statistics as JSON (per request or in total).
 nlohmann::json SpecStatsJson(const SpecStats& s);
 // A finished request as one output line: id, text, token_ids, finish_reason, token counts,
-// timings, preemptions, and its acceptance statistics when `spec`.
-nlohmann::json OutputJson(const nlohmann::json& id, const RequestOutput& o, bool spec);
+// timings, preemptions; with speculation (`num_spec_tokens`, the engine's k, > 0) its acceptance
+// statistics as "spec" and as "metrics": {"speculative_decoding": ...}, the object of the OpenAI
+// responses (serving/spec_metrics.h).
+nlohmann::json OutputJson(const nlohmann::json& id, const RequestOutput& o, int32_t num_spec_tokens);
 // `j` and a newline, flushed (invalid UTF-8 replaced).
 void WriteJsonLine(std::FILE* out, const nlohmann::json& j);
 // One line for stderr.

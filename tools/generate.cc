@@ -36,8 +36,10 @@ Writes only the new text to stdout, as it is produced. Statistics go to stderr.
   --prompts-file PATH   batch mode (continuous batching over a paged KV cache): JSON lines
                         {"id":..., "prompt":..., "max_tokens":..., "temperature":...}
                         (optional: top_p, top_k, min_p, repetition_penalty, seed, stop). Writes one
-                        JSON line per request: id, text, token_ids, finish_reason, ttft_ms, tpot_ms.
-                        A malformed line gets an error naming its line and field; the others run.
+                        JSON line per request: id, text, token_ids, finish_reason, ttft_ms, tpot_ms;
+                        with speculation also metrics.speculative_decoding (the OpenAI responses'
+                        acceptance statistics). A malformed line gets an error naming its line and
+                        field; the others run.
   --json                with --prompt, --prompt-file or --messages: write the result as one JSON line
                         (the fields of a --prompts-file line) instead of streaming the text
   --no-progress         no progress bar on stderr (batch mode)
@@ -125,7 +127,7 @@ absl::Status RunSinglePrompt(LoadedEngine& e, std::vector<TokenId> prompt, bool 
   const RequestOutput& out = finished.at(0);
   if (!out.error.empty()) return absl::InternalError(out.error);
   if (json) {
-    WriteJsonLine(stdout, OutputJson(0, out, e.proposer != nullptr));
+    WriteJsonLine(stdout, OutputJson(0, out, sc.num_spec_tokens));
   } else {
     std::fputc('\n', stdout);
     std::fflush(stdout);

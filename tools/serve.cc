@@ -36,6 +36,10 @@ within --drain-timeout-s; then the process exits 0. One line on stderr says when
   --http-threads N      HTTP handler threads, which parse, render and tokenize requests (default 4);
                         connections take no thread, so this bounds no connection count
   --max-request-bytes N largest HTTP request body; a larger one is a 413, never parsed (default 8 MiB)
+  --per-request-spec-decode-metrics summary|none
+                        with speculation, each response carries its request's acceptance statistics
+                        (OpenAI: metrics.speculative_decoding; gRPC: speculative_decoding), as vLLM's
+                        flag of that name; default summary (on), none turns them off
 
 Security (the key guards /v1/* and specula.v1.Generation; /health, /metrics, gRPC health and
 reflection stay open for probes and scrapers: keep them private with the network):
@@ -103,6 +107,13 @@ absl::StatusOr<ServeFlags> ReadServeFlags(const Flags& flags) {
     return absl::InvalidArgumentError("--api-key: empty; give a key, or leave the flag out for none");
   }
   RETURN_IF_ERROR(ValidateSecurityOptions(f.security));
+  if (auto it = flags.values.find("per-request-spec-decode-metrics"); it != flags.values.end()) {
+    if (it->second != "summary" && it->second != "none") {
+      return absl::InvalidArgumentError(absl::StrCat("--per-request-spec-decode-metrics: '", it->second,
+                                                     "' is not summary or none (per-step arrays are not kept)"));
+    }
+    opt.spec_metrics = it->second == "summary";
+  }
   return f;
 }
 
@@ -134,7 +145,7 @@ absl::Status RunServe(int argc, char** argv) {
   std::set<std::string> known = kEngineFlags;
   known.insert({"host", "grpc-port", "http-port", "served-model-name", "chat-template", "http-threads", "max-request-bytes", "max-queue-len",
                 "max-queue-delay-ms", "ttft-slo-ms", "drain-timeout-s", "api-key", "ssl-certfile", "ssl-keyfile",
-                "ssl-ca-certs"});
+                "ssl-ca-certs", "per-request-spec-decode-metrics"});
   std::set<std::string> switches = kEngineSwitches;
   switches.insert("help");
   ASSIGN_OR_RETURN(Flags flags, ParseFlags(argc, argv, known, switches));

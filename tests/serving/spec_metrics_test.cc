@@ -1,0 +1,243 @@
+// Per-request speculative-decoding metrics as the responses carry them: the object's counts, rates
+// and padded histogram (serving/spec_metrics.h), and where the OpenAI responder puts it: the root's
+// `metrics.speculative_decoding` for one choice (the body, or the stream's usage chunk), null there
+// and one per choice for n > 1 (streamed: on each choice's last chunk), nothing without speculation
+// or with the metrics turned off.
+#include "serving/spec_metrics.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "draft/ngram_proposer.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "model/llama_model.h"
+#include "nlohmann/json.hpp"
+#include "serving/openai_api.h"
+#include "serving/server.h"
+#include "tests/test_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace specula {
+namespace {
+
+using json = nlohmann::json;
+
+// Four verifications of up to 3 drafts (k = 4 configured): 1 of 3, 3 of 3, 0 of 3 and 2 of 2 accepted.
+SpecStats FourSteps() {
+  SpecStats s;
+  s.Record(3, 1);
+  s.Record(3, 3);
+  s.Record(3, 0);
+  s.Record(2, 2);
+  return s;
+}
+
+TEST(SpecDecodingJsonTest, CountsRatesAndTheHistogramPaddedToK) {
+  const json j = SpecDecodingJson(FourSteps(), 4);
+  EXPECT_EQ(j["num_spec_tokens"], 4);
+  EXPECT_EQ(j["num_spec_steps"], 4);
+  EXPECT_EQ(j["num_draft_tokens"], 11);
+  EXPECT_EQ(j["num_accepted_draft_tokens"], 6);
+  // Index j: steps that accepted exactly j drafts; k + 1 entries although no step drafted 4.
+  EXPECT_EQ(j["acceptance_histogram"], json({1, 1, 1, 1, 0}));
+  EXPECT_DOUBLE_EQ(j["mean_acceptance_length"].get<double>(), 1.0 + 6.0 / 4.0);  // the bonus token counted
+  EXPECT_DOUBLE_EQ(j["draft_acceptance_rate"].get<double>(), 6.0 / 11.0);
+  EXPECT_EQ(j["accepted_per_position"], json({3, 2, 1, 0}));
+  EXPECT_EQ(j["reached_per_position"], json({4, 3, 1, 0}));
+  int64_t steps = 0, accepted = 0;
+  for (size_t i = 0; i < j["acceptance_histogram"].size(); ++i) {
+    steps += j["acceptance_histogram"][i].get<int64_t>();
+    accepted += static_cast<int64_t>(i) * j["acceptance_histogram"][i].get<int64_t>();
+  }
+  EXPECT_EQ(steps, j["num_spec_steps"].get<int64_t>());
+  EXPECT_EQ(accepted, j["num_accepted_draft_tokens"].get<int64_t>());
+}
+
+TEST(SpecDecodingJsonTest, ARequestThatNeverDraftedHasZerosAndLengthOne) {
+  const json j = SpecDecodingJson(SpecStats{}, 3);
+  EXPECT_EQ(j["acceptance_histogram"], json({0, 0, 0, 0}));
+  EXPECT_EQ(j["num_spec_steps"], 0);
+  EXPECT_EQ(j["num_draft_tokens"], 0);
+  EXPECT_DOUBLE_EQ(j["mean_acceptance_length"].get<double>(), 1.0);  // one token a step, as vLLM reports
+  EXPECT_DOUBLE_EQ(j["draft_acceptance_rate"].get<double>(), 0.0);
+  EXPECT_EQ(j["accepted_per_position"], json({0, 0, 0}));
+  EXPECT_EQ(j["reached_per_position"], json({0, 0, 0}));
+}
+
+TEST(SpecDecodingJsonTest, TheStructAndTheJsonAgree) {
+  const SpecDecodingMetrics m = SpecDecodingMetricsOf(FourSteps(), 4);
+  const json j = SpecDecodingJson(FourSteps(), 4);
+  EXPECT_EQ(json(m.acceptance_histogram), j["acceptance_histogram"]);
+  EXPECT_EQ(m.num_spec_steps, j["num_spec_steps"].get<int64_t>());
+  EXPECT_DOUBLE_EQ(m.mean_acceptance_length, j["mean_acceptance_length"].get<double>());
+  EXPECT_EQ(json(m.reached_per_position), j["reached_per_position"]);
+}
+
+// A server speculating with n-grams (k = 3) on the TinyStories target, or none, or with the metrics
+// off. The responder takes only the prompt, n and spec_metrics_tokens from a generation: the deltas
+// fed to it here are made up, so every count in the output is known.
+class ResponderSpecMetricsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string dir = testing::TinyStoriesDir();
+    auto w = LoadModel(dir + "/stories260K.bin");
+    ASSERT_TRUE(w.ok()) << w.status();
+    model_ = new LlamaModel(std::move(w).value(), MakeCpuBackend());
+    auto tok = LoadTokenizer(dir + "/tok512.bin", 512);
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    tok_ = tok->release();
+  }
+  void Start(int32_t k, bool metrics_on) {
+    SchedulerConfig c;
+    c.max_num_seqs = 4;
+    c.block_size = 16;
+    c.num_blocks = 128;
+    c.max_model_len = model_->config().max_seq_len;
+    c.num_spec_tokens = k;
+    SpecConfig spec;
+    if (k > 0) spec.proposer = &ngram_;
+    engine_ = std::make_unique<Engine>(model_, tok_, c, spec);
+    ServeOptions opt;
+    opt.model_name = "m";
+    opt.spec_metrics = metrics_on;
+    server_ = std::make_unique<Server>(engine_.get(), tok_, model_->config(), opt);
+  }
+  void TearDown() override {
+    gen_.reset();
+    server_.reset();
+    engine_.reset();
+  }
+
+  std::unique_ptr<OpenAiResponder> Responder(int32_t n, bool stream, bool usage, bool chat = false) {
+    ServeRequest r;
+    r.prompt = "Once upon a time";
+    r.n = n;
+    r.max_tokens = 2;
+    auto g = server_->Generate(r);
+    EXPECT_TRUE(g.ok()) << g.status();
+    gen_ = *g;
+    HttpRequestBody call;
+    call.request = r;
+    call.chat = chat;
+    call.stream = stream;
+    call.usage_in_stream = usage;
+    call.n = n;
+    return std::make_unique<OpenAiResponder>(call, "m", "cmpl-1", *gen_, tok_);
+  }
+
+  static RequestDelta Last(const SpecStats& spec) {
+    RequestDelta d;
+    d.tokens = {5, 6};
+    d.text = "ab";
+    d.finished = true;
+    d.final.tokens = d.tokens;
+    d.final.finish = FinishReason::kMaxTokens;
+    d.final.spec = spec;
+    return d;
+  }
+
+  // The JSON of each `data:` event but [DONE].
+  static std::vector<json> Events(const std::string& sse) {
+    std::vector<json> out;
+    size_t at = 0;
+    while ((at = sse.find("data: ", at)) != std::string::npos) {
+      const size_t end = sse.find("\n\n", at);
+      const std::string payload = sse.substr(at + 6, end - at - 6);
+      if (payload != "[DONE]") out.push_back(json::parse(payload));
+      at = end;
+    }
+    return out;
+  }
+
+  static LlamaModel* model_;
+  static Tokenizer* tok_;
+  NgramProposer ngram_{1, 3};
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Server> server_;
+  std::shared_ptr<Generation> gen_;
+};
+LlamaModel* ResponderSpecMetricsTest::model_ = nullptr;
+Tokenizer* ResponderSpecMetricsTest::tok_ = nullptr;
+
+TEST_F(ResponderSpecMetricsTest, OneChoiceCarriesItAtTheRoot) {
+  Start(3, true);
+  for (bool chat : {false, true}) {
+    auto r = Responder(1, false, false, chat);
+    auto body = r->Add(0, Last(FourSteps()));
+    ASSERT_TRUE(body.ok()) << body.status();
+    const json j = json::parse(*body);
+    EXPECT_EQ(j["metrics"]["speculative_decoding"], SpecDecodingJson(FourSteps(), 3)) << j.dump();
+    EXPECT_EQ(j["metrics"]["speculative_decoding"]["num_spec_tokens"], 3);
+    EXPECT_FALSE(j["choices"][0].contains("metrics"));
+  }
+}
+
+TEST_F(ResponderSpecMetricsTest, TwoChoicesCarryOneEachAndTheRootNull) {
+  Start(3, true);
+  SpecStats other;
+  other.Record(3, 3);
+  auto r = Responder(2, false, false);
+  EXPECT_EQ(*r->Add(1, Last(other)), "");  // the body waits for every sample
+  const json j = json::parse(*r->Add(0, Last(FourSteps())));
+  EXPECT_TRUE(j["metrics"]["speculative_decoding"].is_null()) << j.dump();
+  ASSERT_EQ(j["choices"].size(), 2u);
+  EXPECT_EQ(j["choices"][0]["metrics"]["speculative_decoding"], SpecDecodingJson(FourSteps(), 3));
+  EXPECT_EQ(j["choices"][1]["metrics"]["speculative_decoding"], SpecDecodingJson(other, 3));
+  EXPECT_EQ(j["choices"][1]["metrics"]["speculative_decoding"]["acceptance_histogram"], json({0, 0, 0, 1}));
+}
+
+TEST_F(ResponderSpecMetricsTest, StreamedOneChoiceRidesTheUsageChunkOnly) {
+  Start(3, true);
+  auto r = Responder(1, true, true);
+  const std::vector<json> events = Events(*r->Add(0, Last(FourSteps())));
+  ASSERT_EQ(events.size(), 2u);  // the finishing chunk, then usage
+  EXPECT_EQ(events[0]["choices"][0]["finish_reason"], "length");
+  EXPECT_FALSE(events[0].contains("metrics"));
+  EXPECT_FALSE(events[0]["choices"][0].contains("metrics"));
+  EXPECT_TRUE(events[1]["choices"].empty());
+  EXPECT_EQ(events[1]["metrics"]["speculative_decoding"], SpecDecodingJson(FourSteps(), 3));
+  // Without include_usage there is no usage chunk, and so none (as vLLM).
+  auto plain = Responder(1, true, false);
+  for (const json& e : Events(*plain->Add(0, Last(FourSteps())))) {
+    EXPECT_FALSE(e.contains("metrics")) << e.dump();
+    EXPECT_FALSE(e["choices"][0].contains("metrics")) << e.dump();
+  }
+}
+
+TEST_F(ResponderSpecMetricsTest, StreamedChoicesCarryTheirsOnTheirLastChunk) {
+  Start(3, true);
+  SpecStats other;
+  other.Record(1, 0);
+  auto r = Responder(2, true, true);
+  const std::vector<json> first = Events(*r->Add(1, Last(other)));
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0]["choices"][0]["index"], 1);
+  EXPECT_EQ(first[0]["choices"][0]["metrics"]["speculative_decoding"], SpecDecodingJson(other, 3));
+  const std::vector<json> rest = Events(*r->Add(0, Last(FourSteps())));
+  ASSERT_EQ(rest.size(), 2u);
+  EXPECT_EQ(rest[0]["choices"][0]["metrics"]["speculative_decoding"], SpecDecodingJson(FourSteps(), 3));
+  EXPECT_TRUE(rest[1]["metrics"]["speculative_decoding"].is_null());  // the usage chunk: null for n > 1
+}
+
+TEST_F(ResponderSpecMetricsTest, NoSpeculationOrMetricsOffLeaveTheResponseAsItWas) {
+  for (auto [k, on] : {std::pair{0, true}, std::pair{3, false}}) {
+    Start(k, on);
+    EXPECT_EQ(server_->spec_metrics_tokens(), -1);
+    for (int32_t n : {1, 2}) {
+      auto body = Responder(n, false, false);
+      std::string text;
+      for (int32_t i = 0; i < n; ++i) text = *body->Add(i, Last(FourSteps()));
+      EXPECT_FALSE(json::parse(text).contains("metrics")) << text;
+      auto stream = Responder(n, true, true);
+      for (int32_t i = 0; i < n; ++i) {
+        EXPECT_EQ(stream->Add(i, Last(FourSteps()))->find("metrics"), std::string::npos) << "k " << k << " n " << n;
+      }
+    }
+    TearDown();
+  }
+}
+
+}  // namespace
+}  // namespace specula
