@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/sampler.h"
+#include "request/boundary.h"
 
 namespace specula {
 
@@ -56,7 +57,7 @@ struct BatchingOptions {
 
 // What a request gets where it does not say.
 struct RequestDefaults {
-  int32_t max_tokens = 256;  // --max-tokens
+  int32_t max_tokens = kMaxTokensFlagDefault;  // --max-tokens
   SamplingParams sampling;   // --temperature, --top-k, --top-p, --min-p, --repetition-penalty, --seed
   int32_t block_size = 16;   // --block-size (of the KV cache's blocks)
 };

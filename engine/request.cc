@@ -18,28 +18,32 @@ std::vector<TokenId> StopTokenIds(const Request& r, const ModelConfig& model, co
 }
 
 absl::Status ValidateRequest(const Request& r, int32_t vocab_size, bool has_tokenizer) {
-  if (auto st = ValidateSamplingParams(r.sampling); !st.ok()) {
+  RequestContext context;
+  context.vocab_size = vocab_size;
+  context.has_tokenizer = has_tokenizer;
+  if (absl::Status st = CheckRequest(Surface::kEngine, context, r.prompt, r); !st.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("request ", r.id, ": ", st.message()));
   }
-  for (TokenId t : r.prompt) {
-    if (t < 0 || t >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("request ", r.id, ": token id ", t, " outside the vocabulary"));
-    }
-  }
-  for (auto [id, bias] : r.sampling.logit_bias) {
-    if (id >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("request ", r.id, ": logit_bias: token id ", id, " outside the vocabulary"));
-    }
-  }
-  for (auto [name, n] : {std::pair<const char*, int32_t>{"logprobs", r.logprobs}, {"prompt_logprobs", r.prompt_logprobs}}) {
-    if (n < -1 || n > vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("request ", r.id, ": ", name, " must be in [-1, ", vocab_size, "], got ", n));
-    }
-  }
-  if (!r.stop_strings.empty() && !has_tokenizer) {
-    return absl::InvalidArgumentError(absl::StrCat("request ", r.id, ": stop strings need a tokenizer"));
-  }
   return absl::OkStatus();
+}
+
+Request MakeRequest(RequestId id, std::vector<TokenId> prompt, RequestSpec spec) {
+  Request r;
+  static_cast<RequestSpec&>(r) = std::move(spec);
+  r.id = id;
+  r.prompt = std::move(prompt);
+  return r;
+}
+
+RequestContext ModelRequestContext(const Tokenizer* tokenizer, int32_t vocab_size, int32_t max_model_len) {
+  RequestContext c;
+  c.vocab_size = vocab_size;
+  c.max_model_len = max_model_len;
+  c.has_tokenizer = tokenizer != nullptr;
+  if (tokenizer != nullptr) {
+    c.encode = [tokenizer](std::string_view text, bool add_bos) { return tokenizer->Encode(text, add_bos); };
+  }
+  return c;
 }
 
 }  // namespace specula

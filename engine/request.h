@@ -1,6 +1,8 @@
 // A request as every surface gives it to the engine (CLI, batch, gRPC, HTTP, experiments), what it
-// produced, and the deltas the engine's step returns for it. A request is validated in one place
-// (ValidateRequest) and has one stop set (StopTokenIds), whichever surface it came from.
+// produced, and the deltas the engine's step returns for it. A request is a RequestSpec that
+// NormalizeRequest (request/boundary.h) filled and checked, with its id and prompt token ids; the
+// engine checks it again under the table's engine row (ValidateRequest), and it has one stop set
+// (StopTokenIds), whichever surface it came from.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +14,8 @@
 #include "core/step.h"
 #include "model/model_config.h"
 #include "model/sampler.h"
+#include "request/boundary.h"
+#include "request/request_spec.h"
 #include "tokenizer/tokenizer.h"
 #include "verify/rejection_sampler.h"
 
@@ -25,21 +29,20 @@ struct TokenLogprobs {
   std::vector<std::pair<TokenId, float>> top;  // [the request's logprobs count]
 };
 
-struct Request {
+// The spec's fields keep their names here (r.max_tokens, r.sampling, ...): the engine reads them as
+// its own. max_tokens has no default in the engine: the caller gives it, or NormalizeRequest does.
+struct Request : RequestSpec {
   RequestId id = 0;
   std::vector<TokenId> prompt;
-  int32_t max_tokens = 16;
-  SamplingParams sampling;
-  std::vector<TokenId> stop_ids;          // in addition to the model's end tokens unless ignore_eos
-  std::vector<std::string> stop_strings;  // needs a tokenizer
-  bool ignore_eos = false;
-  int32_t priority = 0;
-  // -1: none. N >= 0: each generated token's TokenLogprobs with the N most likely tokens.
-  int32_t logprobs = -1;
-  // -1: none. N >= 0: the same for every prompt token after the first (the prompt then skips the
-  // prefix cache: every position must be computed to be scored).
-  int32_t prompt_logprobs = -1;
 };
+
+// A normalized spec and its prompt as the engine's request.
+Request MakeRequest(RequestId id, std::vector<TokenId> prompt, RequestSpec spec);
+
+// NormalizeRequest's context for a model: its vocabulary and context length, text encoded with
+// `tokenizer` (null: token ids only, and no stop strings). The caller sets the configured
+// default_max_tokens, add_bos and max_prompt_bytes where its surface has them.
+RequestContext ModelRequestContext(const Tokenizer* tokenizer, int32_t vocab_size, int32_t max_model_len);
 
 struct RequestOutput {
   RequestId id = 0;
@@ -86,9 +89,8 @@ struct RequestDelta {
 // ends a story there). The one rule for every surface.
 std::vector<TokenId> StopTokenIds(const Request& r, const ModelConfig& model, const Tokenizer* tokenizer);
 
-// Errors name the request and the field: bad sampling parameters, token ids outside the
-// vocabulary, stop strings without a tokenizer. (What depends on the KV pool, the prompt's and
-// max_tokens' room, the scheduler checks when it takes the request.)
+// CheckRequest under the table's engine row; errors name the request, then the field. (The
+// context's length and what depends on the KV pool the scheduler checks when it takes the request.)
 absl::Status ValidateRequest(const Request& r, int32_t vocab_size, bool has_tokenizer);
 
 }  // namespace specula

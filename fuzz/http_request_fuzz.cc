@@ -1,18 +1,21 @@
 // The JSON bodies of POST /v1/completions and /v1/chat/completions (serving/http_frontend.cc
 // ParseHttpRequestBody: the shared fields, prompt strings and token-id lists, chat messages
-// rendered with SmolLM2's chat template), then the checks the server runs before admission
-// (serving/server.cc ValidateServeRequest, with a byte-level BPE tokenizer). The first byte picks
-// the endpoint (odd: chat); the rest is the body. An admitted request's logprobs, samples, penalties
-// and biases must be in range and go through the sampler's logit processing.
+// rendered with SmolLM2's chat template), then what the server runs before admission
+// (request/boundary.cc NormalizeRequest under the endpoint's row, with a byte-level BPE tokenizer).
+// The first byte picks the endpoint (odd: chat); the rest is the body. An admitted request's
+// logprobs and samples must be within its row's bounds, its max_tokens within the room the prompt
+// leaves, and its penalties and biases go through the sampler's logit processing.
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "chat/chat.h"
 #include "chat/chat_template.h"
 #include "fuzz/fuzz_util.h"
+#include "request/boundary.h"
 #include "serving/openai_api.h"
 #include "serving/server.h"
 #include "tokenizer/tokenizer.h"
@@ -53,16 +56,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
   auto parsed = specula::ParseHttpRequestBody(body, chat, "model", &*f.chat_template, f.chat_source);
   if (!parsed.ok()) return 0;
-  std::vector<specula::TokenId> prompt;
-  if (specula::ValidateServeRequest(parsed->request, *f.tokenizer, f.tokenizer->vocab_size(), /*max_model_len=*/2048,
-                                    /*add_bos=*/true, &prompt)
-          .ok()) {
+  constexpr int32_t kMaxModelLen = 2048;
+  const specula::RequestContext context = specula::ServeRequestContext(
+      *f.tokenizer, f.tokenizer->vocab_size(), kMaxModelLen, specula::ServeOptions{});
+  const specula::ServeRequest& parsed_request = parsed->request;
+  specula::RequestSpec r = parsed_request;
+  auto admitted = specula::NormalizeRequest(parsed_request.surface, context, specula::ServePrompt(parsed_request), &r);
+  if (admitted.ok()) {
+    const std::vector<specula::TokenId>& prompt = *admitted;
     for (specula::TokenId t : prompt) {
       if (t < 0 || t >= f.tokenizer->vocab_size()) __builtin_trap();  // admitted with a token outside the vocabulary
     }
-    // Admitted: logprobs, samples, penalties and biases are in range, and the sampler takes them.
-    const specula::ServeRequest& r = parsed->request;
-    if (r.logprobs < -1 || r.logprobs > specula::kMaxLogprobs || r.n < 1 || r.n > specula::kMaxSamples) __builtin_trap();
+    // Admitted: logprobs, samples and length in the row's bounds, penalties and biases in range, and
+    // the sampler takes them.
+    const specula::SurfaceRules& rules = specula::RulesOf(parsed_request.surface);
+    if (r.logprobs < -1 || r.logprobs > rules.max_logprobs || r.n < 1 || r.n > rules.max_n) __builtin_trap();
+    const int64_t room = kMaxModelLen - static_cast<int64_t>(prompt.size());
+    if (r.max_tokens < 1 || r.max_tokens > room) __builtin_trap();  // past the context
     specula::SamplingParams p = r.sampling;
     p.output_start = static_cast<int32_t>(prompt.size() / 2);  // the second half counts as generated
     std::vector<float> logits(f.tokenizer->vocab_size(), 0.5f);  // [vocab]

@@ -4,36 +4,13 @@
 
 #include <cstdint>
 #include <random>
-#include <utility>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "core/batch.h"
+#include "request/sampling_params.h"
 
 namespace specula {
-
-struct SamplingParams {
-  float temperature = 0.0f;         // 0 = greedy
-  int32_t top_k = 0;                // 0 = off
-  float top_p = 1.0f;               // 1 = off
-  float min_p = 0.0f;               // 0 = off
-  float repetition_penalty = 1.0f;  // 1 = off; HF semantics (divide positive, multiply negative)
-  // OpenAI's: logit[t] -= frequency_penalty * count(t) + presence_penalty * (count(t) > 0), count
-  // over the generated tokens (the history from output_start on); in [-2, 2].
-  float presence_penalty = 0.0f;
-  float frequency_penalty = 0.0f;
-  std::vector<std::pair<TokenId, float>> logit_bias;  // added to the logits, in [-100, 100]
-  int32_t output_start = 0;  // where the history's generated tokens start (the engine sets it)
-  uint64_t seed = 0;
-
-  // Whether anything changes the logits before temperature (penalties or biases).
-  bool ProcessesLogits() const {
-    return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f || !logit_bias.empty();
-  }
-};
-
-absl::Status ValidateSamplingParams(const SamplingParams& p);
 
 // What changes the logits before temperature, in place: the repetition penalty, logit_bias, then the
 // presence and frequency penalties. logits: [vocab].

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "request/boundary.h"
 #include "grpc/health/v1/health.pb.h"
 #include "serving/spec_metrics.h"
 #include "serving/tls_files.h"
@@ -28,8 +29,12 @@ grpc::Status ToGrpc(const absl::Status& st) {
   return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));
 }
 
+// The request as the table's gRPC row takes it: proto3's zeros are its defaults (max_tokens 0: the
+// server's --max-tokens), its fields are named under `sampling.` in errors.
 ServeRequest FromProto(const v1::GenerateRequest& req) {
   ServeRequest r;
+  r.surface = Surface::kGrpc;
+  static_cast<RequestSpec&>(r) = SpecDefaults(r.surface);
   r.prompt = req.prompt();
   r.prompt_token_ids.assign(req.prompt_token_ids().begin(), req.prompt_token_ids().end());
   const v1::SamplingParams& s = req.sampling();
@@ -40,7 +45,7 @@ ServeRequest FromProto(const v1::GenerateRequest& req) {
   r.sampling.repetition_penalty = s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty();
   if (s.has_seed()) r.seed = s.seed();
   r.max_tokens = s.max_tokens();
-  r.stop.assign(s.stop().begin(), s.stop().end());
+  r.stop_strings.assign(s.stop().begin(), s.stop().end());
   r.ignore_eos = s.ignore_eos();
   r.sampling.presence_penalty = s.presence_penalty();
   r.sampling.frequency_penalty = s.frequency_penalty();
@@ -50,7 +55,6 @@ ServeRequest FromProto(const v1::GenerateRequest& req) {
   if (s.has_prompt_logprobs()) r.prompt_logprobs = s.prompt_logprobs();
   r.n = s.n() == 0 ? 1 : s.n();
   r.priority = req.priority();
-  r.field_prefix = "sampling.";
   return r;
 }
 

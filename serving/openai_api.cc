@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "request/boundary.h"
 
 namespace specula {
 namespace {
@@ -73,12 +74,14 @@ absl::Status ParseLogitBias(const json& j, SamplingParams* s) {
   return absl::OkStatus();
 }
 
-// logprobs: completions' `logprobs: N`; chat's `logprobs: true` and `top_logprobs: N`.
+// logprobs: completions' `logprobs: N`; chat's `logprobs: true` and `top_logprobs: N`. Refused here,
+// before the request reaches the server, as OpenAI's API refuses them: a bound out of the table.
 absl::Status ParseLogprobs(const json& j, bool chat, HttpRequestBody* b) {
+  const int32_t most = RulesOf(chat ? Surface::kChat : Surface::kCompletions).max_logprobs;
   if (!chat) {
     RETURN_IF_ERROR(Integer(j, "logprobs", &b->logprobs));
-    if (Present(j, "logprobs") && (b->logprobs < 0 || b->logprobs > kMaxLogprobs)) {
-      return Bad("logprobs", absl::StrCat("must be in [0, ", kMaxLogprobs, "], got ", b->logprobs));
+    if (Present(j, "logprobs") && (b->logprobs < 0 || b->logprobs > most)) {
+      return Bad("logprobs", absl::StrCat("must be in [0, ", most, "], got ", b->logprobs));
     }
     return Present(j, "top_logprobs") ? Bad("top_logprobs", "is chat's; completions take logprobs: N") : absl::OkStatus();
   }
@@ -87,7 +90,7 @@ absl::Status ParseLogprobs(const json& j, bool chat, HttpRequestBody* b) {
   int32_t top = 0;
   RETURN_IF_ERROR(Integer(j, "top_logprobs", &top));
   if (Present(j, "top_logprobs") && !on) return Bad("top_logprobs", "needs logprobs: true");
-  if (top < 0 || top > kMaxLogprobs) return Bad("top_logprobs", absl::StrCat("must be in [0, ", kMaxLogprobs, "], got ", top));
+  if (top < 0 || top > most) return Bad("top_logprobs", absl::StrCat("must be in [0, ", most, "], got ", top));
   b->logprobs = on ? top : -1;
   return absl::OkStatus();
 }
@@ -96,26 +99,28 @@ absl::Status ParseStop(const json& j, ServeRequest* r) {
   if (!Present(j, "stop")) return absl::OkStatus();
   const json& s = j["stop"];
   if (s.is_string()) {
-    r->stop.push_back(s.get<std::string>());
+    r->stop_strings.push_back(s.get<std::string>());
     return absl::OkStatus();
   }
   if (!s.is_array()) return Bad("stop", "must be a string or a list of strings");
   for (const json& e : s) {
     if (!e.is_string()) return Bad("stop", "must be a string or a list of strings");
-    r->stop.push_back(e.get<std::string>());
+    r->stop_strings.push_back(e.get<std::string>());
   }
   return absl::OkStatus();
 }
 
-// How many samples: n, and completions' best_of (>= n: the n best of best_of by total logprob).
+// How many samples: n, and completions' best_of (>= n: the n best of best_of by total logprob), in
+// the table's bound.
 absl::Status ParseSamples(const json& j, HttpRequestBody* b) {
   ServeRequest& r = b->request;
+  const int32_t most = RulesOf(r.surface).max_n;
   RETURN_IF_ERROR(Integer(j, "n", &b->n));
   int32_t best_of = b->n;
   RETURN_IF_ERROR(Integer(j, "best_of", &best_of));
-  if (b->n < 1 || b->n > kMaxSamples) return Bad("n", absl::StrCat("must be in [1, ", kMaxSamples, "], got ", b->n));
-  if (best_of < b->n || best_of > kMaxSamples) {
-    return Bad("best_of", absl::StrCat("must be in [n, ", kMaxSamples, "] (n is ", b->n, "), got ", best_of));
+  if (b->n < 1 || b->n > most) return Bad("n", absl::StrCat("must be in [1, ", most, "], got ", b->n));
+  if (best_of < b->n || best_of > most) {
+    return Bad("best_of", absl::StrCat("must be in [n, ", most, "] (n is ", b->n, "), got ", best_of));
   }
   if (best_of > b->n && b->stream) return Bad("best_of", "cannot be streamed: the best are known at the end");
   if (best_of > b->n) r.logprobs = std::max(r.logprobs, 0);  // ranked by total logprob
@@ -124,12 +129,13 @@ absl::Status ParseSamples(const json& j, HttpRequestBody* b) {
 }
 
 // The request fields both endpoints share (vLLM's extensions top_k, min_p, repetition_penalty,
-// ignore_eos and priority included). OpenAI's defaults: temperature 1, max_tokens 16 for
-// completions (the server's --max-tokens for chat).
+// ignore_eos and priority included), from the table's defaults for the endpoint (OpenAI's
+// temperature 1; max_tokens left 0, which the table resolves: 16 for completions, the server's
+// --max-tokens for chat).
 absl::Status ParseCommon(const json& j, HttpRequestBody* b) {
   ServeRequest* r = &b->request;
-  r->sampling.temperature = 1.0f;
-  r->max_tokens = b->chat ? 0 : 16;
+  r->surface = b->chat ? Surface::kChat : Surface::kCompletions;
+  static_cast<RequestSpec&>(*r) = SpecDefaults(r->surface);
   SamplingParams& s = r->sampling;
   for (auto st : {Number(j, "temperature", &s.temperature), Number(j, "top_p", &s.top_p), Number(j, "min_p", &s.min_p),
                   Number(j, "repetition_penalty", &s.repetition_penalty),
@@ -140,7 +146,7 @@ absl::Status ParseCommon(const json& j, HttpRequestBody* b) {
     if (!st.ok()) return st;
   }
   if (s.top_k < 0) s.top_k = 0;  // vLLM: -1 is off
-  if (Present(j, "max_tokens") && r->max_tokens <= 0) return Bad("max_tokens", absl::StrCat("must be >= 1, got ", r->max_tokens));
+  if (Present(j, "max_tokens")) RETURN_IF_ERROR(CheckGivenMaxTokens(r->surface, r->max_tokens));  // 0 is not "absent" here
   if (Present(j, "seed")) {
     if (!j["seed"].is_number_integer()) return Bad("seed", absl::StrCat("must be an integer, got ", j["seed"].dump()));
     r->seed = static_cast<uint64_t>(j["seed"].get<int64_t>());

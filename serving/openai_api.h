@@ -11,7 +11,6 @@
 
 #include "absl/status/statusor.h"
 #include "chat/chat.h"
-#include "engine/request.h"
 #include "serving/server.h"
 
 namespace specula {

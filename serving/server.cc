@@ -12,7 +12,8 @@ Server::Server(Engine* engine, const Tokenizer* tokenizer, const ModelConfig& mo
       model_(model),
       scheduler_(engine->scheduler().config()),
       options_(std::move(options)),
-      max_prompt_bytes_(MaxPromptBytes(*tokenizer, scheduler_.max_model_len)),
+      context_(ServeRequestContext(*tokenizer, model.vocab_size, scheduler_.max_model_len, options_,
+                                   MaxPromptBytes(*tokenizer, scheduler_.max_model_len))),
       metrics_(options_.model_name, {"queue_len", "queue_delay", "ttft_slo", "draining", "invalid_argument"},
                scheduler_.max_model_len),
       admission_(options_.admission) {
@@ -59,70 +60,21 @@ size_t MaxPromptBytes(const Tokenizer& tokenizer, int32_t max_model_len) {
   return 2 * longest * static_cast<size_t>(std::max(max_model_len, 1));
 }
 
-absl::Status ValidateServeRequest(const ServeRequest& r, const Tokenizer& tokenizer, int32_t vocab,
-                                  int32_t max_model_len, bool add_bos, std::vector<TokenId>* prompt,
-                                  size_t max_prompt_bytes) {
-  const std::string& pre = r.field_prefix;
-  if (r.prompt.empty() == r.prompt_token_ids.empty()) {
-    return absl::InvalidArgumentError(r.prompt.empty() ? "prompt: empty; give prompt or prompt_token_ids"
-                                                       : "prompt and prompt_token_ids: give one, not both");
-  }
-  if (!r.prompt_token_ids.empty()) {
-    for (size_t i = 0; i < r.prompt_token_ids.size(); ++i) {
-      const TokenId t = r.prompt_token_ids[i];
-      if (t < 0 || t >= vocab) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("prompt_token_ids[", i, "]: ", t, " is outside the vocabulary [0, ", vocab, ")"));
-      }
-    }
-    *prompt = r.prompt_token_ids;
-  } else {
-    if (r.prompt.size() > max_prompt_bytes) {  // checked before the work of tokenizing it
-      return absl::InvalidArgumentError(absl::StrCat("prompt: ", r.prompt.size(), " bytes cannot fit the context of ",
-                                                     max_model_len, " tokens (at most ", max_prompt_bytes, " bytes)"));
-    }
-    *prompt = tokenizer.Encode(r.prompt, add_bos && !r.templated);
-    if (prompt->empty()) return absl::InvalidArgumentError("prompt: encodes to no tokens");
-  }
-  const int32_t len = static_cast<int32_t>(prompt->size());
-  if (len >= max_model_len) {
-    return absl::InvalidArgumentError(absl::StrCat(r.prompt_token_ids.empty() ? "prompt" : "prompt_token_ids", ": ",
-                                                   len, " tokens leave no room in the context of ",
-                                                   max_model_len, " tokens"));
-  }
-  if (r.max_tokens < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(pre, "max_tokens: must be >= 0, got ", r.max_tokens));
-  }
-  if (r.max_tokens > max_model_len - len) {  // as vLLM: a 400, not a silent cut
-    return absl::InvalidArgumentError(absl::StrCat(pre, "max_tokens: ", r.max_tokens, " and the prompt's ", len,
-                                                   " tokens exceed the context of ", max_model_len,
-                                                   " tokens; at most ", max_model_len - len, " here"));
-  }
-  for (size_t i = 0; i < r.stop.size(); ++i) {
-    if (r.stop[i].empty()) return absl::InvalidArgumentError(absl::StrCat(pre, "stop[", i, "]: empty string"));
-  }
-  for (auto [name, n] : {std::pair<const char*, int32_t>{"logprobs", r.logprobs}, {"prompt_logprobs", r.prompt_logprobs}}) {
-    if (n < -1 || n > kMaxLogprobs) {
-      return absl::InvalidArgumentError(absl::StrCat(pre, name, ": must be in [0, ", kMaxLogprobs, "] (or unset), got ", n));
-    }
-  }
-  if (r.n < 1 || r.n > kMaxSamples) {
-    return absl::InvalidArgumentError(absl::StrCat(pre, "n: must be in [1, ", kMaxSamples, "], got ", r.n));
-  }
-  for (auto [id, bias] : r.sampling.logit_bias) {
-    if (id < 0 || id >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat(pre, "logit_bias: token id ", id, " is outside the vocabulary [0, ", vocab, ")"));
-    }
-  }
-  if (auto st = ValidateSamplingParams(r.sampling); !st.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(pre, st.message()));  // the message starts with the field
-  }
-  return absl::OkStatus();
+PromptInput ServePrompt(const ServeRequest& r) {
+  PromptInput p;
+  if (!r.prompt.empty()) p.text = r.prompt;  // gRPC's proto3 strings cannot tell empty from unset
+  p.templated = r.templated;
+  p.ids = r.prompt_token_ids;
+  return p;
 }
 
-absl::Status Server::Validate(const ServeRequest& r, std::vector<TokenId>* prompt) const {
-  return ValidateServeRequest(r, *tokenizer_, model_.vocab_size, scheduler_.max_model_len, options_.add_bos, prompt,
-                              max_prompt_bytes_);
+RequestContext ServeRequestContext(const Tokenizer& tokenizer, int32_t vocab, int32_t max_model_len,
+                                   const ServeOptions& options, size_t max_prompt_bytes) {
+  RequestContext c = ModelRequestContext(&tokenizer, vocab, max_model_len);
+  c.add_bos = options.add_bos;
+  c.default_max_tokens = options.default_max_tokens;
+  c.max_prompt_bytes = max_prompt_bytes;
+  return c;
 }
 
 absl::StatusOr<Request> Server::Admit(const ServeRequest& r) {
@@ -130,10 +82,11 @@ absl::StatusOr<Request> Server::Admit(const ServeRequest& r) {
     metrics_.OnRejected("draining");
     return absl::UnavailableError("the server is draining (shutting down); retry on another replica");
   }
-  std::vector<TokenId> prompt;
-  if (absl::Status st = Validate(r, &prompt); !st.ok()) {
+  RequestSpec spec = r;  // the spec alone: the prompt's text is not copied
+  absl::StatusOr<std::vector<TokenId>> prompt = NormalizeRequest(r.surface, context_, ServePrompt(r), &spec);
+  if (!prompt.ok()) {
     metrics_.OnRejected("invalid_argument");
-    return st;
+    return prompt.status();
   }
   // Lock-free reads of the last step's state: admission never waits for the engine's thread.
   const int32_t running = loop_->num_running();
@@ -146,18 +99,9 @@ absl::StatusOr<Request> Server::Admit(const ServeRequest& r) {
     metrics_.OnRejected(reason);
     return absl::ResourceExhaustedError(absl::StrCat("overloaded: ", detail));
   }
-  Request req;
-  req.id = next_id_++;
-  req.prompt = std::move(prompt);
-  const int32_t room = scheduler_.max_model_len - static_cast<int32_t>(req.prompt.size());
-  req.max_tokens = std::min(r.max_tokens > 0 ? r.max_tokens : options_.default_max_tokens, room);
-  req.sampling = r.sampling;
-  req.sampling.seed = r.seed.has_value() ? *r.seed : static_cast<uint64_t>(req.id);
-  req.stop_strings = r.stop;
-  req.ignore_eos = r.ignore_eos;
-  req.priority = r.priority;
-  req.logprobs = r.logprobs;
-  req.prompt_logprobs = r.prompt_logprobs;
+  Request req = MakeRequest(next_id_++, *std::move(prompt), std::move(spec));
+  ResolveSeed(&req, static_cast<uint64_t>(req.id));  // unset: the id, as the table's serving rows say
+  req.n = 1;  // each sample is an engine request of its own (Generate makes r.n of them)
   return req;
 }
 
@@ -167,7 +111,9 @@ std::shared_ptr<RequestStream> Server::Enqueue(Request r) {
 }
 
 absl::StatusOr<Admitted> Server::Submit(const ServeRequest& r) {
-  if (r.n != 1) return absl::InvalidArgumentError(absl::StrCat(r.field_prefix, "n: ", r.n, " samples need Generate"));
+  if (r.n != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(RulesOf(r.surface).field_prefix, "n: ", r.n, " samples need Generate"));
+  }
   ASSIGN_OR_RETURN(Request req, Admit(r));
   Admitted a{req.id, nullptr, static_cast<int32_t>(req.prompt.size())};
   a.stream = Enqueue(std::move(req));

@@ -1,7 +1,7 @@
-// The serving core that the gRPC and HTTP front ends share: request validation (errors name the
-// field and its value), admission control, drain, metrics, and the engine loop. No gRPC or HTTP
-// types here: a front end turns its wire format into a ServeRequest and a RequestStream's deltas
-// back into its own.
+// The serving core that the gRPC and HTTP front ends share: admission control, drain, metrics, and
+// the engine loop; requests are checked by the request boundary (request/boundary.h) under the row
+// of the surface they came from. No gRPC or HTTP types here: a front end turns its wire format into
+// a ServeRequest and a RequestStream's deltas back into its own.
 #pragma once
 
 #include <atomic>
@@ -17,6 +17,8 @@
 
 #include "absl/status/statusor.h"
 #include "engine/engine.h"
+#include "request/boundary.h"
+#include "request/request_spec.h"
 #include "scheduler/admission.h"
 #include "serving/engine_loop.h"
 #include "serving/metrics.h"
@@ -24,9 +26,9 @@
 namespace specula {
 
 struct ServeOptions {
-  std::string model_name;        // the served model's name (--model as given)
-  int32_t default_max_tokens = 256;
-  bool add_bos = true;           // prepend BOS to text prompts
+  std::string model_name;  // the served model's name (--model as given)
+  int32_t default_max_tokens = kMaxTokensFlagDefault;  // --max-tokens: the table's configured default
+  bool add_bos = true;     // prepend BOS to text prompts
   AdmissionConfig admission;
   std::string spec_method = "none", num_spec_tokens = "0";  // for ModelInfo
   // Each finished request's speculative-decoding metrics in its response (on unless
@@ -34,29 +36,18 @@ struct ServeOptions {
   bool spec_metrics = true;
 };
 
-// One request as a front end parsed it. Field names in errors are the canonical ones
-// (`temperature`, `prompt_token_ids[3]`), after `field_prefix` where they sit in a sub-message
-// (gRPC's `sampling.`).
-struct ServeRequest {
+// One request as a front end parsed it: its spec (max_tokens 0: the surface's default; seed unset:
+// the engine request's id) and its prompt, text or token ids. `surface` picks the row of the table
+// it is checked under, and with it how fields are named in errors (gRPC's `sampling.` prefix).
+struct ServeRequest : RequestSpec {
   std::string prompt;
-  bool templated = false;         // `prompt` is a rendered chat template: it carries its own BOS
+  bool templated = false;  // `prompt` is a rendered chat template: it carries its own BOS
   std::vector<TokenId> prompt_token_ids;
-  SamplingParams sampling;
-  std::optional<uint64_t> seed;   // unset: derived from the request's id
-  int32_t max_tokens = 0;         // 0: the server's default
-  std::vector<std::string> stop;
-  bool ignore_eos = false;
-  int32_t priority = 0;
-  int32_t n = 1;                  // samples, sharing the prompt's KV blocks
-  int32_t logprobs = -1;          // -1: none; N: each token's logprob and the N most likely (<= kMaxLogprobs)
-  int32_t prompt_logprobs = -1;   // -1: none; N: the same for the prompt's tokens (no prefix cache then)
-  std::string field_prefix;
+  Surface surface = Surface::kInProcess;
 };
 
-// The most alternatives a token's logprobs list (vLLM's default max_logprobs; OpenAI's limit).
-inline constexpr int32_t kMaxLogprobs = 20;
-// The most samples one request may ask for.
-inline constexpr int32_t kMaxSamples = 128;
+// The prompt of a ServeRequest as NormalizeRequest takes it: its text unless empty, or its ids.
+PromptInput ServePrompt(const ServeRequest& r);
 
 class Server;
 
@@ -106,13 +97,10 @@ class Generation : public std::enable_shared_from_this<Generation> {
   std::function<void()> listener_;
 };
 
-// The checks Server::Submit runs on a request before admission (the front ends' parsers feed it;
-// the fuzz targets too): the prompt, text encoded with `tokenizer` or token ids below `vocab`, must
-// leave room in `max_model_len`; max_tokens, stop strings and sampling must be valid. Errors are
-// INVALID_ARGUMENT naming the field and value. `prompt` gets the prompt's token ids.
-absl::Status ValidateServeRequest(const ServeRequest& r, const Tokenizer& tokenizer, int32_t vocab,
-                                  int32_t max_model_len, bool add_bos, std::vector<TokenId>* prompt,
-                                  size_t max_prompt_bytes = SIZE_MAX);
+// NormalizeRequest's context for this server's requests: the model's vocabulary and context, text
+// encoded with `tokenizer` (BOS per `add_bos`), --max-tokens, and at most `max_prompt_bytes` of text.
+RequestContext ServeRequestContext(const Tokenizer& tokenizer, int32_t vocab, int32_t max_model_len,
+                                   const ServeOptions& options, size_t max_prompt_bytes = SIZE_MAX);
 
 // The longest text prompt that could fit the context: a token decodes to at most the vocabulary's
 // longest piece, so more bytes than twice max_model_len of those (slack for normalization) cannot,
@@ -164,8 +152,7 @@ class Server {
 
  private:
   friend class Generation;
-  absl::Status Validate(const ServeRequest& r, std::vector<TokenId>* prompt) const;
-  // Validation and admission: the engine request of sample 0, or the refusal (counted).
+  // Normalization and admission: the engine request of sample 0, or the refusal (counted).
   absl::StatusOr<Request> Admit(const ServeRequest& r);
   std::shared_ptr<RequestStream> Enqueue(Request r);
   double NowS() const;
@@ -176,7 +163,7 @@ class Server {
   const ModelConfig& model_;
   const SchedulerConfig scheduler_;
   const ServeOptions options_;
-  const size_t max_prompt_bytes_;
+  const RequestContext context_;  // what requests are normalized against
   const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   ServingMetrics metrics_;
   Admission admission_;

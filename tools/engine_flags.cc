@@ -88,6 +88,12 @@ greedy, and follows the target's distribution when sampling):
   --draft-quant-type T  q4_0 (default), q4_1 or q8_0: the self-quant draft's weight type
 )";
 
+const char kRequestTableHelp[] = R"(
+Requests' defaults and bounds, by the surface they come from (docs/architecture.md, "The request
+boundary"); "the room" is the context's length less the prompt's tokens:
+
+)";
+
 namespace {
 
 // The flag's value if given, else `fallback`.

@@ -14,6 +14,8 @@ namespace specula {
 extern const std::set<std::string> kEngineFlags;
 extern const std::set<std::string> kEngineSwitches;  // --ignore-eos, --no-bos, --no-prefix-caching, ...
 extern const char kEngineFlagsHelp[];
+// The heading of the request table (request/boundary.h's SurfaceTableMarkdown) in --help.
+extern const char kRequestTableHelp[];
 
 // Errors name the flag and its value: a number that does not parse, a flag that applies to
 // another --spec-method, and everything ValidateEngineOptions refuses.

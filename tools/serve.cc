@@ -13,6 +13,7 @@
 #include "serving/server.h"
 #include "core/status_macros.h"
 #include "engine/engine_setup.h"
+#include "request/boundary.h"
 #include "tools/engine_flags.h"
 
 namespace specula {
@@ -32,7 +33,8 @@ within --drain-timeout-s; then the process exits 0. One line on stderr says when
   --served-model-name N the model name in requests and responses (default: --model as given)
   --chat-template PATH  a Jinja file for /v1/chat/completions instead of the model's own template
                         (GGUF tokenizer.chat_template, or tokenizer_config.json's chat_template)
-  --max-tokens N        tokens per request when it does not say (default 256)
+  --max-tokens N        max_tokens of a request that gives none, where its surface's row says
+                        so (the table at the end gives each surface's default and bounds)
   --http-threads N      HTTP handler threads, which parse, render and tokenize requests (default 4);
                         connections take no thread, so this bounds no connection count
   --max-request-bytes N largest HTTP request body; a larger one is a 413, never parsed (default 8 MiB)
@@ -150,7 +152,7 @@ absl::Status RunServe(int argc, char** argv) {
   switches.insert("help");
   ASSIGN_OR_RETURN(Flags flags, ParseFlags(argc, argv, known, switches));
   if (flags.switches.count("help")) {
-    std::cout << kServeUsage << kEngineFlagsHelp;
+    std::cout << kServeUsage << kEngineFlagsHelp << kRequestTableHelp << SurfaceTableMarkdown();
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(ServeFlags f, ReadServeFlags(flags));

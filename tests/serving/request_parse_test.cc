@@ -1,6 +1,6 @@
 // Request parsing in the front ends, as the fuzz targets drive it (fuzz/http_request_fuzz.cc,
 // fuzz/grpc_request_fuzz.cc): a body or message becomes a ServeRequest, or an error naming the
-// field, never an exception; then the server's validation.
+// field, never an exception; then the server's checks (NormalizeRequest).
 #include <algorithm>
 #include <cstdint>
 #include <functional>
@@ -12,6 +12,7 @@
 #include "chat/chat.h"
 #include "chat/chat_template.h"
 #include "gtest/gtest.h"
+#include "request/boundary.h"
 #include "serving/grpc_frontend.h"
 #include "serving/openai_api.h"
 #include "serving/server.h"
@@ -141,14 +142,17 @@ TEST_F(HttpBodyTest, LogprobsSamplesPenaltiesAndBiases) {
 namespace specula {
 namespace {
 
-// The server's own checks: the ranges of the new fields, by name, and a text prompt too long to fit
-// the context refused from its length, before tokenizing.
-TEST(ValidateServeRequestTest, RangesAndPromptBytes) {
+// The server's own checks (the request boundary under the request's row): the ranges of the new
+// fields, by name, and a text prompt too long to fit the context refused from its length, before
+// tokenizing.
+TEST(ServeRequestBoundaryTest, RangesAndPromptBytes) {
   auto tok = LoadTokenizer(testing::TinyStoriesDir() + "/tok512.bin", 512);
   ASSERT_TRUE(tok.ok()) << tok.status();
-  std::vector<TokenId> prompt;
   auto check = [&](const ServeRequest& r, size_t max_bytes = SIZE_MAX) {
-    return ValidateServeRequest(r, **tok, 512, 256, true, &prompt, max_bytes);
+    RequestSpec spec = r;
+    return NormalizeRequest(r.surface, ServeRequestContext(**tok, 512, 256, ServeOptions{}, max_bytes), ServePrompt(r),
+                            &spec)
+        .status();
   };
   ServeRequest r;
   r.prompt = "Lily went to the park";
