@@ -171,6 +171,13 @@ absl::StatusOr<std::unique_ptr<LoadedEngine>> LoadEngine(const EngineOptions& op
   return e;
 }
 
+RequestContext RequestContextOf(const LoadedEngine& e) {
+  RequestContext c = ModelRequestContext(e.tokenizer.get(), e.model->config().vocab_size, e.model->config().max_seq_len);
+  c.add_bos = e.add_bos;
+  c.default_max_tokens = e.defaults().max_tokens;
+  return c;
+}
+
 absl::StatusOr<SchedulerConfig> BatchSchedulerConfig(LoadedEngine& e) {
   LlamaModel& model = *e.model;
   const BatchingOptions& b = e.options.batching;

@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "engine/options.h"
 #include "model/llama_model.h"
+#include "request/boundary.h"
 #include "tokenizer/tokenizer.h"
 #include "scheduler/scheduler.h"
 
@@ -53,6 +54,10 @@ absl::StatusOr<std::unique_ptr<LoadedEngine>> LoadEngine(const EngineOptions& op
 // to every LoadEngine; an error naming the mpirun command when the launcher started another number
 // of processes.
 absl::StatusOr<std::shared_ptr<Communicator>> TensorParallelGroup(int32_t size, double timeout_s);
+
+// NormalizeRequest's context for requests to this engine: the target's vocabulary and context,
+// its tokenizer, BOS unless --no-bos, and --max-tokens as the configured default.
+RequestContext RequestContextOf(const LoadedEngine& e);
 
 // The scheduler of options.batching: the KV pool sized for max-num-seqs full contexts (at most 4
 // GiB) on the CPU, from --gpu-memory-utilization on a GPU, where the step scratch is reserved now.

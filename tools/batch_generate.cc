@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/engine.h"
+#include "core/status_macros.h"
 #include "engine/run.h"
 #include "nlohmann/json.hpp"
 #include "serving/spec_metrics.h"
@@ -24,23 +25,26 @@ struct Line {
 
 }  // namespace
 
-std::string ParsePromptLine(const std::string& text, int32_t line_number, const Tokenizer& tok, const BatchOptions& opt,
-                            json* id, Request* request) {
-  *id = line_number;
-  json j = json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return "not a JSON object";
-  *id = j.contains("id") ? j["id"] : json(line_number);
-  if (!j.contains("prompt") || !j["prompt"].is_string()) return "field 'prompt' is missing or not a string";
-  Request& r = *request;
-  r.max_tokens = opt.max_tokens;
-  r.sampling = opt.sampling;
-  r.ignore_eos = opt.ignore_eos;
+PromptLineContext PromptLineContextOf(const LoadedEngine& e, ChatRenderer chat) {
+  PromptLineContext c;
+  c.request = RequestContextOf(e);
+  c.sampling = e.defaults().sampling;
+  c.ignore_eos = e.ignore_eos();
+  c.chat = std::move(chat);
+  return c;
+}
+
+namespace {
+
+// The line's own fields over the flags' (SpecDefaults): types here, ranges in NormalizeRequest.
+std::string ReadLineFields(const json& j, RequestSpec* r) {
   if (j.contains("max_tokens")) {
-    if (!j["max_tokens"].is_number_integer() || j["max_tokens"].get<int64_t>() <= 0 ||
-        j["max_tokens"].get<int64_t>() > (1 << 24)) {
-      return "field 'max_tokens' must be a positive integer";
-    }
-    r.max_tokens = j["max_tokens"].get<int32_t>();
+    if (!j["max_tokens"].is_number_integer()) return "field 'max_tokens' must be an integer";
+    const int64_t v = j["max_tokens"].is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(
+                                                                  j["max_tokens"].get<uint64_t>(), INT64_MAX))
+                                                            : j["max_tokens"].get<int64_t>();
+    if (absl::Status st = CheckGivenMaxTokens(Surface::kPromptsFile, v); !st.ok()) return std::string(st.message());
+    r->max_tokens = static_cast<int32_t>(v);
   }
   auto number = [&](const char* field, float* dst) -> std::string {
     if (!j.contains(field)) return "";
@@ -48,40 +52,53 @@ std::string ParsePromptLine(const std::string& text, int32_t line_number, const 
     *dst = j[field].get<float>();
     return "";
   };
-  for (auto [field, dst] : {std::pair{"temperature", &r.sampling.temperature}, {"top_p", &r.sampling.top_p},
-                            {"min_p", &r.sampling.min_p}, {"repetition_penalty", &r.sampling.repetition_penalty}}) {
+  for (auto [field, dst] : {std::pair{"temperature", &r->sampling.temperature}, {"top_p", &r->sampling.top_p},
+                            {"min_p", &r->sampling.min_p}, {"repetition_penalty", &r->sampling.repetition_penalty}}) {
     if (std::string e = number(field, dst); !e.empty()) return e;
   }
   if (j.contains("top_k")) {
     if (!j["top_k"].is_number_integer()) return "field 'top_k' must be an integer";
-    r.sampling.top_k = j["top_k"].get<int32_t>();
+    r->sampling.top_k = j["top_k"].get<int32_t>();
   }
   if (j.contains("seed")) {
     if (!j["seed"].is_number_unsigned()) return "field 'seed' must be a non-negative integer";
-    r.sampling.seed = j["seed"].get<uint64_t>();
+    r->seed = j["seed"].get<uint64_t>();
   }
   if (j.contains("stop")) {
     const json& s = j["stop"];
-    if (s.is_string()) {
-      r.stop_strings.push_back(s.get<std::string>());
-    } else if (s.is_array()) {
-      for (const auto& e : s) {
-        if (!e.is_string()) return "field 'stop' must be a string or a list of strings";
-        r.stop_strings.push_back(e.get<std::string>());
-      }
-    } else {
-      return "field 'stop' must be a string or a list of strings";
+    if (!s.is_string() && !s.is_array()) return "field 'stop' must be a string or a list of strings";
+    for (const auto& e : s.is_string() ? json::array({s}) : s) {
+      if (!e.is_string()) return "field 'stop' must be a string or a list of strings";
+      r->stop_strings.push_back(e.get<std::string>());
     }
   }
-  if (auto st = ValidateSamplingParams(r.sampling); !st.ok()) return std::string(st.message());
-  if (opt.chat) {
-    absl::StatusOr<std::string> text = opt.chat(j["prompt"].get<std::string>());
-    if (!text.ok()) return std::string(text.status().message());
-    r.prompt = tok.Encode(*text, /*add_bos=*/false);
-  } else {
-    r.prompt = tok.Encode(j["prompt"].get<std::string>(), opt.add_bos);
+  return "";
+}
+
+}  // namespace
+
+std::string ParsePromptLine(const std::string& text, int32_t line_number, const PromptLineContext& context, json* id,
+                            Request* request) {
+  *id = line_number;
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return "not a JSON object";
+  *id = j.contains("id") ? j["id"] : json(line_number);
+  if (!j.contains("prompt") || !j["prompt"].is_string()) return "field 'prompt' is missing or not a string";
+  RequestSpec spec = SpecDefaults(Surface::kPromptsFile, context.sampling);
+  spec.ignore_eos = context.ignore_eos;
+  if (std::string e = ReadLineFields(j, &spec); !e.empty()) return e;
+  std::string prompt = j["prompt"].get<std::string>();
+  PromptInput input;
+  if (context.chat) {
+    absl::StatusOr<std::string> rendered = context.chat(prompt);
+    if (!rendered.ok()) return std::string(rendered.status().message());
+    prompt = *std::move(rendered);
+    input.templated = true;
   }
-  if (r.prompt.empty()) return "field 'prompt' is empty";
+  input.text = prompt;
+  absl::StatusOr<std::vector<TokenId>> ids = NormalizeRequest(Surface::kPromptsFile, context.request, input, &spec);
+  if (!ids.ok()) return std::string(ids.status().message());
+  *request = MakeRequest(line_number, *std::move(ids), std::move(spec));
   return "";
 }
 
@@ -164,15 +181,13 @@ std::string SpecLengthLine(const EngineStats& s) {
   return line + "\n";
 }
 
-absl::Status RunBatchGenerate(LlamaModel& model, const Tokenizer& tokenizer, const BatchOptions& opt,
-                              std::FILE* out) {
+absl::Status RunBatchGenerate(LoadedEngine& e, const BatchOptions& opt, std::FILE* out) {
   std::ifstream in(opt.prompts_file);
   if (!in) return absl::NotFoundError(absl::StrCat(opt.prompts_file, ": cannot open"));
-  SpecConfig spec;
-  spec.proposer = opt.proposer;
-  spec.adaptive = opt.adaptive_spec;
-  Engine engine(&model, &tokenizer, opt.scheduler, spec);
-  if (auto st = engine.Validate(); !st.ok()) return st;
+  ASSIGN_OR_RETURN(const SchedulerConfig sc, BatchSchedulerConfig(e));
+  Engine engine(e.model.get(), e.tokenizer.get(), sc, e.spec_config());
+  RETURN_IF_ERROR(engine.Validate());
+  const PromptLineContext context = PromptLineContextOf(e, opt.chat);
   std::map<RequestId, Line> lines;
   std::string text;
   int32_t number = 0, accepted = 0, rejected = 0;
@@ -181,8 +196,7 @@ absl::Status RunBatchGenerate(LlamaModel& model, const Tokenizer& tokenizer, con
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
     Line line;
     line.number = number;
-    line.request.id = number;
-    std::string error = ParsePromptLine(text, number, tokenizer, opt, &line.id, &line.request);
+    std::string error = ParsePromptLine(text, number, context, &line.id, &line.request);
     if (error.empty()) {
       if (auto st = engine.AddRequest(line.request); !st.ok()) error = std::string(st.message());
     }
@@ -201,7 +215,7 @@ absl::Status RunBatchGenerate(LlamaModel& model, const Tokenizer& tokenizer, con
   callbacks.on_delta = [&](const RequestDelta& d) {
     if (!d.finished) return;
     ++finished;
-    WriteJsonLine(out, OutputJson(lines.at(d.id).id, d.final, opt.proposer != nullptr ? opt.scheduler.num_spec_tokens : 0));
+    WriteJsonLine(out, OutputJson(lines.at(d.id).id, d.final, e.proposer != nullptr ? sc.num_spec_tokens : 0));
   };
   callbacks.after_step = [&] {
     if (!opt.progress || engine.NowMs() - last_progress <= 200) return;
@@ -220,7 +234,7 @@ absl::Status RunBatchGenerate(LlamaModel& model, const Tokenizer& tokenizer, con
                static_cast<long long>(engine.stats().steps), static_cast<long long>(engine.stats().prefill_tokens),
                static_cast<long long>(engine.scheduler().num_preemptions()),
                bm.query_tokens() > 0 ? 100.0 * bm.hit_tokens() / bm.query_tokens() : 0.0);
-  if (opt.proposer != nullptr) {
+  if (e.proposer != nullptr) {
     std::fputs(SpecStatsLine(engine.stats().spec).c_str(), stderr);
     std::fputs(SpecLengthLine(engine.stats()).c_str(), stderr);
   }

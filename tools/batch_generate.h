@@ -8,30 +8,32 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/engine.h"
-#include "draft/proposer.h"
-#include "model/llama_model.h"
-#include "model/sampler.h"
-#include "tokenizer/tokenizer.h"
+#include "engine/engine_setup.h"
 #include "nlohmann/json.hpp"
-#include "scheduler/scheduler.h"
+#include "request/boundary.h"
 
 namespace specula {
 
+// --chat: a line's prompt as a user message, to the text the chat template makes of it (which
+// writes BOS where the model wants it). Unset: the prompt as it is.
+using ChatRenderer = std::function<absl::StatusOr<std::string>(const std::string& prompt)>;
+
 struct BatchOptions {
   std::string prompts_file;
-  SchedulerConfig scheduler;
-  SamplingParams sampling;  // defaults for lines that do not set them
-  int32_t max_tokens = 256;
-  bool add_bos = true;
-  bool ignore_eos = false;
   bool progress = true;
-  Proposer* proposer = nullptr;  // speculation when set (scheduler.num_spec_tokens > 0)
-  bool adaptive_spec = false;    // --num-spec-tokens auto (scheduler.num_spec_tokens is the largest k)
-  // --chat: a line's prompt as a user message, to the text the chat template makes of it (which
-  // writes BOS where the model wants it). Unset: the prompt as it is.
-  std::function<absl::StatusOr<std::string>(const std::string& prompt)> chat;
+  ChatRenderer chat;
 };
+
+// What a --prompts-file line's request is built against: NormalizeRequest's context (the model's
+// vocabulary and context, the tokenizer, BOS, --max-tokens), the sampling flags and --seed, and
+// --ignore-eos, for the fields a line does not set; and --chat.
+struct PromptLineContext {
+  RequestContext request;
+  SamplingParams sampling;
+  bool ignore_eos = false;
+  ChatRenderer chat;
+};
+PromptLineContext PromptLineContextOf(const LoadedEngine& e, ChatRenderer chat);
 
 // Acceptance statistics as JSON (per request or in total).
 nlohmann::json SpecStatsJson(const SpecStats& s);
@@ -48,15 +50,15 @@ std::string SpecStatsLine(const SpecStats& s);
 // that speculated on no sequence, for stderr.
 std::string SpecLengthLine(const EngineStats& s);
 
-// One --prompts-file line (`line_number` counts from 1) as a request: the fields it does not set come
-// from `opt`, and `id` is its "id" (the line number when absent). Returns "" or the error, which
-// names the field.
-std::string ParsePromptLine(const std::string& text, int32_t line_number, const Tokenizer& tokenizer,
-                            const BatchOptions& opt, nlohmann::json* id, Request* request);
+// One --prompts-file line (`line_number` counts from 1, and is the request's id) as a request,
+// normalized under the table's prompts-file row: the fields it does not set come from `context`,
+// and `id` is its "id" (the line number when absent). Returns "" or the error, which names the field.
+std::string ParsePromptLine(const std::string& text, int32_t line_number, const PromptLineContext& context,
+                            nlohmann::json* id, Request* request);
 
-// Malformed lines get an error naming the line and field (on stderr and as their JSON line); the
-// other lines still run. Fails only when the file cannot be read.
-absl::Status RunBatchGenerate(LlamaModel& model, const Tokenizer& tokenizer, const BatchOptions& opt,
-                              std::FILE* out);
+// Every line through the continuous-batching engine of `e`'s options. Malformed lines get an error
+// naming the line and field (on stderr and as their JSON line); the other lines still run. Fails
+// only when the file cannot be read.
+absl::Status RunBatchGenerate(LoadedEngine& e, const BatchOptions& opt, std::FILE* out);
 
 }  // namespace specula

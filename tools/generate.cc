@@ -13,6 +13,7 @@
 #include "core/mapped_file.h"
 #include "core/status_macros.h"
 #include "engine/run.h"
+#include "request/boundary.h"
 #include "tools/batch_generate.h"
 #include "tools/engine_flags.h"
 
@@ -106,16 +107,17 @@ void PrintStats(const RequestOutput& out) {
 
 }  // namespace
 
-absl::Status RunSinglePrompt(LoadedEngine& e, std::vector<TokenId> prompt, bool json) {
+absl::Status RunSinglePrompt(LoadedEngine& e, const std::string& text, bool templated, bool json) {
+  RequestSpec spec = SpecDefaults(Surface::kOnePrompt, e.defaults().sampling);
+  spec.ignore_eos = e.ignore_eos();
+  PromptInput input;
+  input.text = text;
+  input.templated = templated;
+  ASSIGN_OR_RETURN(std::vector<TokenId> prompt, NormalizeRequest(Surface::kOnePrompt, RequestContextOf(e), input, &spec));
   const SchedulerConfig sc = SingleSchedulerConfig(e, prompt.size());
   Engine engine(e.model.get(), e.tokenizer.get(), sc, e.spec_config());
   RETURN_IF_ERROR(engine.Validate());
-  Request r;
-  r.prompt = std::move(prompt);
-  r.max_tokens = std::min<int64_t>(e.defaults().max_tokens, std::max<int64_t>(1, sc.max_model_len - static_cast<int64_t>(r.prompt.size())));
-  r.sampling = e.defaults().sampling;
-  r.ignore_eos = e.ignore_eos();
-  RETURN_IF_ERROR(engine.AddRequest(std::move(r)));
+  RETURN_IF_ERROR(engine.AddRequest(MakeRequest(0, std::move(prompt), std::move(spec))));
   RunCallbacks stream;
   if (!json) {
     stream.on_delta = [](const RequestDelta& d) {
@@ -147,7 +149,7 @@ absl::Status RunGenerate(int argc, char** argv) {
   auto flags = ParseFlags(argc, argv, known, switches);
   if (!flags.ok()) return flags.status();
   if (flags->switches.count("help")) {
-    std::cout << kGenerateUsage << "\n" << kEngineFlagsHelp;
+    std::cout << kGenerateUsage << "\n" << kEngineFlagsHelp << kRequestTableHelp << SurfaceTableMarkdown();
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(CheckGenerateFlags(*flags));
@@ -160,14 +162,7 @@ absl::Status RunGenerate(int argc, char** argv) {
   if (flags->values.count("prompts-file")) {
     BatchOptions b;
     b.prompts_file = flags->values["prompts-file"];
-    b.sampling = options.defaults.sampling;
-    b.max_tokens = options.defaults.max_tokens;
-    b.add_bos = e->add_bos;
-    b.ignore_eos = options.ignore_eos;
     b.progress = !flags->switches.count("no-progress");
-    ASSIGN_OR_RETURN(b.scheduler, BatchSchedulerConfig(*e));
-    b.proposer = e->proposer.get();
-    b.adaptive_spec = e->adaptive();
     if (flags->switches.count("chat")) {
       ASSIGN_OR_RETURN(ChatSource source, FindChatTemplate(flags->values["model"], flags->values.count("chat-template")
                                                                                       ? flags->values["chat-template"]
@@ -180,16 +175,14 @@ absl::Status RunGenerate(int argc, char** argv) {
         return RenderChat(source, messages);
       };
     }
-    return RunBatchGenerate(*e->model, *e->tokenizer, b, stdout);
+    return RunBatchGenerate(*e, b, stdout);
   }
-  std::vector<TokenId> prompt;
+  const bool json = flags->switches.count("json") > 0;
   if (flags->switches.count("chat") || flags->values.count("messages")) {
     ASSIGN_OR_RETURN(std::string text, ChatPrompt(*flags));
-    prompt = e->tokenizer->Encode(text, /*add_bos=*/false);  // the template writes BOS where the model wants it
-  } else {
-    prompt = e->tokenizer->Encode(flags->values["prompt"], e->add_bos);
+    return RunSinglePrompt(*e, text, /*templated=*/true, json);  // the template writes BOS where the model wants it
   }
-  return RunSinglePrompt(*e, std::move(prompt), flags->switches.count("json") > 0);
+  return RunSinglePrompt(*e, flags->values["prompt"], /*templated=*/false, json);
 }
 
 }  // namespace specula

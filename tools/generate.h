@@ -1,7 +1,7 @@
 // `specula generate`: text from a model, one prompt or a prompts file.
 #pragma once
 
-#include <vector>
+#include <string>
 
 #include "absl/status/status.h"
 #include "core/batch.h"
@@ -12,8 +12,9 @@ namespace specula {
 // `specula generate FLAGS` (argv without the command).
 absl::Status RunGenerate(int argc, char** argv);
 
-// One prompt through a one-sequence engine: its text streamed to stdout as it comes, or with
-// `json` one JSON line at the end; statistics on stderr.
-absl::Status RunSinglePrompt(LoadedEngine& e, std::vector<TokenId> prompt, bool json);
+// One prompt (text; `templated`: a rendered chat template, which writes its own BOS), normalized
+// under the table's one-prompt row, through a one-sequence engine: its text streamed to stdout as
+// it comes, or with `json` one JSON line at the end; statistics on stderr.
+absl::Status RunSinglePrompt(LoadedEngine& e, const std::string& text, bool templated, bool json);
 
 }  // namespace specula
