@@ -4,6 +4,8 @@
 #include <optional>
 #include <string>
 
+#include "request/boundary.h"
+
 namespace specula::experiments {
 
 RequestResult InProcessClient::Send(const LoadRequest& request) {
@@ -12,7 +14,8 @@ RequestResult InProcessClient::Send(const LoadRequest& request) {
   RequestResult out;
   const auto sent = Clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - sent).count(); };
-  ServeRequest r;
+  ServeRequest r;  // the table's in-process row: the server's default max_tokens, capped to the room
+  r.surface = Surface::kInProcess;
   r.prompt = request.prompt;
   r.prompt_token_ids = request.prompt_token_ids;
   r.sampling.temperature = static_cast<float>(temperature_);

@@ -14,6 +14,7 @@
 #include "core/status_macros.h"
 #include "engine/engine_setup.h"
 #include "engine/run.h"
+#include "request/boundary.h"
 #include "serving/load_gen.h"
 #include "serving/server.h"
 #include "draft/ngram_proposer.h"
@@ -85,15 +86,36 @@ uint64_t HashTokens(const std::vector<std::vector<TokenId>>& outputs) {
 // Adaptive k's larger shapes are measured here too, not between the run's steps: 3-4 forwards of
 // 20-110 ms each in every SmolLM2 ONLINE run, stalls that `serve` pays only until its cost cache
 // holds them, and that the simulator does not model.
-absl::Status WarmUp(Engine& engine, int32_t block_size) {
+absl::Status WarmUp(const LoadedEngine& e, Engine& engine, int32_t block_size) {
   engine.MeasureSpeculationCosts();
-  Request r;
-  r.id = 1 << 30;
-  for (int32_t i = 0; i < std::max(1, block_size / 2); ++i) r.prompt.push_back(1 + i % 7);
-  r.max_tokens = 8;
-  r.ignore_eos = true;
-  if (auto st = engine.AddRequest(std::move(r)); !st.ok()) return st;
+  std::vector<TokenId> ids;
+  for (int32_t i = 0; i < std::max(1, block_size / 2); ++i) ids.push_back(1 + i % 7);
+  RequestSpec spec = SpecDefaults(Surface::kExperiment, e.defaults().sampling);
+  spec.max_tokens = 8;
+  spec.ignore_eos = true;
+  PromptInput input;
+  input.ids = ids;
+  ASSIGN_OR_RETURN(std::vector<TokenId> prompt, NormalizeRequest(Surface::kExperiment, RequestContextOf(e), input, &spec));
+  RETURN_IF_ERROR(engine.AddRequest(MakeRequest(1 << 30, std::move(prompt), std::move(spec))));
   return RunToCompletion(engine).status();
+}
+
+// Request i of an offline workload, normalized under the table's experiment row: the point's
+// sampling (its temperature), seed workload.seed + i, max_tokens the line's or workload.max_tokens,
+// capped to the room the prompt leaves.
+absl::StatusOr<Request> OfflineRequest(const LoadedEngine& e, const v1::Workload& w, const LoadRequest& lr, int32_t i) {
+  RequestSpec spec = SpecDefaults(Surface::kExperiment, e.defaults().sampling);
+  spec.max_tokens = std::max(lr.max_tokens, 0);
+  spec.seed = w.seed() + static_cast<uint64_t>(i);
+  spec.ignore_eos = lr.ignore_eos || e.ignore_eos();
+  PromptInput input;
+  if (lr.prompt_token_ids.empty()) {
+    input.text = lr.prompt;
+  } else {
+    input.ids = lr.prompt_token_ids;
+  }
+  ASSIGN_OR_RETURN(std::vector<TokenId> prompt, NormalizeRequest(Surface::kExperiment, RequestContextOf(e), input, &spec));
+  return MakeRequest(i + 1, std::move(prompt), std::move(spec));
 }
 
 void SubtractPerIndex(const std::vector<int64_t>& before, std::vector<int64_t>* counts) {
@@ -173,28 +195,17 @@ nlohmann::json Measurements(const BenchSummary& b, int32_t num_requests, const E
 // Offline: every request added at t = 0, the engine stepped until all finish.
 absl::StatusOr<nlohmann::json> RunOffline(LoadedEngine& e, const SchedulerConfig& sc, const SpecConfig& spec_cfg,
                                           const std::vector<LoadRequest>& requests, const Experiment& spec,
-                                          double temperature, const RunHooks& hooks) {
+                                          const RunHooks& hooks) {
   const v1::Workload& w = spec.workload();
   Engine engine(e.model.get(), e.tokenizer.get(), sc, spec_cfg);
   if (auto st = engine.Validate(); !st.ok()) return st;
-  if (auto st = WarmUp(engine, sc.block_size); !st.ok()) return st;
+  if (auto st = WarmUp(e, engine, sc.block_size); !st.ok()) return st;
   const EngineStats warm = engine.stats();
   const int32_t n = static_cast<int32_t>(requests.size());
   for (int32_t i = 0; i < n; ++i) {
-    const LoadRequest& lr = requests[i];
-    Request r;
-    r.id = i + 1;
-    r.prompt = lr.prompt_token_ids.empty() ? e.tokenizer->Encode(lr.prompt, e.add_bos) : lr.prompt_token_ids;
-    // As the server does: a request asks for at most what its context has room for.
-    r.max_tokens = std::min(lr.max_tokens > 0 ? lr.max_tokens : w.max_tokens(),
-                            sc.max_model_len - static_cast<int32_t>(r.prompt.size()));
-    r.sampling = e.defaults().sampling;
-    r.sampling.temperature = static_cast<float>(temperature);
-    r.sampling.seed = w.seed() + static_cast<uint64_t>(i);
-    r.ignore_eos = lr.ignore_eos || e.ignore_eos();
-    if (auto st = engine.AddRequest(std::move(r)); !st.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("workload request ", i, ": ", st.message()));
-    }
+    absl::StatusOr<Request> r = OfflineRequest(e, w, requests[i], i);
+    absl::Status st = r.ok() ? engine.AddRequest(*std::move(r)) : r.status();
+    if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("workload request ", i, ": ", st.message()));
   }
   int32_t done = 0, peak_blocks = 0;
   const double start_ms = engine.NowMs();
@@ -331,12 +342,12 @@ absl::StatusOr<nlohmann::json> RunOnline(LoadedEngine& e, const SchedulerConfig&
   const v1::Workload& w = spec.workload();
   Engine engine(e.model.get(), e.tokenizer.get(), sc, spec_cfg);
   if (auto st = engine.Validate(); !st.ok()) return st;
-  if (auto st = WarmUp(engine, sc.block_size); !st.ok()) return st;  // before the loop thread owns it
+  if (auto st = WarmUp(e, engine, sc.block_size); !st.ok()) return st;  // before the loop thread owns it
   const EngineStats warm = engine.stats();
   const int64_t warm_preemptions = engine.scheduler().num_preemptions();
   ServeOptions so;
   so.model_name = "experiment";
-  so.default_max_tokens = w.max_tokens();
+  so.default_max_tokens = w.max_tokens();  // the in-process row's configured default
   so.add_bos = e.add_bos;
   so.admission.max_queue_len = spec.admission().max_queue_len();
   so.admission.max_queue_delay_ms = spec.admission().max_queue_delay_ms();
@@ -413,7 +424,7 @@ absl::StatusOr<nlohmann::json> RunPoint(const LoadedSpec& s, const Point& p, con
   const SpecConfig spec_cfg = e.spec_config();
   const std::vector<LoadRequest> requests = Workload(s, e.model->config().vocab_size);
   auto m = p.online ? RunOnline(e, *sc, spec_cfg, requests, s.spec, p, hooks)
-                    : RunOffline(e, *sc, spec_cfg, requests, s.spec, p.temperature, hooks);
+                    : RunOffline(e, *sc, spec_cfg, requests, s.spec, hooks);
   // The replica as it ran (the KV pool is sized from this machine's memory): what a simulator
   // replaying the run needs (specula simulate --validate).
   if (m.ok()) {

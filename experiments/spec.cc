@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "core/dtype.h"
 #include "core/mapped_file.h"
+#include "request/boundary.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
@@ -218,7 +219,8 @@ absl::Status ValidateInputs(const Locator& at, const Experiment& s, const std::s
   }
   if (w.max_tokens() < 0) return bad({"workload", "max_tokens"}, absl::StrCat("workload.max_tokens: ", w.max_tokens(), " is negative"));
   if (!w.prompts_file().empty()) {
-    auto data = LoadJsonlDataset(Resolve(spec_path, w.prompts_file()), w.max_tokens() > 0 ? w.max_tokens() : 128);
+    auto data = LoadJsonlDataset(Resolve(spec_path, w.prompts_file()),
+                                 w.max_tokens() > 0 ? w.max_tokens() : kWorkloadMaxTokensDefault);
     if (!data.ok()) return bad({"workload", "prompts_file"}, absl::StrCat("workload.prompts_file: ", data.status().message()));
     if (data->empty()) return bad({"workload", "prompts_file"}, "workload.prompts_file: the file holds no prompts");
     *prompts = std::move(data).value();
@@ -357,7 +359,7 @@ void FillDefaults(Experiment& s, const std::string& spec_path) {
   if (s.mode() == v1::MODE_UNSPECIFIED) s.set_mode(v1::OFFLINE);
   v1::Workload& w = *s.mutable_workload();
   if (w.num_requests() == 0) w.set_num_requests(64);
-  if (w.max_tokens() == 0) w.set_max_tokens(128);
+  if (w.max_tokens() == 0) w.set_max_tokens(kWorkloadMaxTokensDefault);  // the table's experiment row
   if (s.repeats() == 0) s.set_repeats(1);
   if (s.max_spec_tokens() == 0) s.set_max_spec_tokens(8);
   if (!s.endpoint().empty()) return;  // the server's own settings
