@@ -219,4 +219,29 @@ absl::StatusOr<SchedulerConfig> BatchSchedulerConfig(LoadedEngine& e) {
   return sc;
 }
 
+SchedulerConfig SinglePromptSchedulerConfig(const LoadedEngine& e, size_t prompt_tokens, int32_t max_tokens) {
+  SchedulerConfig sc;
+  sc.max_num_seqs = 1;
+  sc.block_size = e.defaults().block_size;
+  sc.max_model_len = e.model->config().max_seq_len;
+  sc.max_num_batched_tokens = std::max(2048, e.num_spec() + 1);
+  sc.num_spec_tokens = e.num_spec();
+  const int64_t tokens = std::min<int64_t>(sc.max_model_len, prompt_tokens + max_tokens + e.num_spec() + 1);
+  sc.num_blocks = static_cast<int32_t>((tokens + sc.block_size - 1) / sc.block_size) + 1;
+  return sc;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(LoadedEngine& e, const EngineVariant& variant) {
+  SchedulerConfig sc;
+  if (variant.scheduler.has_value()) {
+    sc = *variant.scheduler;
+  } else {
+    ASSIGN_OR_RETURN(sc, BatchSchedulerConfig(e));
+  }
+  auto engine = std::make_unique<Engine>(e.model.get(), e.tokenizer.get(), sc, variant.spec.value_or(e.spec_config()),
+                                         variant.clock);
+  RETURN_IF_ERROR(engine->Validate());
+  return engine;
+}
+
 }  // namespace specula

@@ -1,12 +1,16 @@
 // Building the engine that EngineOptions (engine/options.h) describe: the target's loader (model,
 // tokenizer, backend, tensor-parallel shard, KV dtype), the proposer from its factory
-// (draft/factory.h), and the continuous-batching scheduler with its KV pool.
+// (draft/factory.h), the continuous-batching scheduler with its KV pool, and the Engine over them
+// (MakeEngine, which every command and the experiments build their engines with).
 #pragma once
 
+#include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "core/clock.h"
 #include "dist/communicator.h"
 #include "draft/proposer.h"
 #include "engine/engine.h"
@@ -62,5 +66,22 @@ RequestContext RequestContextOf(const LoadedEngine& e);
 // The scheduler of options.batching: the KV pool sized for max-num-seqs full contexts (at most 4
 // GiB) on the CPU, from --gpu-memory-utilization on a GPU, where the step scratch is reserved now.
 absl::StatusOr<SchedulerConfig> BatchSchedulerConfig(LoadedEngine& e);
+
+// The scheduler of one prompt: one sequence, a KV pool for the prompt, its max_tokens and the
+// drafts' lookahead, no more.
+SchedulerConfig SinglePromptSchedulerConfig(const LoadedEngine& e, size_t prompt_tokens, int32_t max_tokens);
+
+// What a command changes in the engine that its options describe.
+struct EngineVariant {
+  // The scheduler and its KV pool; unset: BatchSchedulerConfig(e).
+  std::optional<SchedulerConfig> scheduler;
+  // The speculation; unset: the loaded proposer, auto or not (LoadedEngine::spec_config). SpecConfig{}: none.
+  std::optional<SpecConfig> spec;
+  Clock* clock = nullptr;  // null: the steady clock
+};
+
+// The engine over what LoadEngine loaded (`e` must outlive it), as e.options and `variant` describe
+// it, validated (Engine::Validate).
+absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(LoadedEngine& e, const EngineVariant& variant = {});
 
 }  // namespace specula

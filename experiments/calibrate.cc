@@ -15,6 +15,7 @@
 #include "core/stats.h"
 #include "core/status_macros.h"
 #include "engine/engine.h"
+#include "engine/engine_setup.h"
 #include "experiments/calibrate_load.h"
 #include "experiments/step_periods.h"
 #include "serving/server.h"
@@ -85,8 +86,11 @@ absl::Status ProfileShape(LoadedEngine& e, SchedulerConfig sc, Shape shape, cons
   sc.num_spec_tokens = k_max;
   sc.max_num_seqs = std::max(sc.max_num_seqs, shape.batch);
   sc.enable_prefix_caching = false;
-  Engine engine(e.model.get(), e.tokenizer.get(), sc, spec);
-  RETURN_IF_ERROR(engine.Validate());
+  EngineVariant variant;
+  variant.scheduler = sc;
+  variant.spec = spec;
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> made, MakeEngine(e, variant));
+  Engine& engine = *made;
   const int32_t per_step = static_cast<int32_t>(ks.size()) * (k_max + 1);  // tokens a step of each phase adds
   const int32_t most = std::max(o.decode_steps, std::min(o.max_phase_steps, (sc.max_model_len - shape.context - 4) / per_step - 1));
   // On the loop's thread: each step's work and period, and the drafts' phases. `profiling` is set

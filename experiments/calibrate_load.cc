@@ -14,19 +14,31 @@
 #include "core/stats.h"
 #include "core/status_macros.h"
 #include "engine/engine.h"
+#include "engine/engine_setup.h"
 #include "experiments/in_process_client.h"
 #include "experiments/step_periods.h"
 #include "serving/server.h"
 #include "sim/step_time.h"
 
 namespace specula::experiments {
+namespace {
+
+// The calibration's engine of `sc`, without speculation.
+EngineVariant Unspeculative(const SchedulerConfig& sc) {
+  EngineVariant v;
+  v.scheduler = sc;
+  v.spec = SpecConfig{};
+  return v;
+}
+
+}  // namespace
 
 absl::Status ProfileLoad(LoadedEngine& e, SchedulerConfig sc, const LoadProfile& p, nlohmann::json* steps) {
   constexpr int32_t kMinLen = 16, kMaxOutput = 96;
   sc.num_spec_tokens = 0;
   sc.max_num_seqs = std::max(sc.max_num_seqs, 2 * p.concurrency);
-  Engine engine(e.model.get(), e.tokenizer.get(), sc, SpecConfig{});
-  RETURN_IF_ERROR(engine.Validate());
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> made, MakeEngine(e, Unspeculative(sc)));
+  Engine& engine = *made;
   StepPeriods periods(
       [&](const StepPeriods::Step& s, double seconds) { steps->push_back(StepPeriods::Json(s, seconds, "load")); });
   std::atomic<bool> profiling{false};
@@ -78,8 +90,8 @@ absl::Status ProfileLoad(LoadedEngine& e, SchedulerConfig sc, const LoadProfile&
 absl::StatusOr<double> MeasureRequestOverhead(LoadedEngine& e, SchedulerConfig sc, int32_t n) {
   sc.num_spec_tokens = 0;
   sc.enable_prefix_caching = false;
-  Engine engine(e.model.get(), e.tokenizer.get(), sc, SpecConfig{});
-  RETURN_IF_ERROR(engine.Validate());
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> made, MakeEngine(e, Unspeculative(sc)));
+  Engine& engine = *made;
   std::vector<double> step_s;  // [steps]: start to end, on the loop's thread (read once it is idle)
   engine.set_step_observer([&](const StepPlan&, const StepResult&, double start_s) {
     step_s.push_back(DefaultClock()->NowSeconds() - start_s);
@@ -132,8 +144,8 @@ absl::StatusOr<double> MeasureArrivalCost(LoadedEngine& e, SchedulerConfig sc, d
   constexpr int32_t kBatch = 2, kProbes = 48, kPromptIds = 16, kLead = 20;
   constexpr double kSpacing = 8;  // decode steps between probes, on average
   sc.num_spec_tokens = 0;
-  Engine engine(e.model.get(), e.tokenizer.get(), sc, SpecConfig{});
-  RETURN_IF_ERROR(engine.Validate());
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> made, MakeEngine(e, Unspeculative(sc)));
+  Engine& engine = *made;
   std::vector<std::pair<StepPeriods::Step, double>> steps;  // [steps]: each with its period
   StepPeriods periods([&](const StepPeriods::Step& s, double seconds) { steps.emplace_back(s, seconds); });
   engine.set_step_observer([&](const StepPlan& plan, const StepResult& result, double start_s) {

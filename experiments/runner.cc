@@ -79,6 +79,14 @@ uint64_t HashTokens(const std::vector<std::vector<TokenId>>& outputs) {
   return h;
 }
 
+// The point's engine: the scheduler RunPoint sized (and reports) and the loaded speculation.
+EngineVariant PointEngine(const SchedulerConfig& sc, const SpecConfig& spec) {
+  EngineVariant v;
+  v.scheduler = sc;
+  v.spec = spec;
+  return v;
+}
+
 // One short request through a new engine before anything is timed: the first steps of a fresh
 // engine pay for first-touched memory and cold caches, which adaptive k's startup measurement
 // happens to pay before its runs. Without this, "none" measured 7-18% below an adaptive k that
@@ -197,8 +205,8 @@ absl::StatusOr<nlohmann::json> RunOffline(LoadedEngine& e, const SchedulerConfig
                                           const std::vector<LoadRequest>& requests, const Experiment& spec,
                                           const RunHooks& hooks) {
   const v1::Workload& w = spec.workload();
-  Engine engine(e.model.get(), e.tokenizer.get(), sc, spec_cfg);
-  if (auto st = engine.Validate(); !st.ok()) return st;
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> made, MakeEngine(e, PointEngine(sc, spec_cfg)));
+  Engine& engine = *made;
   if (auto st = WarmUp(e, engine, sc.block_size); !st.ok()) return st;
   const EngineStats warm = engine.stats();
   const int32_t n = static_cast<int32_t>(requests.size());
@@ -340,8 +348,8 @@ absl::StatusOr<nlohmann::json> RunOnline(LoadedEngine& e, const SchedulerConfig&
                                          const std::vector<LoadRequest>& requests, const Experiment& spec,
                                          const Point& p, const RunHooks& hooks) {
   const v1::Workload& w = spec.workload();
-  Engine engine(e.model.get(), e.tokenizer.get(), sc, spec_cfg);
-  if (auto st = engine.Validate(); !st.ok()) return st;
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> made, MakeEngine(e, PointEngine(sc, spec_cfg)));
+  Engine& engine = *made;
   if (auto st = WarmUp(e, engine, sc.block_size); !st.ok()) return st;  // before the loop thread owns it
   const EngineStats warm = engine.stats();
   const int64_t warm_preemptions = engine.scheduler().num_preemptions();

@@ -184,9 +184,8 @@ std::string SpecLengthLine(const EngineStats& s) {
 absl::Status RunBatchGenerate(LoadedEngine& e, const BatchOptions& opt, std::FILE* out) {
   std::ifstream in(opt.prompts_file);
   if (!in) return absl::NotFoundError(absl::StrCat(opt.prompts_file, ": cannot open"));
-  ASSIGN_OR_RETURN(const SchedulerConfig sc, BatchSchedulerConfig(e));
-  Engine engine(e.model.get(), e.tokenizer.get(), sc, e.spec_config());
-  RETURN_IF_ERROR(engine.Validate());
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> made, MakeEngine(e));
+  Engine& engine = *made;
   const PromptLineContext context = PromptLineContextOf(e, opt.chat);
   std::map<RequestId, Line> lines;
   std::string text;

@@ -81,20 +81,6 @@ absl::StatusOr<std::string> ChatPrompt(Flags& flags) {
   return RenderChat(source, messages);
 }
 
-// The one-sequence engine of a single prompt: a KV pool for the prompt, its tokens and the drafts'
-// lookahead, no more.
-SchedulerConfig SingleSchedulerConfig(const LoadedEngine& e, size_t prompt_tokens) {
-  SchedulerConfig sc;
-  sc.max_num_seqs = 1;
-  sc.block_size = e.defaults().block_size;
-  sc.max_model_len = e.model->config().max_seq_len;
-  sc.max_num_batched_tokens = std::max(2048, e.num_spec() + 1);
-  sc.num_spec_tokens = e.num_spec();
-  const int64_t tokens = std::min<int64_t>(sc.max_model_len, prompt_tokens + e.defaults().max_tokens + e.num_spec() + 1);
-  sc.num_blocks = static_cast<int32_t>((tokens + sc.block_size - 1) / sc.block_size) + 1;
-  return sc;
-}
-
 void PrintStats(const RequestOutput& out) {
   const size_t n = out.tokens.size();
   const double decode_ms = n > 1 ? out.token_ms.back() - out.token_ms.front() : 0.0;
@@ -114,9 +100,10 @@ absl::Status RunSinglePrompt(LoadedEngine& e, const std::string& text, bool temp
   input.text = text;
   input.templated = templated;
   ASSIGN_OR_RETURN(std::vector<TokenId> prompt, NormalizeRequest(Surface::kOnePrompt, RequestContextOf(e), input, &spec));
-  const SchedulerConfig sc = SingleSchedulerConfig(e, prompt.size());
-  Engine engine(e.model.get(), e.tokenizer.get(), sc, e.spec_config());
-  RETURN_IF_ERROR(engine.Validate());
+  EngineVariant one;
+  one.scheduler = SinglePromptSchedulerConfig(e, prompt.size(), spec.max_tokens);
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> made, MakeEngine(e, one));
+  Engine& engine = *made;
   RETURN_IF_ERROR(engine.AddRequest(MakeRequest(0, std::move(prompt), std::move(spec))));
   RunCallbacks stream;
   if (!json) {

@@ -168,9 +168,8 @@ absl::Status RunServe(int argc, char** argv) {
   ASSIGN_OR_RETURN(std::unique_ptr<LoadedEngine> loaded, LoadEngine(options));
   if (loaded->follower) return absl::OkStatus();  // a tensor-parallel rank other than 0: only rank 0 serves
   LoadedEngine& e = *loaded;
-  ASSIGN_OR_RETURN(SchedulerConfig sc, BatchSchedulerConfig(e));
-  Engine engine(e.model.get(), e.tokenizer.get(), sc, e.spec_config());
-  RETURN_IF_ERROR(engine.Validate());
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, MakeEngine(e));
+  const SchedulerConfig& sc = engine->scheduler().config();
 
   ServeOptions& opt = f.opt;
   opt.model_name = flags.values.count("served-model-name") ? flags.values["served-model-name"] : options.target.model;
@@ -178,7 +177,7 @@ absl::Status RunServe(int argc, char** argv) {
   opt.add_bos = e.add_bos;
   opt.spec_method = options.speculation.method;
   opt.num_spec_tokens = e.proposer == nullptr ? "0" : e.adaptive() ? "auto" : absl::StrCat(e.num_spec());
-  Server server(&engine, e.tokenizer.get(), e.model->config(), opt);
+  Server server(engine.get(), e.tokenizer.get(), e.model->config(), opt);
   ASSIGN_OR_RETURN(auto grpc, GrpcFrontend::Start(&server, f.host, f.grpc_port, f.security));
   std::unique_ptr<HttpFrontend> http;
   std::string http_where = "off";
