@@ -58,18 +58,7 @@ struct StepResult {
   std::vector<SeqOutput> outputs;
 };
 
+// Why a request ended; each surface's name for it is in request/finish.h's table.
 enum class FinishReason { kNone, kStopToken, kStopString, kMaxTokens, kAborted, kError };
-
-inline const char* FinishReasonName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kNone: return "none";
-    case FinishReason::kStopToken: return "stop";
-    case FinishReason::kStopString: return "stop_string";
-    case FinishReason::kMaxTokens: return "length";
-    case FinishReason::kAborted: return "abort";
-    case FinishReason::kError: return "error";
-  }
-  return "?";
-}
 
 }  // namespace specula

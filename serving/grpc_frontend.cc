@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "request/boundary.h"
+#include "request/finish.h"
 #include "grpc/health/v1/health.pb.h"
 #include "serving/spec_metrics.h"
 #include "serving/tls_files.h"
@@ -58,16 +59,6 @@ ServeRequest FromProto(const v1::GenerateRequest& req) {
   return r;
 }
 
-v1::FinishReason FinishOf(FinishReason f) {
-  switch (f) {
-    case FinishReason::kStopToken:
-    case FinishReason::kStopString: return v1::FINISH_REASON_STOP;
-    case FinishReason::kMaxTokens: return v1::FINISH_REASON_LENGTH;
-    case FinishReason::kAborted: return v1::FINISH_REASON_ABORTED;
-    default: return v1::FINISH_REASON_UNSPECIFIED;
-  }
-}
-
 void AddLogprobs(const std::vector<TokenLogprobs>& from, google::protobuf::RepeatedPtrField<v1::TokenLogprobs>* to) {
   for (const TokenLogprobs& lp : from) {
     v1::TokenLogprobs* t = to->Add();
@@ -96,7 +87,9 @@ void SetSpeculativeDecoding(const SpecStats& s, int32_t num_spec_tokens, v1::Spe
 
 // `spec_tokens`: Server::spec_metrics_tokens (-1: no speculative_decoding message).
 void SetLast(const RequestOutput& out, int32_t spec_tokens, v1::GenerateResponse* r) {
-  r->set_finish_reason(FinishOf(out.finish));
+  v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
+  v1::FinishReason_Parse(GrpcFinishName(out.finish), &reason);  // the table names the value
+  r->set_finish_reason(reason);
   r->mutable_usage()->set_prompt_tokens(out.prompt_tokens);
   r->mutable_usage()->set_completion_tokens(static_cast<int32_t>(out.tokens.size()));
   r->mutable_usage()->set_cached_prompt_tokens(out.cached_prompt_tokens);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "request/finish.h"
 #include "serving/openai_api.h"
 #include "serving/spec_metrics.h"
 
@@ -15,15 +16,6 @@ using Sample = OpenAiResponder::Sample;
 
 // JSON has no -inf: vLLM's floor for a token of probability 0.
 float Finite(float lp) { return std::isfinite(lp) ? lp : -9999.0f; }
-
-const char* FinishName(FinishReason f) {
-  switch (f) {
-    case FinishReason::kStopToken:
-    case FinishReason::kStopString: return "stop";
-    case FinishReason::kMaxTokens: return "length";
-    default: return "abort";
-  }
-}
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 std::string Event(const json& j) { return "data: " + Dump(j) + "\n\n"; }
@@ -155,7 +147,7 @@ std::string OpenAiResponder::StreamEvents(int32_t index, const RequestDelta& d, 
     out = "data: " + ErrorJson(d.error, HttpStatusOf(d.error)) + "\n\n";
   } else {
     json c = {{"index", index}, {"logprobs", nullptr},
-              {"finish_reason", d.finished ? json(FinishName(d.final.finish)) : json(nullptr)}};
+              {"finish_reason", d.finished ? json(OpenAiFinishName(d.final.finish)) : json(nullptr)}};
     const size_t to = s.tokens.size(), from = to - d.tokens.size();
     if (call_.chat) {
       c["delta"] = s.first_sent ? json{{"content", d.text}} : json{{"role", "assistant"}, {"content", d.text}};
@@ -209,7 +201,7 @@ std::string OpenAiResponder::Body() const {
   for (const Sample& x : samples_) completion += static_cast<int32_t>(x.tokens.size());
   for (size_t c = 0; c < order.size(); ++c) {
     const Sample& s = samples_[order[c]];
-    json choice = {{"index", c}, {"logprobs", nullptr}, {"finish_reason", FinishName(s.final.finish)}};
+    json choice = {{"index", c}, {"logprobs", nullptr}, {"finish_reason", OpenAiFinishName(s.final.finish)}};
     const bool show = call_.logprobs >= 0;  // best_of's own logprobs stay inside
     if (call_.chat) {
       choice["message"] = {{"role", "assistant"}, {"content", s.text}};

@@ -9,6 +9,7 @@
 #include "core/status_macros.h"
 #include "engine/run.h"
 #include "nlohmann/json.hpp"
+#include "request/finish.h"
 #include "serving/spec_metrics.h"
 
 namespace specula {
@@ -125,7 +126,7 @@ json OutputJson(const json& id, const RequestOutput& o, int32_t num_spec_tokens)
   json j = {{"id", id},
             {"text", o.text},
             {"token_ids", o.tokens},
-            {"finish_reason", FinishReasonName(o.finish)},
+            {"finish_reason", FinishName(o.finish)},
             {"prompt_tokens", o.prompt_tokens},
             {"cached_prompt_tokens", o.cached_prompt_tokens},
             {"ttft_ms", o.ttft_ms()},

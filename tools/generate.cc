@@ -14,6 +14,7 @@
 #include "core/status_macros.h"
 #include "engine/run.h"
 #include "request/boundary.h"
+#include "request/finish.h"
 #include "tools/batch_generate.h"
 #include "tools/engine_flags.h"
 
@@ -87,7 +88,7 @@ void PrintStats(const RequestOutput& out) {
   std::fprintf(stderr,
                "[specula] prompt tokens: %d, generated tokens: %zu, finish: %s\n"
                "[specula] prefill: %.1f tokens/s (%.1f ms), decode: %.1f tokens/s (%.1f ms)\n",
-               out.prompt_tokens, n, FinishReasonName(out.finish), out.prompt_tokens / std::max(out.ttft_ms(), 1e-6) * 1e3,
+               out.prompt_tokens, n, FinishName(out.finish), out.prompt_tokens / std::max(out.ttft_ms(), 1e-6) * 1e3,
                out.ttft_ms(), n > 1 ? (n - 1) / std::max(decode_ms, 1e-6) * 1e3 : 0.0, decode_ms);
 }
 

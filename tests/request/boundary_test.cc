@@ -1,17 +1,19 @@
 // The request boundary over its table: every row's max_tokens default and what it gets past the
 // room the prompt leaves, every bound (max_tokens, logprobs, n, empty stops), the seed's rule, the
-// prompt's checks, and each error's field name as its surface names it. Expectations come from the
+// prompt's checks, and each error's field name as its surface names it; and the finish names. Expectations come from the
 // row under test; a few anchors pin the values serving has always had (OpenAI's 16 and 20).
 #include "request/boundary.h"
 
 #include <algorithm>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "request/finish.h"
 
 namespace specula {
 namespace {
@@ -316,6 +318,27 @@ TEST(RequestBoundaryTest, Prompts) {
     // The CLI's long prompt says it is longer than the context (tests/CMakeLists.txt: prompt_too_long).
     EXPECT_EQ(full.message().find("longer than the context of 64 tokens") != std::string::npos, len > kContext);
   }
+}
+
+// One row per finish reason; OpenAI's names are its three, and gRPC's are specula.v1.FinishReason's
+// values (tests/serving/request_parse_test.cc parses them with the protobuf enum).
+TEST(FinishNamesTest, EveryReasonHasEachSurfacesName) {
+  const std::vector<FinishReason> all = {FinishReason::kNone,      FinishReason::kStopToken, FinishReason::kStopString,
+                                         FinishReason::kMaxTokens, FinishReason::kAborted,   FinishReason::kError};
+  std::set<std::string> internal;
+  for (FinishReason f : all) {
+    EXPECT_EQ(FinishNamesOf(f).reason, f);
+    internal.insert(FinishName(f));
+    const std::string openai = OpenAiFinishName(f);
+    EXPECT_TRUE(openai == "stop" || openai == "length" || openai == "abort") << openai;
+    EXPECT_EQ(std::string(GrpcFinishName(f)).rfind("FINISH_REASON_", 0), 0u);
+  }
+  EXPECT_EQ(internal.size(), all.size());  // the CLI tells every reason apart
+  EXPECT_EQ(std::string(FinishName(FinishReason::kStopString)), "stop_string");
+  EXPECT_EQ(std::string(OpenAiFinishName(FinishReason::kStopString)), "stop");
+  EXPECT_EQ(std::string(OpenAiFinishName(FinishReason::kMaxTokens)), "length");
+  EXPECT_EQ(std::string(GrpcFinishName(FinishReason::kAborted)), "FINISH_REASON_ABORTED");
+  EXPECT_EQ(std::string(GrpcFinishName(FinishReason::kError)), "FINISH_REASON_UNSPECIFIED");
 }
 
 // The table as docs/architecture.md carries it and --help prints it.

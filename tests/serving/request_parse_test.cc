@@ -13,7 +13,9 @@
 #include "chat/chat_template.h"
 #include "gtest/gtest.h"
 #include "request/boundary.h"
+#include "request/finish.h"
 #include "serving/grpc_frontend.h"
+#include "specula/v1/generation.pb.h"
 #include "serving/openai_api.h"
 #include "serving/server.h"
 #include "tests/test_util.h"
@@ -178,6 +180,26 @@ TEST(ServeRequestBoundaryTest, RangesAndPromptBytes) {
   EXPECT_NE(st.message().find("cannot fit the context"), std::string::npos) << st;
   huge.prompt.resize(limit);  // within the byte bound: tokenized, then refused by its token count
   EXPECT_NE(check(huge, limit).message().find("leave no room"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace specula
+
+namespace specula {
+namespace {
+
+// The gRPC front end maps each finish reason by the table's name (request/finish.h): every name is
+// a value of specula.v1.FinishReason, and the values are the ones the proto documents.
+TEST(FinishNamesTest, GrpcNamesAreTheProtoValues) {
+  const std::pair<FinishReason, v1::FinishReason> want[] = {
+      {FinishReason::kNone, v1::FINISH_REASON_UNSPECIFIED},  {FinishReason::kStopToken, v1::FINISH_REASON_STOP},
+      {FinishReason::kStopString, v1::FINISH_REASON_STOP},   {FinishReason::kMaxTokens, v1::FINISH_REASON_LENGTH},
+      {FinishReason::kAborted, v1::FINISH_REASON_ABORTED},   {FinishReason::kError, v1::FINISH_REASON_UNSPECIFIED}};
+  for (auto [reason, value] : want) {
+    v1::FinishReason parsed;
+    ASSERT_TRUE(v1::FinishReason_Parse(GrpcFinishName(reason), &parsed)) << GrpcFinishName(reason);
+    EXPECT_EQ(parsed, value) << FinishName(reason);
+  }
 }
 
 }  // namespace
