@@ -111,8 +111,9 @@ void ApplyLength(const SurfaceRules& rules, const RequestContext& c, int32_t pro
   }
 }
 
+// `over`: the row's rule for a max_tokens past the room, the default's or the given one's.
 absl::Status CheckLength(const SurfaceRules& rules, const RequestContext& c, int32_t prompt_tokens,
-                         const RequestSpec& spec) {
+                         const RequestSpec& spec, OverRoom over) {
   if (spec.max_tokens < 1 || spec.max_tokens > rules.max_max_tokens) {
     const std::string range = rules.max_max_tokens == kNoLimit ? std::string(">= 1")
                                                                 : absl::StrCat("in [1, ", rules.max_max_tokens, "]");
@@ -120,7 +121,7 @@ absl::Status CheckLength(const SurfaceRules& rules, const RequestContext& c, int
     return Bad(rules, "max_tokens", absl::StrCat("must be ", range, absent, ", got ", spec.max_tokens));
   }
   const int32_t room = c.max_model_len - prompt_tokens;
-  if (c.max_model_len > 0 && rules.given_over_room == OverRoom::kRefused && spec.max_tokens > room) {
+  if (c.max_model_len > 0 && over == OverRoom::kRefused && spec.max_tokens > room) {
     return Bad(rules, "max_tokens", absl::StrCat(spec.max_tokens, " and the prompt's ", prompt_tokens,
                                                  " tokens exceed the context of ", c.max_model_len,
                                                  " tokens; at most ", room, " here"));
@@ -168,8 +169,8 @@ absl::Status CheckSampling(const SurfaceRules& rules, const RequestContext& c, c
 
 // Every field of a spec whose defaults are filled, in the order serving has always checked them.
 absl::Status CheckFields(const SurfaceRules& rules, const RequestContext& c, int32_t prompt_tokens,
-                         const RequestSpec& spec) {
-  RETURN_IF_ERROR(CheckLength(rules, c, prompt_tokens, spec));
+                         const RequestSpec& spec, OverRoom over) {
+  RETURN_IF_ERROR(CheckLength(rules, c, prompt_tokens, spec, over));
   RETURN_IF_ERROR(CheckOutputs(rules, c, spec));
   return CheckSampling(rules, c, spec);
 }
@@ -195,9 +196,10 @@ absl::StatusOr<std::vector<TokenId>> NormalizeRequest(Surface surface, const Req
                                                       const PromptInput& prompt, RequestSpec* spec) {
   const SurfaceRules& rules = RulesOf(surface);
   ASSIGN_OR_RETURN(std::vector<TokenId> ids, PromptIds(context, prompt));
+  const OverRoom over = spec->max_tokens != 0 ? rules.given_over_room : rules.default_over_room;
   ApplyLength(rules, context, static_cast<int32_t>(ids.size()), spec);
   if (rules.seed_default == SeedDefault::kConfigured) ResolveSeed(spec, spec->sampling.seed);
-  RETURN_IF_ERROR(CheckFields(rules, context, static_cast<int32_t>(ids.size()), *spec));
+  RETURN_IF_ERROR(CheckFields(rules, context, static_cast<int32_t>(ids.size()), *spec, over));
   return ids;
 }
 
@@ -205,7 +207,8 @@ absl::Status CheckRequest(Surface surface, const RequestContext& context, absl::
                           const RequestSpec& spec) {
   if (prompt.empty()) return absl::InvalidArgumentError("prompt: empty");
   RETURN_IF_ERROR(CheckPromptIds(prompt, context.vocab_size, /*normalized=*/true));
-  return CheckFields(RulesOf(surface), context, static_cast<int32_t>(prompt.size()), spec);
+  const SurfaceRules& rules = RulesOf(surface);
+  return CheckFields(rules, context, static_cast<int32_t>(prompt.size()), spec, rules.given_over_room);
 }
 
 absl::Status CheckGivenMaxTokens(Surface surface, int64_t max_tokens) {
