@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <utility>
 
+#include "request/finish.h"
+
 namespace specula {
 namespace {
 
@@ -138,13 +140,9 @@ void ServingMetrics::OnFinished(const RequestOutput& out) {
   std::lock_guard<std::mutex> lock(mu_);
   prompt_tokens_ += out.prompt_tokens;
   generation_tokens_ += static_cast<int64_t>(out.tokens.size());
-  switch (out.finish) {
-    case FinishReason::kStopToken:
-    case FinishReason::kStopString: ++stop_; break;
-    case FinishReason::kMaxTokens: ++length_; break;
-    case FinishReason::kAborted: ++abort_; break;
-    default: break;  // kError (and kNone) have no finished_reason series, as in vLLM
-  }
+  // The OpenAI name of the finish (request/finish.h); an error (and kNone) has no finished_reason
+  // series, as in vLLM.
+  if (out.finish != FinishReason::kError && out.finish != FinishReason::kNone) ++finished_[OpenAiFinishName(out.finish)];
   if (!out.tokens.empty()) ttft_.Observe((out.first_token_ms - out.arrival_ms) / 1000.0);
   // vLLM observes time_per_output_token once per engine output after the first, i.e. per step that
   // brought the request tokens: the time since the previous one. Tokens of one speculative step
@@ -202,8 +200,10 @@ std::string ServingMetrics::RenderFrom(const std::function<EngineSnapshot()>& sn
   w.Counter("prompt_tokens", "Number of prefill tokens processed.", static_cast<double>(prompt_tokens_));
   w.Counter("generation_tokens", "Number of generation tokens processed.", static_cast<double>(generation_tokens_));
   w.Family("request_success", "counter", "Count of successfully processed requests.");
-  for (const auto& [reason, n] : {std::pair{"stop", stop_}, std::pair{"length", length_}, std::pair{"abort", abort_}}) {
-    w.Sample("request_success_total", static_cast<double>(n), ",finished_reason=" + Quote(reason));
+  for (const char* reason : {"stop", "length", "abort"}) {  // every series, zero or not
+    auto it = finished_.find(reason);
+    w.Sample("request_success_total", it == finished_.end() ? 0.0 : static_cast<double>(it->second),
+             ",finished_reason=" + Quote(reason));
   }
   w.Histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttft_);
   w.Histogram("time_per_output_token_seconds", "Histogram of time per output token in seconds.", itl_);

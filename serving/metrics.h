@@ -72,7 +72,7 @@ class ServingMetrics {
   const bool token_histograms_;
   mutable std::mutex mu_;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0;            // guarded by mu_
-  int64_t stop_ = 0, length_ = 0, abort_ = 0;                     // guarded by mu_
+  std::map<std::string, int64_t> finished_;  // by OpenAI finish name; guarded by mu_
   std::map<std::string, int64_t> rejected_;                       // guarded by mu_
   Histogram ttft_, itl_, e2e_, prompt_len_, generation_len_;      // guarded by mu_
   Histogram queue_, prefill_, decode_, inference_;                // guarded by mu_

@@ -215,7 +215,7 @@ absl::Status RunBatchGenerate(LoadedEngine& e, const BatchOptions& opt, std::FIL
   callbacks.on_delta = [&](const RequestDelta& d) {
     if (!d.finished) return;
     ++finished;
-    WriteJsonLine(out, OutputJson(lines.at(d.id).id, d.final, e.proposer != nullptr ? sc.num_spec_tokens : 0));
+    WriteJsonLine(out, OutputJson(lines.at(d.id).id, d.final, e.num_spec()));
   };
   callbacks.after_step = [&] {
     if (!opt.progress || engine.NowMs() - last_progress <= 200) return;

@@ -117,7 +117,7 @@ absl::Status RunSinglePrompt(LoadedEngine& e, const std::string& text, bool temp
   const RequestOutput& out = finished.at(0);
   if (!out.error.empty()) return absl::InternalError(out.error);
   if (json) {
-    WriteJsonLine(stdout, OutputJson(0, out, sc.num_spec_tokens));
+    WriteJsonLine(stdout, OutputJson(0, out, e.num_spec()));
   } else {
     std::fputc('\n', stdout);
     std::fflush(stdout);

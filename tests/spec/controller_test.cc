@@ -204,7 +204,7 @@ TEST(SpecControllerTest, KnowsWhenNoAcceptanceMakesDraftsPay) {
 // One step of a controller of 8 sequences against a machine whose target and draft take `slow`
 // times their tables' times (Controller(1e-5, 5e-5)'s), a step with drafts `extra` times more for
 // the target part. Returns whether the step verified drafts.
-bool RunStep(SpecController& ctl, double slow, double extra) {
+bool RunStep(TestController& ctl, double slow, double extra) {
   static const StepCost target(Table(kTarget, 1e-3, 1e-5)), draft(Table(kDraft, 5e-5, 1e-7));
   const std::vector<SpecCandidate> c = Candidates(8);
   const std::vector<int32_t> k = ctl.Choose(Base(8), 0, c);
