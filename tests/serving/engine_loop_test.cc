@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <map>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
@@ -15,6 +16,7 @@
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
 #include "tests/test_util.h"
+#include "tests/tiny_stories.h"
 
 namespace specula {
 namespace {
@@ -24,13 +26,9 @@ using std::chrono::milliseconds;
 class EngineLoopTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string dir = testing::TinyStoriesDir();
-    auto w = LoadModel(dir + "/stories260K.bin");
-    ASSERT_TRUE(w.ok()) << w.status();
-    model_ = new LlamaModel(std::move(w).value(), MakeCpuBackend());
-    auto tok = LoadTokenizer(dir + "/tok512.bin", 512);
-    ASSERT_TRUE(tok.ok()) << tok.status();
-    tok_ = tok->release();
+    std::tie(model_, tok_) = testing::TinyStoriesTarget();
+    ASSERT_NE(model_, nullptr);
+    ASSERT_NE(tok_, nullptr);
   }
 
   static SchedulerConfig Config(int32_t num_blocks = 256) {

@@ -5,12 +5,14 @@
 #include <atomic>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/llama_model.h"
 #include "serving/server.h"
 #include "tests/test_util.h"
+#include "tests/tiny_stories.h"
 #include "tokenizer/tokenizer.h"
 
 namespace specula {
@@ -21,13 +23,9 @@ using std::chrono::milliseconds;
 class GenerationTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string dir = testing::TinyStoriesDir();
-    auto w = LoadModel(dir + "/stories260K.bin");
-    ASSERT_TRUE(w.ok()) << w.status();
-    model_ = new LlamaModel(std::move(w).value(), MakeCpuBackend());
-    auto tok = LoadTokenizer(dir + "/tok512.bin", 512);
-    ASSERT_TRUE(tok.ok()) << tok.status();
-    tok_ = tok->release();
+    std::tie(model_, tok_) = testing::TinyStoriesTarget();
+    ASSERT_NE(model_, nullptr);
+    ASSERT_NE(tok_, nullptr);
   }
   void SetUp() override {
     SchedulerConfig c;

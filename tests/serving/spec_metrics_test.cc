@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "draft/ngram_proposer.h"
@@ -17,6 +18,7 @@
 #include "serving/openai_api.h"
 #include "serving/server.h"
 #include "tests/test_util.h"
+#include "tests/tiny_stories.h"
 #include "tokenizer/tokenizer.h"
 
 namespace specula {
@@ -81,13 +83,9 @@ TEST(SpecDecodingJsonTest, TheStructAndTheJsonAgree) {
 class ResponderSpecMetricsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string dir = testing::TinyStoriesDir();
-    auto w = LoadModel(dir + "/stories260K.bin");
-    ASSERT_TRUE(w.ok()) << w.status();
-    model_ = new LlamaModel(std::move(w).value(), MakeCpuBackend());
-    auto tok = LoadTokenizer(dir + "/tok512.bin", 512);
-    ASSERT_TRUE(tok.ok()) << tok.status();
-    tok_ = tok->release();
+    std::tie(model_, tok_) = testing::TinyStoriesTarget();
+    ASSERT_NE(model_, nullptr);
+    ASSERT_NE(tok_, nullptr);
   }
   void Start(int32_t k, bool metrics_on) {
     SchedulerConfig c;
