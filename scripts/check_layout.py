@@ -10,6 +10,9 @@ import sys
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 SOURCE_EXT = (".h", ".cc", ".cu", ".cuh", ".c")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([A-Za-z0-9_]+)/', re.M)
+# xgrammar's headers: only constrain/'s .cc files may include them, so its types and exceptions
+# never leave the files that wrap it.
+XGRAMMAR_INCLUDE = re.compile(r'^\s*#\s*include\s+[<"](xgrammar|dlpack|picojson)', re.M)
 
 
 def table_rows(path):
@@ -41,6 +44,24 @@ def source_folders():
     return out
 
 
+def xgrammar_problems():
+    """Every include of xgrammar's headers outside constrain/*.cc."""
+    out = []
+    for folder in sorted(source_folders()):
+        for dirpath, _, files in os.walk(os.path.join(ROOT, folder)):
+            for name in sorted(f for f in files if f.endswith(SOURCE_EXT)):
+                path = os.path.join(dirpath, name)
+                rel = os.path.relpath(path, ROOT)
+                if rel.startswith("constrain/") and name.endswith(".cc"):
+                    continue
+                with open(path, errors="replace") as f:
+                    text = f.read()
+                for m in XGRAMMAR_INCLUDE.finditer(text):
+                    line = text.count("\n", 0, m.start()) + 1
+                    out.append(f"{rel}:{line}: includes xgrammar's headers, which only constrain/*.cc may")
+    return out
+
+
 def main():
     doc = os.path.join(ROOT, "docs/architecture.md")
     rows = table_rows(doc)
@@ -65,6 +86,7 @@ def main():
                         line = text.count("\n", 0, m.start()) + 1
                         problems.append(f"{os.path.relpath(path, ROOT)}:{line}: includes {target}/, "
                                         f"which {folder}/ may not (docs/architecture.md)")
+    problems += xgrammar_problems()
     for p in problems:
         print(p)
     print(f"layout: {len(rows)} folders checked, {len(problems)} problems")

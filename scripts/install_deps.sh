@@ -52,3 +52,5 @@ python3 -c "import transformers, tokenizers, gguf" >/dev/null 2>&1 || pip_instal
 # The function-length rule of scripts/check_code.sh.
 python3 -c "import lizard" >/dev/null 2>&1 || pip_install lizard
 bash "$(dirname "$0")/fetch_models.sh"
+# xgrammar 0.2.9's sources (constrain/), unpacked in the cache; cmake/xgrammar.cmake builds them.
+bash "$(dirname "$0")/fetch_xgrammar.sh" >/dev/null
