@@ -13,13 +13,9 @@
 #include "constrain/limits.h"
 #include "core/batch.h"
 #include "core/constraint_spec.h"
+#include "tokenizer/tokenizer.h"
 
 namespace specula {
-
-class Tokenizer;
-
-// How a tokenizer's pieces map to bytes (what xgrammar's TokenizerInfo calls the vocabulary type).
-enum class VocabKind : uint8_t { kRaw, kByteFallback, kByteLevel };
 
 // What the grammar engine needs of a tokenizer: every token's bytes out of context (a SentencePiece
 // piece's leading space included; empty for special tokens, which a grammar never allows), the

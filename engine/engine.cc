@@ -85,15 +85,44 @@ double Engine::NowMs() const {
 }
 
 
+absl::StatusOr<std::shared_ptr<const CompiledConstraint>> Engine::CompileConstraint(const RequestSpec& spec) const {
+  const std::string field = spec.constraint.field.empty() ? "constraint" : spec.constraint.field;
+  if (tokenizer_ == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": structured output needs the model's tokenizer"));
+  }
+  if (spec_.proposer != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": structured output with speculative decoding is not supported yet: serve without a draft "
+               "(--spec-method none) for constrained requests"));
+  }
+  if (verifier_.on_backend()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": structured output is not supported on the ", model_->backend().name(),
+        " backend yet: its masks are applied to logits on the host (serve on --backend cpu)"));
+  }
+  std::call_once(constraints_once_, [this] {
+    const std::vector<TokenId> stops = StopTokenIds(Request{}, model_->config(), tokenizer_);
+    constraints_ = ConstraintCompiler::Create(MakeConstraintVocab(*tokenizer_, model_->config().vocab_size, stops));
+  });
+  return constraints_->Compile(spec.constraint);
+}
+
 absl::Status Engine::AddRequest(Request r) {
   if (records_.count(r.id)) return absl::AlreadyExistsError(absl::StrCat("request id ", r.id, " is already in use"));
   if (auto st = ValidateRequest(r, model_->config().vocab_size, tokenizer_ != nullptr); !st.ok()) return st;
+  if (r.constraint.active() && r.compiled_constraint == nullptr) {
+    absl::StatusOr<std::shared_ptr<const CompiledConstraint>> compiled = CompileConstraint(r);
+    if (!compiled.ok()) return absl::InvalidArgumentError(absl::StrCat("request ", r.id, ": ", compiled.status().message()));
+    r.compiled_constraint = *std::move(compiled);
+  }
   const double now = NowMs();
   NewSequence n{r.id, r.prompt, r.max_tokens, StopTokenIds(r, model_->config(), tokenizer_), r.priority, now,
                 r.prompt_logprobs >= 0};
   r.sampling.output_start = static_cast<int32_t>(r.prompt.size());  // penalties count the generated tokens
   const RequestId id = r.id;
+  std::shared_ptr<const CompiledConstraint> compiled = r.constraint.active() ? r.compiled_constraint : nullptr;
   auto record = std::make_unique<RequestRecord>(std::move(r), now);
+  if (compiled != nullptr) record->matcher.emplace(std::move(compiled), n.stop_ids);
   if (auto st = scheduler_.Add(std::move(n), record.get()); !st.ok()) return st;
   records_.emplace(id, std::move(record));
   return absl::OkStatus();
@@ -118,6 +147,7 @@ std::vector<RequestDelta> Engine::Step() {
   CountSpeculation(plan, candidates);
   const Drafts drafts = Propose(plan);
   absl::StatusOr<Ran> ran = Forward(plan, drafts);
+  if (ran.ok()) ConstrainLogits(plan, &*ran);
   absl::StatusOr<Verified> verified = ran.ok() ? Verify(plan, drafts, *ran) : absl::StatusOr<Verified>(ran.status());
   if (!verified.ok()) return Publish(FailStep(plan, verified.status()));
   if (speculation_ != nullptr) {
@@ -331,8 +361,47 @@ absl::Status Engine::Score(const StepPlan& plan, const Ran& ran, Verified* v) {
   return absl::OkStatus();
 }
 
+void Engine::ConstrainLogits(const StepPlan& plan, Ran* ran) {
+  const int32_t vocab = model_->config().vocab_size;
+  const double t0 = clock_->NowSeconds();
+  int64_t rows = 0;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
+    RequestRecord& r = RecordOf(s);
+    if (!s.samples || !r.matcher.has_value()) continue;
+    mask_.resize(MaskWords(vocab));
+    r.matcher->FillMask(absl::MakeSpan(mask_));
+    // Only host logits reach here: CompileConstraint refuses a verifier on the backend.
+    ApplyMask(mask_, absl::MakeSpan(ran->logits).subspan(static_cast<size_t>(ran->row_of[i]) * vocab, vocab));
+    ++rows;
+  }
+  if (rows == 0) return;
+  stats_.constrained_rows += rows;
+  stats_.constraint_mask_seconds += clock_->NowSeconds() - t0;
+}
+
+void Engine::FollowConstraints(const StepPlan& plan, const StepResult& result) {
+  size_t out = 0;  // the sequence's place in result.outputs
+  for (const ScheduledSeq& s : plan.seqs) {
+    if (!s.samples) continue;
+    const std::vector<TokenId>& tokens = result.outputs[out++].new_tokens;
+    RequestRecord& r = RecordOf(s);
+    if (!r.matcher.has_value()) continue;
+    for (TokenId t : tokens) {
+      if (r.matcher->terminated()) break;
+      // A masked row only chooses allowed tokens; a refused one is a bug in the mask's path, and
+      // ends the request rather than letting it leave its constraint.
+      if (!r.matcher->Accept(t)) {
+        if (r.status != SeqStatus::kFinished) scheduler_.Finish(&r, FinishReason::kError);
+        break;
+      }
+    }
+  }
+}
+
 Engine::StepOutputs Engine::Update(const StepPlan& plan, Verified verified, const Drafts& drafts) {
   scheduler_.Update(plan, verified.result);
+  FollowConstraints(plan, verified.result);
   StepOutputs step;
   size_t out = 0;  // the sequence's place in verified.result.outputs
   for (size_t i = 0; i < plan.seqs.size(); ++i) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -72,6 +73,9 @@ struct EngineStats {
   // The startup measurement found that no acceptance would make drafts pay (the draft costs about
   // as much as the target): auto runs without drafts, its controller and later measurements off.
   bool drafts_cannot_pay = false;
+  // Structured output: rows masked, and the seconds spent filling and applying their masks.
+  int64_t constrained_rows = 0;
+  double constraint_mask_seconds = 0;
 };
 
 class Engine {
@@ -87,6 +91,10 @@ class Engine {
 
   // Errors name the request and the field (ValidateRequest, Scheduler::Add).
   absl::Status AddRequest(Request r);
+  // Checks and compiles a request's constraint (constrain/), from any thread: serving calls it on its
+  // handler threads, so that compiling never holds up a step. Refused by name where this engine
+  // cannot constrain: no tokenizer, speculation on, the logits left on a device.
+  absl::StatusOr<std::shared_ptr<const CompiledConstraint>> CompileConstraint(const RequestSpec& spec) const;
   // Runs one step and returns a delta for every request that produced tokens or finished in it
   // (an aborted request's last delta comes from the next step).
   std::vector<RequestDelta> Step();
@@ -142,6 +150,10 @@ class Engine {
   std::vector<SpecCandidate> Candidates(const StepPlan& plan) const;
   Drafts Propose(const StepPlan& plan);
   absl::StatusOr<Ran> Forward(const StepPlan& plan, const Drafts& drafts);
+  // Structured output: masks each constrained sequence's sampling row of the logits.
+  void ConstrainLogits(const StepPlan& plan, Ran* ran);
+  // Each constrained sequence's matcher follows the step's tokens (after the scheduler's update).
+  void FollowConstraints(const StepPlan& plan, const StepResult& result);
   absl::StatusOr<Verified> Verify(const StepPlan& plan, const Drafts& drafts, const Ran& ran);
   StepOutputs Update(const StepPlan& plan, Verified verified, const Drafts& drafts);
   // The outputs' one call: the step's updates after those of requests aborted since the last step;
@@ -173,6 +185,11 @@ class Engine {
   absl::flat_hash_map<RequestId, std::unique_ptr<RequestRecord>> records_;
   std::vector<RequestId> aborted_;  // aborted between steps, their last delta due from the next step
   StepVerifier verifier_;
+  // Structured output: the compiler, made on first use (its vocabulary copy costs ~25 ms), and one
+  // row's mask, [MaskWords(vocab)].
+  mutable std::once_flag constraints_once_;
+  mutable std::unique_ptr<ConstraintCompiler> constraints_;
+  std::vector<uint32_t> mask_;
   std::vector<float> spare_logits_;  // capacity only: the last step's logits buffer, for the next Forward
   EngineStats stats_;
   SpecConfig spec_;

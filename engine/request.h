@@ -6,11 +6,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "constrain/constraint.h"
 #include "core/step.h"
 #include "model/model_config.h"
 #include "model/sampler.h"
@@ -34,6 +36,9 @@ struct TokenLogprobs {
 struct Request : RequestSpec {
   RequestId id = 0;
   std::vector<TokenId> prompt;
+  // The constraint compiled (Engine::CompileConstraint, on the caller's thread, so that compiling
+  // never holds up the engine's steps); null with a constraint: AddRequest compiles it.
+  std::shared_ptr<const CompiledConstraint> compiled_constraint;
 };
 
 // A normalized spec and its prompt as the engine's request.

@@ -5,8 +5,10 @@
 // handed to it with each call, so that finishing a request is one erase.
 #pragma once
 
+#include <optional>
 #include <utility>
 
+#include "constrain/constraint.h"
 #include "core/sequence.h"
 #include "draft/proposer.h"
 #include "engine/output_processor.h"
@@ -29,6 +31,7 @@ struct RequestRecord : SequenceState {
   OutputState output;         // detokenizer, stop strings, hold-back, the output so far and its speculation statistics
   SpecAcceptance acceptance;  // adaptive speculation's estimate of this request's acceptance
   ProposerSlot proposer;      // the proposer's state (draft KV, suffix index); null until it drafts
+  std::optional<ConstraintMatcher> matcher;  // structured output: where the tokens are in the constraint
   bool aborted = false;       // ended between steps; its last delta comes from the next step
 };
 

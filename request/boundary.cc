@@ -148,13 +148,27 @@ absl::Status CheckOutputs(const SurfaceRules& rules, const RequestContext& c, co
   return absl::OkStatus();
 }
 
+// What the boundary checks of a constraint: that it has what its kind needs, and no flag that defeats
+// it. Its keywords and bounds are constrain/'s (checked where it compiles).
+absl::Status CheckConstraintFields(const SurfaceRules& rules, const RequestSpec& spec) {
+  const ConstraintSpec& c = spec.constraint;
+  if (!c.active()) return absl::OkStatus();
+  const std::string field = c.field.empty() ? "constraint" : c.field;
+  const bool needs_text = c.kind != ConstraintSpec::Kind::kJsonObject && c.kind != ConstraintSpec::Kind::kChoice;
+  if (needs_text && c.text.empty()) return Bad(rules, field, absl::StrCat("an empty ", ConstraintKindName(c.kind)));
+  if (c.kind == ConstraintSpec::Kind::kChoice && c.choices.empty()) return Bad(rules, field, "no choices");
+  if (spec.ignore_eos) {
+    return Bad(rules, "ignore_eos", absl::StrCat("cannot be set with structured output (", field,
+                                                 "): the output ends when its grammar does"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckSampling(const SurfaceRules& rules, const RequestContext& c, const RequestSpec& spec) {
   if (spec.seed.has_value() && rules.seed_default == SeedDefault::kConfigured) {
     return Bad(rules, "seed", "not resolved into sampling.seed (NormalizeRequest resolves it)");
   }
-  if (!spec.constraint.empty()) {
-    return Bad(rules, "constraint", "structured output (a grammar or JSON schema) is not supported yet");
-  }
+  if (absl::Status st = CheckConstraintFields(rules, spec); !st.ok()) return st;
   for (auto [id, bias] : spec.sampling.logit_bias) {
     if (id < 0 || id >= c.vocab_size) {
       return Bad(rules, "logit_bias",

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/batch.h"
+#include "core/constraint_spec.h"
 #include "request/sampling_params.h"
 
 namespace specula {
@@ -31,9 +32,9 @@ struct RequestSpec {
   // The seed the request asked for. Unset: the surface's (the table's "seed" column). Resolving it
   // moves it into sampling.seed and leaves this unset, which is how the engine takes a request.
   std::optional<uint64_t> seed;
-  // Structured output, a grammar or JSON schema the tokens must follow: reserved for the
-  // structured-output work to come. A request that sets it is refused by name.
-  std::string constraint;
+  // Structured output: a JSON schema, regex, choice, grammar or tool-call tag the tokens must follow
+  // (constrain/ checks and compiles it).
+  ConstraintSpec constraint;
 };
 
 }  // namespace specula

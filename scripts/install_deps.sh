@@ -49,6 +49,8 @@ python3 -c "import grpc, grpc_tools, grpc_health, grpc_reflection, openai, prome
 python3 -c "import gguf" >/dev/null 2>&1 || pip_install gguf
 # The GGUF tokenizer tests' reference: transformers' GGUF tokenizer conversion on HF tokenizers (no torch).
 python3 -c "import transformers, tokenizers, gguf" >/dev/null 2>&1 || pip_install transformers tokenizers gguf
+# The structured-output tests' independent checker of outputs against their schemas.
+python3 -c "import jsonschema" >/dev/null 2>&1 || pip_install jsonschema
 # The function-length rule of scripts/check_code.sh.
 python3 -c "import lizard" >/dev/null 2>&1 || pip_install lizard
 bash "$(dirname "$0")/fetch_models.sh"

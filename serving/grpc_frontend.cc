@@ -30,6 +30,21 @@ grpc::Status ToGrpc(const absl::Status& st) {
   return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));
 }
 
+ConstraintSpec FromProto(const v1::Constraint& c) {
+  using Kind = ConstraintSpec::Kind;
+  switch (c.kind_case()) {
+    case v1::Constraint::kJsonSchema: return {Kind::kJsonSchema, c.json_schema(), {}, "constraint.json_schema"};
+    case v1::Constraint::kRegex: return {Kind::kRegex, c.regex(), {}, "constraint.regex"};
+    case v1::Constraint::kGrammar: return {Kind::kGrammar, c.grammar(), {}, "constraint.grammar"};
+    case v1::Constraint::kChoice:
+      return {Kind::kChoice, "", {c.choice().values().begin(), c.choice().values().end()}, "constraint.choice"};
+    case v1::Constraint::kJsonObject:
+      return c.json_object() ? ConstraintSpec{Kind::kJsonObject, "", {}, "constraint.json_object"} : ConstraintSpec{};
+    case v1::Constraint::KIND_NOT_SET: break;
+  }
+  return {};
+}
+
 // The request as the table's gRPC row takes it: proto3's zeros are its defaults (max_tokens 0: the
 // server's --max-tokens), its fields are named under `sampling.` in errors.
 ServeRequest FromProto(const v1::GenerateRequest& req) {
@@ -56,6 +71,7 @@ ServeRequest FromProto(const v1::GenerateRequest& req) {
   if (s.has_prompt_logprobs()) r.prompt_logprobs = s.prompt_logprobs();
   r.n = s.n() == 0 ? 1 : s.n();
   r.priority = req.priority();
+  r.constraint = FromProto(req.constraint());
   return r;
 }
 

@@ -60,6 +60,12 @@ absl::StatusOr<std::vector<LoadRequest>> LoadJsonlDataset(const std::string& pat
       if (!j["ignore_eos"].is_boolean()) return bad("field 'ignore_eos' must be true or false");
       r.ignore_eos = j["ignore_eos"].get<bool>();
     }
+    // Structured output is not sent by the load generator: a line that asks for it would be
+    // measured without it.
+    for (const char* f : {"response_format", "structured_outputs", "json_schema", "grammar", "guided_json",
+                          "guided_regex", "guided_choice", "guided_grammar", "tools"}) {
+      if (j.contains(f)) return bad(absl::StrCat("field '", f, "': structured output is not supported in load datasets yet").c_str());
+    }
     out.push_back(std::move(r));
   }
   if (out.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no prompts"));

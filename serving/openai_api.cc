@@ -11,11 +11,12 @@
 #include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "request/boundary.h"
+#include "serving/openai_constraints.h"
 
 namespace specula {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;  // a schema keeps its properties in the order given
 
 absl::Status Bad(const std::string& field, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
@@ -31,13 +32,6 @@ absl::Status RefuseUnimplemented(const json& j, bool chat) {
   }
   for (const char* f : {"tool_choice", "function_call"}) {
     if (Present(j, f) && j[f] != "none" && j[f] != "auto") return Bad(f, "not supported yet: no tools can be called");
-  }
-  if (Present(j, "response_format") &&
-      !(j["response_format"].is_object() && j["response_format"].value("type", json()) == "text")) {
-    return Bad("response_format", "only {\"type\": \"text\"} is supported yet");
-  }
-  for (const char* f : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
-    if (Present(j, f)) return Bad(f, "not supported yet");
   }
   if (Present(j, "suffix")) return Bad("suffix", "not supported: this model has no fill-in-the-middle template");
   if (chat && Present(j, "echo") && j["echo"] != false) return Bad("echo", "only /v1/completions echoes the prompt");
@@ -152,6 +146,7 @@ absl::Status ParseCommon(const json& j, HttpRequestBody* b) {
     r->seed = static_cast<uint64_t>(j["seed"].get<int64_t>());
   }
   RETURN_IF_ERROR(RefuseUnimplemented(j, b->chat));
+  RETURN_IF_ERROR(ParseConstraintFields(j, &r->constraint));
   RETURN_IF_ERROR(ParseStop(j, r));
   if (j.contains("ignore_eos")) r->ignore_eos = j["ignore_eos"].is_boolean() && j["ignore_eos"].get<bool>();
   b->stream = j.contains("stream") && j["stream"].is_boolean() && j["stream"].get<bool>();

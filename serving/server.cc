@@ -9,6 +9,7 @@ namespace specula {
 
 Server::Server(Engine* engine, const Tokenizer* tokenizer, const ModelConfig& model, ServeOptions options)
     : tokenizer_(tokenizer),
+      engine_(engine),
       model_(model),
       scheduler_(engine->scheduler().config()),
       options_(std::move(options)),
@@ -88,6 +89,15 @@ absl::StatusOr<Request> Server::Admit(const ServeRequest& r) {
     metrics_.OnRejected("invalid_argument");
     return prompt.status();
   }
+  std::shared_ptr<const CompiledConstraint> compiled;  // on this thread: compiling never holds up a step
+  if (spec.constraint.active()) {
+    absl::StatusOr<std::shared_ptr<const CompiledConstraint>> c = engine_->CompileConstraint(spec);
+    if (!c.ok()) {
+      metrics_.OnRejected("invalid_argument");
+      return c.status();
+    }
+    compiled = *std::move(c);
+  }
   // Lock-free reads of the last step's state: admission never waits for the engine's thread.
   const int32_t running = loop_->num_running();
   QueueState q;
@@ -100,6 +110,7 @@ absl::StatusOr<Request> Server::Admit(const ServeRequest& r) {
     return absl::ResourceExhaustedError(absl::StrCat("overloaded: ", detail));
   }
   Request req = MakeRequest(next_id_++, *std::move(prompt), std::move(spec));
+  req.compiled_constraint = std::move(compiled);
   ResolveSeed(&req, static_cast<uint64_t>(req.id));  // unset: the id, as the table's serving rows say
   req.n = 1;  // each sample is an engine request of its own (Generate makes r.n of them)
   return req;

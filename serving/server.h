@@ -160,6 +160,9 @@ class Server {
   void Done();  // an admitted request is no longer in flight
 
   const Tokenizer* tokenizer_;
+  // Compiles constraints on the handler threads (Engine::CompileConstraint is thread-safe); the
+  // loop's thread alone steps it.
+  const Engine* const engine_;
   const ModelConfig& model_;
   const SchedulerConfig scheduler_;
   const ServeOptions options_;

@@ -122,6 +122,17 @@ class BpeTokenizer final : public Tokenizer {
   }
 
   std::string DecodeToken(TokenId prev, TokenId id) const override {
+    std::string out = TokenBytes(id);
+    if (byte_level_ || id < 0 || id >= vocab_size() || m_.kinds[id] != BpeTokenKind::kNormal || byte_value_[id] >= 0) {
+      return out;
+    }
+    // Encode prepends "▁" to the text and to each stretch after an added token.
+    const bool at_start = prev < 0 || (prev < vocab_size() && m_.kinds[prev] != BpeTokenKind::kNormal);
+    if (strip_leading_space_ && at_start && !out.empty() && out[0] == ' ') out.erase(0, 1);
+    return out;
+  }
+
+  std::string TokenBytes(TokenId id) const override {
     if (id < 0 || id >= vocab_size()) return "";
     const std::string& piece = m_.pieces[id];
     if (m_.kinds[id] == BpeTokenKind::kSpecial) return "";
@@ -141,11 +152,15 @@ class BpeTokenizer final : public Tokenizer {
       return out;
     }
     if (byte_value_[id] >= 0) return std::string(1, static_cast<char>(byte_value_[id]));
-    std::string out = absl::StrReplaceAll(piece, {{kSpaceMark, " "}});
-    // Encode prepends "▁" to the text and to each stretch after an added token.
-    const bool at_start = prev < 0 || (prev < vocab_size() && m_.kinds[prev] != BpeTokenKind::kNormal);
-    if (strip_leading_space_ && at_start && !out.empty() && out[0] == ' ') out.erase(0, 1);
-    return out;
+    return absl::StrReplaceAll(piece, {{kSpaceMark, " "}});
+  }
+
+  VocabKind vocab_kind() const override {
+    if (byte_level_) return VocabKind::kByteLevel;
+    for (int16_t b : byte_value_) {
+      if (b >= 0) return VocabKind::kByteFallback;
+    }
+    return VocabKind::kRaw;
   }
 
  private:

@@ -117,15 +117,22 @@ class Llama2cTokenizer final : public Tokenizer {
   }
 
   std::string DecodeToken(TokenId prev, TokenId id) const override {
+    std::string out = TokenBytes(id);
+    const bool byte = byte_tokens_ && id >= kFirstByteToken && id < kFirstByteToken + 256;
+    // The dummy-prefix space is dropped at the start of the text.
+    if (!byte && (prev == kBos || prev == -1) && !out.empty() && out[0] == ' ') out.erase(0, 1);
+    return out;
+  }
+
+  std::string TokenBytes(TokenId id) const override {
     if (id < 0 || id >= vocab_size() || id == kBos || id == kEos || id == 0) return "";
     if (byte_tokens_ && id >= kFirstByteToken && id < kFirstByteToken + 256) {
       return std::string(1, static_cast<char>(id - kFirstByteToken));
     }
-    const std::string& piece = pieces_[id];
-    // The dummy-prefix space is dropped at the start of the text.
-    if ((prev == kBos || prev == -1) && !piece.empty() && piece[0] == ' ') return piece.substr(1);
-    return piece;
+    return pieces_[id];
   }
+
+  VocabKind vocab_kind() const override { return byte_tokens_ ? VocabKind::kByteFallback : VocabKind::kRaw; }
 
  private:
   TokenId ByteToken(uint8_t b) const {

@@ -2,6 +2,7 @@
 // Llama 3 / Qwen2 / SmolLM / GPT-2, and its sentencepiece-style form as in Llama 2).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -13,6 +14,10 @@
 
 namespace specula {
 
+// How a tokenizer's pieces map to bytes: as they are, SentencePiece with <0xNN> byte pieces, or
+// GPT-2's byte-to-unicode table (what xgrammar's TokenizerInfo calls the vocabulary type).
+enum class VocabKind : uint8_t { kRaw, kByteFallback, kByteLevel };
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -23,6 +28,10 @@ class Tokenizer {
   // decode to nothing. Bytes may be partial UTF-8; concatenation restores the text.
   virtual std::string DecodeToken(TokenId prev, TokenId id) const = 0;
   virtual int32_t vocab_size() const = 0;
+  // The bytes of `id` out of context: as DecodeToken after an ordinary token (a SentencePiece
+  // piece's leading space kept). Empty for special tokens.
+  virtual std::string TokenBytes(TokenId id) const = 0;
+  virtual VocabKind vocab_kind() const = 0;
 
   std::string Decode(absl::Span<const TokenId> ids) const;
   TokenId bos_id() const { return bos_id_; }

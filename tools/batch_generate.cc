@@ -10,6 +10,7 @@
 #include "engine/run.h"
 #include "nlohmann/json.hpp"
 #include "request/finish.h"
+#include "serving/openai_constraints.h"
 #include "serving/spec_metrics.h"
 
 namespace specula {
@@ -88,6 +89,11 @@ std::string ParsePromptLine(const std::string& text, int32_t line_number, const 
   RequestSpec spec = SpecDefaults(Surface::kPromptsFile, context.sampling);
   spec.ignore_eos = context.ignore_eos;
   if (std::string e = ReadLineFields(j, &spec); !e.empty()) return e;
+  // Structured output by the OpenAI surface's fields (response_format, json_schema, regex via
+  // structured_outputs...), read in order so that a schema keeps its properties' order.
+  if (absl::Status st = ParseConstraintFields(nlohmann::ordered_json::parse(text), &spec.constraint); !st.ok()) {
+    return std::string(st.message());
+  }
   std::string prompt = j["prompt"].get<std::string>();
   PromptInput input;
   if (context.chat) {

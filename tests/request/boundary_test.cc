@@ -199,7 +199,12 @@ TEST(RequestBoundaryTest, StopsBiasesSamplingAndConstraintNameTheirField) {
                                [](RequestSpec* s) { s->sampling.logit_bias = {{3, 101.0f}}; }},
                           Case{"temperature must be >= 0, got -1", [](RequestSpec* s) { s->sampling.temperature = -1; }},
                           Case{"top_p must be in (0, 1], got 2", [](RequestSpec* s) { s->sampling.top_p = 2; }},
-                          Case{"constraint", [](RequestSpec* s) { s->constraint = "{\"type\": \"object\"}"; }}}) {
+                          Case{"constraint: an empty json_schema",
+                               [](RequestSpec* s) { s->constraint.kind = ConstraintSpec::Kind::kJsonSchema; }},
+                          Case{"ignore_eos: cannot be set with structured output", [](RequestSpec* s) {
+                                 s->constraint = {ConstraintSpec::Kind::kJsonObject, "", {}, "response_format"};
+                                 s->ignore_eos = true;
+                               }}}) {
       RequestSpec spec;
       spec.max_tokens = 4;
       c.set(&spec);

@@ -66,8 +66,8 @@ TEST_F(HttpBodyTest, FieldsOfAnotherTypeAreNotExceptions) {
 // A field that would change the output and is not implemented is refused by name (a 400), never
 // ignored; its neutral values pass. Roles are OpenAI's.
 TEST_F(HttpBodyTest, UnimplementedFieldsAndUnknownRolesAreRefusedByName) {
-  for (const char* field : {R"("response_format": {"type": "json_object"})", R"("tools": [{"type": "function"}])",
-                            R"("tool_choice": "required")", R"("guided_json": {})", R"("suffix": "end")"}) {
+  for (const char* field : {R"("tools": [{"type": "function"}])", R"("tool_choice": "required")",
+                            R"("guided_decoding_backend": "outlines")", R"("suffix": "end")"}) {
     auto c = Parse(absl::StrCat(R"({"prompt": "hi", )", field, "}"), false);
     ASSERT_FALSE(c.ok()) << field;
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << field;
@@ -85,6 +85,40 @@ TEST_F(HttpBodyTest, UnimplementedFieldsAndUnknownRolesAreRefusedByName) {
   for (const char* role : {"system", "developer", "user", "assistant", "tool"}) {
     EXPECT_TRUE(Parse(absl::StrCat(R"({"messages": [{"role": ")", role, R"(", "content": "hi"}]})"), true).ok()) << role;
   }
+}
+
+// Structured output: each field of OpenAI, vLLM and llama.cpp becomes the one constraint, a schema
+// keeps its properties' order, and two sources at once are refused naming the second.
+TEST_F(HttpBodyTest, ConstraintFieldsBecomeOneConstraint) {
+  using Kind = ConstraintSpec::Kind;
+  struct Case {
+    const char* body;
+    Kind kind;
+    const char* text;
+  };
+  for (const Case& c : {Case{R"("response_format": {"type": "json_object"})", Kind::kJsonObject, ""},
+                        Case{R"("response_format": {"type": "json_schema", "json_schema": {"name": "n", "strict": true,
+                             "schema": {"type": "object", "properties": {"z": {}, "a": {}}}}})",
+                             Kind::kJsonSchema, R"({"type":"object","properties":{"z":{},"a":{}}})"},
+                        Case{R"("guided_json": "{\"type\": \"integer\"}")", Kind::kJsonSchema, R"({"type":"integer"})"},
+                        Case{R"("json_schema": {"type": "string"})", Kind::kJsonSchema, R"({"type":"string"})"},
+                        Case{R"("guided_regex": "a+")", Kind::kRegex, "a+"},
+                        Case{R"("structured_outputs": {"regex": "b+"})", Kind::kRegex, "b+"},
+                        Case{R"("grammar": "root ::= \"x\"")", Kind::kGrammar, R"(root ::= "x")"},
+                        Case{R"("structured_outputs": {"grammar": "root ::= \"y\""})", Kind::kGrammar, R"(root ::= "y")"},
+                        Case{R"("guided_choice": ["a", "b"])", Kind::kChoice, ""},
+                        Case{R"("response_format": {"type": "text"})", Kind::kNone, ""}}) {
+    auto b = Parse(absl::StrCat(R"({"prompt": "hi", )", c.body, "}"), false);
+    ASSERT_TRUE(b.ok()) << c.body << ": " << b.status();
+    EXPECT_EQ(b->request.constraint.kind, c.kind) << c.body;
+    EXPECT_EQ(b->request.constraint.text, c.text) << c.body;
+  }
+  auto two = Parse(R"({"prompt": "hi", "response_format": {"type": "json_object"}, "guided_regex": "a"})", false);
+  EXPECT_EQ(two.status().message().rfind("guided_regex: cannot be combined with response_format", 0), 0u) << two.status();
+  auto bad_type = Parse(R"({"prompt": "hi", "response_format": {"type": "xml"}})", false);
+  EXPECT_EQ(bad_type.status().message().rfind("response_format.type:", 0), 0u) << bad_type.status();
+  auto unknown = Parse(R"({"prompt": "hi", "structured_outputs": {"json": {}, "whitespace_pattern": " "}})", false);
+  EXPECT_EQ(unknown.status().message().rfind("structured_outputs.whitespace_pattern:", 0), 0u) << unknown.status();
 }
 
 // Logprobs, samples, echo, penalties and biases: parsed into the request, bad values refused by name.

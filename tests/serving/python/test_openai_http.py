@@ -117,7 +117,7 @@ class OpenAITest(unittest.TestCase):
         self.assertEqual(code, 400)
         self.assertEqual(json.loads(body)["error"]["type"], "invalid_request_error")
         # Fields that would change the output and are not implemented: a 400 naming each, never silence.
-        for extra, field in [({"response_format": {"type": "json_object"}}, "response_format"), ({"suffix": "x"}, "suffix"),
+        for extra, field in [({"response_format": {"type": "xml"}}, "response_format.type"), ({"suffix": "x"}, "suffix"),
                              ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools")]:
             with self.assertRaises(openai.BadRequestError) as e:
                 self.client.completions.create(model=self.model, prompt="hi", max_tokens=4, extra_body=extra)

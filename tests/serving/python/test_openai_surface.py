@@ -171,7 +171,7 @@ class SurfaceTests:
     def test_echo_and_refusals(self):
         r = self.client.completions.create(model=self.model, prompt=PROMPT, max_tokens=4, echo=True, temperature=0)
         self.assertTrue(r.choices[0].text.startswith(PROMPT), r.choices[0].text)
-        for extra, field in [({"response_format": {"type": "json_object"}}, "response_format"),
+        for extra, field in [({"response_format": {"type": "xml"}}, "response_format.type"),
                              ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
                              ({"suffix": "The end."}, "suffix"), ({"logprobs": 21}, "logprobs"),
                              ({"best_of": 2, "stream": True}, "best_of"), ({"frequency_penalty": 3}, "frequency_penalty"),

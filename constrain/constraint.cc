@@ -1,0 +1,180 @@
+// The compiler, compiled constraints and matchers over xgrammar's C++ core. xgrammar's types and
+// exceptions stay in this file: every call into it is inside a try, and its warnings (it ignores
+// what it cannot enforce) become refusals.
+#include "constrain/constraint.h"
+
+#include <xgrammar/xgrammar.h>
+
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "constrain/schema_check.h"
+#include "constrain/xgrammar_log.h"
+#include "nlohmann/json.hpp"
+
+namespace specula {
+
+class CompiledConstraint {
+ public:
+  explicit CompiledConstraint(xgrammar::CompiledGrammar g) : grammar(std::move(g)) {}
+  xgrammar::CompiledGrammar grammar;
+};
+
+ConstraintVocab MakeConstraintVocab(const Tokenizer& tokenizer, int32_t model_vocab, std::vector<TokenId> stop_ids) {
+  ConstraintVocab v;
+  v.token_bytes.resize(std::max(model_vocab, tokenizer.vocab_size()));
+  for (TokenId id = 0; id < tokenizer.vocab_size(); ++id) v.token_bytes[id] = tokenizer.TokenBytes(id);
+  v.kind = tokenizer.vocab_kind();
+  v.stop_ids = std::move(stop_ids);
+  return v;
+}
+
+int32_t MaskWords(int32_t vocab) { return (vocab + 31) / 32; }
+
+void ApplyMask(absl::Span<const uint32_t> mask, absl::Span<float> logits) {
+  const float kMinusInf = -std::numeric_limits<float>::infinity();
+  const size_t vocab = logits.size();
+  for (size_t w = 0; w < mask.size(); ++w) {
+    const uint32_t bits = mask[w];
+    if (bits == ~0u) continue;  // the common word in a permissive state: all 32 allowed
+    const size_t end = std::min(vocab, (w + 1) * 32);
+    for (size_t v = w * 32; v < end; ++v) {
+      if (((bits >> (v - w * 32)) & 1u) == 0) logits[v] = kMinusInf;
+    }
+  }
+}
+
+namespace {
+
+// A choice list as a grammar: root ::= ("a" | "b" | ...), each literal JSON-escaped (xgrammar's
+// string literals take the same escapes).
+std::string ChoiceGrammar(const std::vector<std::string>& choices) {
+  std::vector<std::string> literals;
+  literals.reserve(choices.size());
+  for (const std::string& c : choices) literals.push_back(nlohmann::json(c).dump(-1, ' ', true));
+  return absl::StrCat("root ::= (", absl::StrJoin(literals, " | "), ")\n");
+}
+
+// The key of a refusal found only by compiling (a warning), remembered because the cache would
+// answer the same spec again without compiling, and so without the warning.
+std::string SpecKey(const ConstraintSpec& spec) {
+  return absl::StrCat(static_cast<int>(spec.kind), ":", spec.text, "\x1f", absl::StrJoin(spec.choices, "\x1f"));
+}
+
+constexpr size_t kMaxRememberedRefusals = 4096;
+
+}  // namespace
+
+struct ConstraintCompiler::Impl {
+  Impl(const xgrammar::TokenizerInfo& info, int64_t cache_bytes)
+      : compiler(info, /*max_threads=*/1, /*cache_enabled=*/true, cache_bytes) {}
+
+  xgrammar::CompiledGrammar CompileChecked(const ConstraintSpec& spec, int32_t max_whitespace) {
+    using Kind = ConstraintSpec::Kind;
+    switch (spec.kind) {
+      case Kind::kJsonObject:
+        return compiler.CompileJSONSchema(R"({"type": "object"})", true, std::nullopt, std::nullopt, true,
+                                          max_whitespace);
+      case Kind::kJsonSchema:
+        return compiler.CompileJSONSchema(spec.text, true, std::nullopt, std::nullopt, true, max_whitespace);
+      case Kind::kRegex: return compiler.CompileRegex(spec.text);
+      case Kind::kChoice: return compiler.CompileGrammar(ChoiceGrammar(spec.choices), "root");
+      case Kind::kGrammar: return compiler.CompileGrammar(spec.text, "root");
+      case Kind::kStructuralTag: return compiler.CompileStructuralTag(spec.text);
+      case Kind::kNone: break;
+    }
+    throw std::invalid_argument("no constraint to compile");
+  }
+
+  xgrammar::GrammarCompiler compiler;
+  std::vector<TokenId> stop_ids;
+  int32_t vocab_size = 0;
+  std::mutex mu;  // guards refused
+  absl::flat_hash_map<std::string, std::string> refused;  // SpecKey -> the warning that refused it
+};
+
+std::unique_ptr<ConstraintCompiler> ConstraintCompiler::Create(ConstraintVocab vocab, ConstraintLimits limits) {
+  const int32_t vocab_size = static_cast<int32_t>(vocab.token_bytes.size());
+  // RAW: the bytes are already decoded out of context (MakeConstraintVocab), whatever the kind.
+  xgrammar::TokenizerInfo info(vocab.token_bytes, xgrammar::VocabType::RAW, vocab_size, vocab.stop_ids,
+                               /*add_prefix_space=*/false);
+  auto impl = std::make_unique<Impl>(info, limits.cache_bytes);
+  impl->stop_ids = std::move(vocab.stop_ids);
+  impl->vocab_size = vocab_size;
+  return std::unique_ptr<ConstraintCompiler>(new ConstraintCompiler(std::move(impl), limits));
+}
+
+ConstraintCompiler::ConstraintCompiler(std::unique_ptr<Impl> impl, ConstraintLimits limits)
+    : impl_(std::move(impl)), limits_(limits) {}
+ConstraintCompiler::~ConstraintCompiler() = default;
+
+int32_t ConstraintCompiler::vocab_size() const { return impl_->vocab_size; }
+const std::vector<TokenId>& ConstraintCompiler::stop_ids() const { return impl_->stop_ids; }
+int64_t ConstraintCompiler::cache_bytes() const { return impl_->compiler.GetCacheSizeBytes(); }
+
+absl::StatusOr<std::shared_ptr<const CompiledConstraint>> ConstraintCompiler::Compile(const ConstraintSpec& spec) const {
+  if (!spec.active()) return absl::InvalidArgumentError(absl::StrCat(spec.field, ": no constraint to compile"));
+  if (absl::Status s = CheckConstraint(spec, limits_); !s.ok()) return s;
+  const std::string key = SpecKey(spec);
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (auto it = impl_->refused.find(key); it != impl_->refused.end()) {
+      return absl::InvalidArgumentError(it->second);
+    }
+  }
+  constrain::TakeXgrammarWarnings();  // what an earlier call on this thread left
+  std::shared_ptr<const CompiledConstraint> compiled;
+  try {
+    compiled = std::make_shared<const CompiledConstraint>(impl_->CompileChecked(spec, limits_.max_whitespace));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(spec.field, ": ", e.what()));
+  }
+  std::vector<std::string> warnings = constrain::TakeXgrammarWarnings();
+  if (warnings.empty()) return compiled;
+  std::string message = absl::StrCat(spec.field, ": not supported: ", absl::StrJoin(warnings, "; "),
+                                     " (the grammar engine would not enforce it)");
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->refused.size() >= kMaxRememberedRefusals) impl_->refused.clear();
+  impl_->refused.emplace(key, message);
+  return absl::InvalidArgumentError(message);
+}
+
+struct ConstraintMatcher::Impl {
+  Impl(const xgrammar::CompiledGrammar& g, const std::vector<TokenId>& stop_ids)
+      : matcher(g, std::vector<int>(stop_ids.begin(), stop_ids.end()), /*terminate_without_stop_token=*/false) {}
+  xgrammar::GrammarMatcher matcher;
+  std::shared_ptr<const CompiledConstraint> compiled;  // kept alive with the matcher
+};
+
+ConstraintMatcher::ConstraintMatcher(std::shared_ptr<const CompiledConstraint> compiled,
+                                     const std::vector<TokenId>& stop_ids)
+    : impl_(std::make_unique<Impl>(compiled->grammar, stop_ids)) {
+  impl_->compiled = std::move(compiled);
+}
+ConstraintMatcher::~ConstraintMatcher() = default;
+ConstraintMatcher::ConstraintMatcher(ConstraintMatcher&&) noexcept = default;
+ConstraintMatcher& ConstraintMatcher::operator=(ConstraintMatcher&&) noexcept = default;
+
+void ConstraintMatcher::FillMask(absl::Span<uint32_t> mask) {
+  int64_t shape[1] = {static_cast<int64_t>(mask.size())};
+  DLTensor t{};
+  t.data = mask.data();
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = 1;
+  t.dtype = DLDataType{kDLInt, 32, 1};
+  t.shape = shape;
+  impl_->matcher.FillNextTokenBitmask(&t, 0);
+}
+
+bool ConstraintMatcher::Accept(TokenId token) { return impl_->matcher.AcceptToken(token); }
+bool ConstraintMatcher::terminated() const { return impl_->matcher.IsTerminated(); }
+void ConstraintMatcher::Rollback(int32_t n) { impl_->matcher.Rollback(n); }
+
+}  // namespace specula
