@@ -2,7 +2,7 @@
 """Seeds for the fuzz targets made from real files at run time (scripts/fuzz.sh calls this; nothing
 here is committed): the TinyStories checkpoints and tokenizer in models/, the SmolLM2 GGUF's
 header and metadata (its vocabulary trimmed, with and without a tiny model's tensors), the tokenizer
-fixtures, example specs and chat templates of this tree, and small model files of the shapes the
+fixtures, example specs, chat templates and JSON schemas of this tree, and small model files of the shapes the
 targets bind. Standard library only.
 
     python3 fuzz/make_seeds.py OUT_DIR [--smollm2 PATH] [--models DIR]
@@ -364,6 +364,16 @@ def seeds_text(out):
     for path in (os.path.join(ROOT, "tests", "experiments", "fixtures", "offline", "results.jsonl"),):
         if os.path.exists(path):
             put(out, "jsonl_request_fuzz", "results_head.jsonl", b"\n".join(read(path).split(b"\n")[:3]))
+    # Structured-output constraints: each schema of tests/data/schemas as a json_schema ('2') and inside
+    # a structural tag's tool call ('6'), the first byte picking the kind (fuzz/constraint_fuzz.cc).
+    cdir = os.path.join(ROOT, "tests", "data", "schemas")
+    for name in sorted(os.listdir(cdir)):
+        if name.endswith(".json"):
+            schema = read(os.path.join(cdir, name))
+            put(out, "constraint_fuzz", name, b"2" + schema)
+            tag = {"type": "structural_tag", "format": {"type": "tag", "begin": "<tool>", "end": "</tool>",
+                                                        "content": {"type": "json_schema", "json_schema": json.loads(schema)}}}
+            put(out, "constraint_fuzz", name + ".tag", b"6" + json.dumps(tag).encode())
 
 
 # ---- gRPC GenerateRequest messages (protobuf wire format by hand)

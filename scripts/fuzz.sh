@@ -49,14 +49,15 @@ declare -A MAX_LEN=(
   [llama2c_fuzz]=8192 [safetensors_fuzz]=16384 [gguf_fuzz]=65536 [hf_config_fuzz]=8192
   [hf_tokenizer_fuzz]=16384 [llama2c_tokenizer_fuzz]=8192 [chat_template_fuzz]=16384
   [jsonl_request_fuzz]=4096 [http_request_fuzz]=4096 [grpc_request_fuzz]=1024 [experiment_spec_fuzz]=4096
-  [auth_header_fuzz]=512)
+  [auth_header_fuzz]=512 [constraint_fuzz]=8192)
 declare -A DICT=(
   [llama2c_fuzz]=- [safetensors_fuzz]=safetensors [gguf_fuzz]=gguf [hf_config_fuzz]=hf_config
   [hf_tokenizer_fuzz]=hf_tokenizer [llama2c_tokenizer_fuzz]=- [chat_template_fuzz]=chat_template
   [jsonl_request_fuzz]=request [http_request_fuzz]=request [grpc_request_fuzz]=- [experiment_spec_fuzz]=experiment_spec
-  [auth_header_fuzz]=auth_header)
+  [auth_header_fuzz]=auth_header [constraint_fuzz]=constraint)
 ALL=(llama2c_fuzz safetensors_fuzz gguf_fuzz hf_config_fuzz hf_tokenizer_fuzz llama2c_tokenizer_fuzz
-     jsonl_request_fuzz http_request_fuzz grpc_request_fuzz experiment_spec_fuzz chat_template_fuzz auth_header_fuzz)
+     jsonl_request_fuzz http_request_fuzz grpc_request_fuzz experiment_spec_fuzz chat_template_fuzz auth_header_fuzz
+     constraint_fuzz)
 [[ ${#targets[@]} -eq 0 ]] && targets=("${ALL[@]}")
 for t in "${targets[@]}"; do
   [[ -n "${MAX_LEN[$t]:-}" ]] || { echo "fuzz.sh: unknown target '$t' (${ALL[*]})" >&2; exit 2; }
