@@ -83,10 +83,9 @@ class RegexScanner {
   }
 
   Problem Step(size_t i, size_t* next) {
-    // Anchors stand where the whole match starts or ends: with xgrammar's whole-output match they
-    // change nothing there, and elsewhere it drops them (a warning), which would widen the regex.
-    const bool at_start = alternative_start_;
-    alternative_start_ = re_[i] == '(' || re_[i] == '|' || (re_[i] == '^' && at_start);
+    // Anchors stand where the whole pattern starts or ends: with xgrammar's whole-output match they
+    // change nothing there, and elsewhere (an alternative's or a group's edge too) it drops them with
+    // a warning, which would widen the regex.
     switch (re_[i]) {
       case '\\':
         AddAtom(1);
@@ -113,11 +112,11 @@ class RegexScanner {
       case '?':
         return std::nullopt;
       case '^':
-        if (at_start) return std::nullopt;
-        return absl::StrCat("'^' at byte ", i, " is not supported: only at the start of an alternative");
+        if (i == 0) return std::nullopt;
+        return absl::StrCat("'^' at byte ", i, " is not supported: only at the start of the pattern");
       case '$':
-        if (i + 1 == re_.size() || re_[i + 1] == '|' || re_[i + 1] == ')') return std::nullopt;
-        return absl::StrCat("'$' at byte ", i, " is not supported: only at the end of an alternative");
+        if (i + 1 == re_.size()) return std::nullopt;
+        return absl::StrCat("'$' at byte ", i, " is not supported: only at the end of the pattern");
       default:
         AddAtom(1);
         return std::nullopt;
@@ -219,7 +218,6 @@ class RegexScanner {
   const ConstraintLimits& limits_;
   int64_t cap_;
   std::vector<Group> groups_;      // [open groups + 1]: the whole regex, then each open group
-  bool alternative_start_ = true;  // nothing but anchors since the regex, a group or an alternative began
 };
 
 bool IsNameChar(char c, bool first) {

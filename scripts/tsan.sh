@@ -11,6 +11,9 @@
 #                  test_chaos (cancels, deadlines, malformed requests in a burst), test_overload
 #                  (3x capacity over HTTP under TSan; the latency bounds are skipped, and it says so),
 #                  test_http_flood (2,200 slow connections; its latency bounds are skipped likewise);
+#   - constrain:   constrain_tests (structured output's compiler from four threads at once: its
+#                  cache, xgrammar instrumented like the rest), and serving.test_structured_output
+#                  above compiles on the HTTP handler threads;
 #   - experiments: experiment_tests, and of experiments.test_experiment_run
 #                  the two runs with threads (the in-process online run, and an ONLINE spec against
 #                  a real server).
@@ -58,10 +61,11 @@ if [[ $build == 1 ]]; then
     cmake --preset tsan >/dev/null
   fi
   # Only what the selected tests run (the whole preset would also build the model, kernel and spec tests).
-  cmake --build --preset tsan -j "$jobs" --target specula serving_tests http_server_tests loadgen_tests experiment_tests
+  cmake --build --preset tsan -j "$jobs" --target specula serving_tests http_server_tests loadgen_tests experiment_tests \
+    constrain_tests
 fi
 [[ $test == 1 ]] || exit 0
-ctest --preset tsan -j "$jobs" -L '^(serving|experiments)$' \
+ctest --preset tsan -j "$jobs" -L '^(serving|experiments|constrain)$' \
   -E '^(serving\.test_grpc|serving\.test_grpc_security|serving\.test_openai_surface|experiments\.test_experiment_run|experiments\.test_report)$' "$@"
 # The experiment runner's threaded runs, with the preset's environment (ctest's own entry runs the
 # whole file).
