@@ -10,7 +10,7 @@
 namespace specula {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;  // keys in the order given, as Python's json.loads keeps them
 
 // tokenizer_config.json writes special tokens as a string or as {"content": ...}.
 std::string TokenString(const json& j, const char* key) {
@@ -68,6 +68,68 @@ absl::StatusOr<ChatSource> FromGguf(const std::string& path) {
   return s;
 }
 
+// "SOURCE: message I: field 'F' ...": the file, the element and the field at fault.
+absl::Status BadField(const std::string& source, size_t i, const std::string& field, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(source, ": message ", i, ": field '", field, "' ", why));
+}
+
+// tool_calls[j]: {"id"?, "type"?: "function", "function": {"name", "arguments"}}; the arguments are
+// JSON text as OpenAI sends them, or the JSON itself as apply_chat_template takes it.
+absl::StatusOr<ChatToolCall> ParseToolCall(const json& c, const std::string& source, size_t i, size_t j) {
+  const std::string field = absl::StrCat("tool_calls[", j, "]");
+  if (!c.is_object()) return BadField(source, i, field, "must be an object");
+  ChatToolCall call;
+  if (c.contains("id")) {
+    if (!c["id"].is_string()) return BadField(source, i, field + ".id", "must be a string");
+    call.id = c["id"].get<std::string>();
+  }
+  if (c.contains("type") && c["type"] != "function") return BadField(source, i, field + ".type", "must be \"function\"");
+  if (!c.contains("function") || !c["function"].is_object()) return BadField(source, i, field + ".function", "must be an object");
+  const json& f = c["function"];
+  if (!f.contains("name") || !f["name"].is_string()) return BadField(source, i, field + ".function.name", "must be a string");
+  call.name = f["name"].get<std::string>();
+  if (f.contains("arguments")) {
+    const json& a = f["arguments"];
+    if (a.is_string()) {
+      call.arguments = a.get<std::string>();
+      if (!call.arguments.empty() && json::parse(call.arguments, nullptr, false).is_discarded()) {
+        return BadField(source, i, field + ".function.arguments", "must be JSON text");
+      }
+    } else if (a.is_object() || a.is_array()) {
+      call.arguments = a.dump();
+    } else if (!a.is_null()) {
+      return BadField(source, i, field + ".function.arguments", "must be a string or an object");
+    }
+  }
+  return call;
+}
+
+absl::StatusOr<ChatMessage> ParseMessage(const json& m, const std::string& source, size_t i) {
+  if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) return BadField(source, i, "role", "must be a string");
+  ChatMessage msg;
+  msg.role = m["role"].get<std::string>();
+  if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+    if (!m["tool_calls"].is_array()) return BadField(source, i, "tool_calls", "must be a list");
+    for (size_t j = 0; j < m["tool_calls"].size(); ++j) {
+      ASSIGN_OR_RETURN(ChatToolCall call, ParseToolCall(m["tool_calls"][j], source, i, j));
+      msg.tool_calls.push_back(std::move(call));
+    }
+  }
+  // OpenAI sends a null content beside tool calls.
+  const json content = m.value("content", json(nullptr));
+  if (content.is_string()) {
+    msg.content = content.get<std::string>();
+  } else if (!content.is_null() || msg.tool_calls.empty()) {
+    return BadField(source, i, "content", "must be a string");
+  }
+  for (auto [key, out] : {std::pair{"tool_call_id", &msg.tool_call_id}, std::pair{"name", &msg.name}}) {
+    if (!m.contains(key)) continue;
+    if (!m[key].is_string()) return BadField(source, i, key, "must be a string");
+    *out = m[key].get<std::string>();
+  }
+  return msg;
+}
+
 }  // namespace
 
 absl::StatusOr<ChatSource> FindChatTemplate(const std::string& model_path, const std::string& override_path) {
@@ -86,21 +148,17 @@ absl::StatusOr<std::vector<ChatMessage>> ParseMessagesJson(const std::string& js
   }
   std::vector<ChatMessage> out;
   for (size_t i = 0; i < j.size(); ++i) {
-    const json& m = j[i];
-    for (const char* field : {"role", "content"}) {
-      if (!m.is_object() || !m.contains(field) || !m[field].is_string()) {
-        return absl::InvalidArgumentError(absl::StrCat(source, ": message ", i, ": field '", field, "' must be a string"));
-      }
-    }
-    out.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    ASSIGN_OR_RETURN(ChatMessage m, ParseMessage(j[i], source, i));
+    out.push_back(std::move(m));
   }
   return out;
 }
 
-absl::StatusOr<std::string> RenderChat(const ChatSource& source, const std::vector<ChatMessage>& messages) {
+absl::StatusOr<std::string> RenderChat(const ChatSource& source, const std::vector<ChatMessage>& messages,
+                                       const std::vector<ChatTool>& tools) {
   auto t = ChatTemplate::Parse(source.template_text);
   if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat(source.origin, ": ", t.status().message()));
-  auto text = t->Render(messages, /*add_generation_prompt=*/true, source.bos_token, source.eos_token);
+  auto text = t->Render(messages, tools, /*add_generation_prompt=*/true, source.bos_token, source.eos_token);
   if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat(source.origin, ": ", text.status().message()));
   return text;
 }

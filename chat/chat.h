@@ -22,11 +22,16 @@ struct ChatSource {
 // model has none.
 absl::StatusOr<ChatSource> FindChatTemplate(const std::string& model_path, const std::string& override_path = "");
 
-// Parses a messages file: a JSON array of {"role": ..., "content": ...}. Errors name the file,
-// the element and the field.
+// Parses a messages file: a JSON array of {"role": ..., "content": ...} in OpenAI's shape, with an
+// assistant's "tool_calls" ([{"id", "type": "function", "function": {"name", "arguments"}}], the
+// arguments as JSON text or as the JSON itself; its content may then be null or absent), a tool
+// message's "tool_call_id" and "name". Errors name the file, the element and the field
+// ("FILE: message 2: field 'tool_calls[0].function.name' must be a string").
 absl::StatusOr<std::vector<ChatMessage>> ParseMessagesJson(const std::string& json_text, const std::string& source);
 
-// The prompt text for `messages`, ending with the assistant's turn opened.
-absl::StatusOr<std::string> RenderChat(const ChatSource& source, const std::vector<ChatMessage>& messages);
+// The prompt text for `messages`, ending with the assistant's turn opened; `tools` reach the
+// template as ChatTemplate::Render describes.
+absl::StatusOr<std::string> RenderChat(const ChatSource& source, const std::vector<ChatMessage>& messages,
+                                       const std::vector<ChatTool>& tools = {});
 
 }  // namespace specula

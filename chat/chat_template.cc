@@ -1,4 +1,4 @@
-// Chat templates: the parser and the ChatTemplate API. The parser follows jinja2's grammar and
+// Chat templates: the parser and ChatTemplate::Parse. The parser follows jinja2's grammar and
 // operator precedence (parser.py) for the statements and expressions of the supported subset; a
 // filter, test or tag outside it is an error here, before anything is rendered.
 #include "chat/chat_template.h"
@@ -10,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "chat/chat_template_internal.h"
 #include "core/status_macros.h"
-#include "nlohmann/json.hpp"
 
 namespace specula {
 namespace jinja {
@@ -681,42 +680,6 @@ class Parser {
   int depth_ = 0;
 };
 
-// JSON (insertion order kept, as Python's json.loads does) to a template value.
-absl::StatusOr<Value> FromJson(const nlohmann::ordered_json& j, int depth = 0) {
-  if (depth > kMaxNesting) {
-    return absl::InvalidArgumentError("chat template variables: JSON nested more than 100 levels deep");
-  }
-  switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null: return Value::None();
-    case nlohmann::ordered_json::value_t::boolean: return Value::Bool(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer: return Value::Int(j.get<int64_t>());
-    case nlohmann::ordered_json::value_t::number_unsigned: {
-      const uint64_t u = j.get<uint64_t>();
-      return u <= static_cast<uint64_t>(INT64_MAX) ? Value::Int(static_cast<int64_t>(u))
-                                                    : Value::Float(static_cast<double>(u));
-    }
-    case nlohmann::ordered_json::value_t::number_float: return Value::Float(j.get<double>());
-    case nlohmann::ordered_json::value_t::string: return Value::Str(j.get<std::string>());
-    case nlohmann::ordered_json::value_t::array: {
-      List items;
-      for (const auto& e : j) {
-        ASSIGN_OR_RETURN(Value v, FromJson(e, depth + 1));
-        items.push_back(std::move(v));
-      }
-      return Value::MakeList(std::move(items));
-    }
-    case nlohmann::ordered_json::value_t::object: {
-      Dict d;
-      for (const auto& [k, x] : j.items()) {
-        ASSIGN_OR_RETURN(Value v, FromJson(x, depth + 1));
-        d.emplace_back(k, std::move(v));
-      }
-      return Value::MakeDict(std::move(d));
-    }
-    default: return Value::None();
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const Template>> ParseTemplate(std::string_view source) {
@@ -733,35 +696,6 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Parse(std::string_view source) {
   ChatTemplate t;
   ASSIGN_OR_RETURN(t.template_, jinja::ParseTemplate(source));
   return t;
-}
-
-absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
-                                                 bool add_generation_prompt,
-                                                 const std::string& bos_token,
-                                                 const std::string& eos_token,
-                                                 const std::map<std::string, std::string>& extra) const {
-  using jinja::Value;
-  jinja::List list;
-  for (const ChatMessage& m : messages) {
-    list.push_back(Value::MakeDict({{"role", Value::Str(m.role)}, {"content", Value::Str(m.content)}}));
-  }
-  // What transformers passes: messages, tools, documents, add_generation_prompt, then the special
-  // tokens and the caller's keyword arguments.
-  jinja::Dict vars = {{"messages", Value::MakeList(std::move(list))},
-                      {"tools", Value::None()},
-                      {"documents", Value::None()},
-                      {"add_generation_prompt", Value::Bool(add_generation_prompt)},
-                      {"bos_token", Value::Str(bos_token)},
-                      {"eos_token", Value::Str(eos_token)}};
-  for (const auto& [k, v] : extra) vars.emplace_back(k, Value::Str(v));
-  return jinja::RenderTemplate(*template_, vars, jinja::RenderOptions{fixed_time_});
-}
-
-absl::StatusOr<std::string> ChatTemplate::RenderJson(std::string_view variables_json) const {
-  const auto j = nlohmann::ordered_json::parse(variables_json, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return absl::InvalidArgumentError("chat template variables: not a JSON object");
-  ASSIGN_OR_RETURN(jinja::Value v, jinja::FromJson(j));
-  return jinja::RenderTemplate(*template_, *v.dict, jinja::RenderOptions{fixed_time_});
 }
 
 }  // namespace specula

@@ -25,9 +25,28 @@ namespace jinja {
 struct Template;
 }  // namespace jinja
 
+// A call an assistant message made (OpenAI's tool_calls[i]); `type` is always "function".
+struct ChatToolCall {
+  std::string id;
+  std::string name;       // function.name
+  std::string arguments;  // function.arguments: JSON text, as OpenAI sends it ("" reads as {})
+};
+
+// {role, content} alone initializes a plain message: the others have initializers of their own.
 struct ChatMessage {
   std::string role;
   std::string content;
+  std::vector<ChatToolCall> tool_calls = {};  // assistant messages that call tools
+  std::string tool_call_id = {};  // tool messages: the call answered
+  std::string name = {};          // tool messages: the function's name (optional)
+};
+
+// A function the model may call (OpenAI's tools[i].function). An empty description or parameters
+// is absent: the template sees no such key.
+struct ChatTool {
+  std::string name;
+  std::string description;
+  std::string parameters;  // a JSON Schema, as JSON text
 };
 
 class ChatTemplate {
@@ -44,6 +63,18 @@ class ChatTemplate {
   absl::StatusOr<std::string> Render(const std::vector<ChatMessage>& messages,
                                      bool add_generation_prompt, const std::string& bos_token,
                                      const std::string& eos_token,
+                                     const std::map<std::string, std::string>& extra = {}) const;
+
+  // The same with tools, given as apply_chat_template(tools=...) gives them: `tools` is a list of
+  // {"type": "function", "function": {"name", "description", "parameters"}} (None when empty).
+  // Each message is {"role", "content"} plus, where set, "tool_calls" (each {"id", "type":
+  // "function", "function": {"name", "arguments"}} with the arguments parsed into a mapping, as
+  // vLLM does, since templates such as Qwen2.5's print them with `| tojson`), "tool_call_id" and
+  // "name". Arguments or parameters that are not JSON are an InvalidArgument error naming the
+  // field ("messages[2].tool_calls[0].function.arguments", "tools[1].function.parameters").
+  absl::StatusOr<std::string> Render(const std::vector<ChatMessage>& messages,
+                                     const std::vector<ChatTool>& tools, bool add_generation_prompt,
+                                     const std::string& bos_token, const std::string& eos_token,
                                      const std::map<std::string, std::string>& extra = {}) const;
 
   // Renders with the members of a JSON object as the variables, as given (messages with tool

@@ -1,6 +1,7 @@
 // Internals of the chat template engine (chat/chat_template.h), shared by its parts:
 //   chat_template_lexer.cc     source -> tokens (whitespace control, trim_blocks, lstrip_blocks)
-//   chat_template.cc           tokens -> syntax tree; the ChatTemplate API
+//   chat_template.cc           tokens -> syntax tree; ChatTemplate::Parse
+//   chat_template_vars.cc      the variables (messages, tools, JSON) as values; Render, RenderJson
 //   chat_template_eval.cc      the renderer
 //   chat_template_ops.cc       the core operations on values
 //   chat_template_values.cc    printing values, tojson, Python's str functions

@@ -13,10 +13,12 @@ The reference is the environment transformers' apply_chat_template builds
 and the variables it passes: messages, tools=None, documents=None, add_generation_prompt, the
 special tokens. strftime_now is fixed to NOW here (the C++ side gets the same time).
 
-Every real template in tests/data/chat_templates is rendered for a set of conversations, with and
-without add_generation_prompt, and with tool calls where the template takes them; then a corpus
-of small templates exercises each construct of the subset. Where jinja2 raises, the C++ renderer
-must fail too (with the same message for raise_exception()).
+Every real template in tests/data/chat_templates, and those models/chat_templates ships, is
+rendered for a set of conversations, with and without add_generation_prompt, and with tool calls
+where the template takes them; then a corpus of small templates exercises each construct of the
+subset. Where jinja2 raises, the C++ renderer must fail too (with the same message for
+raise_exception()). Tool conversations also go in OpenAI's wire shape (arguments as JSON text)
+through the C++ side's own conversion, against jinja2 given what apply_chat_template takes.
 
     test_chat_template.py PATH/TO/chat_template_render   (or SPECULA_CHAT_TEMPLATE_RENDER=...)
 """
@@ -41,6 +43,7 @@ warnings.filterwarnings("ignore", category=DeprecationWarning, module="jinja2")
 
 RENDER = os.environ.get("SPECULA_CHAT_TEMPLATE_RENDER", "")
 TEMPLATES = Path(__file__).resolve().parents[2] / "data" / "chat_templates"
+SHIPPED = Path(__file__).resolve().parents[3] / "models" / "chat_templates"
 NOW = 1725541620  # 2024-09-05 13:07 UTC: what strftime_now() formats on both sides
 
 
@@ -87,12 +90,33 @@ def py_render(case):
         template = ENV.from_string(case["template"])
         if "variables" in case:
             return True, template.render(**case["variables"])
+        if "wire_messages" in case:
+            return True, template.render(
+                messages=[hf_message(m) for m in case["wire_messages"]],
+                tools=case.get("wire_tools") or None, documents=None,
+                add_generation_prompt=case["add_generation_prompt"], bos_token=case["bos_token"],
+                eos_token=case["eos_token"], **case.get("extra", {}))
         return True, template.render(messages=case["messages"], tools=None, documents=None,
                                      add_generation_prompt=case["add_generation_prompt"],
                                      bos_token=case["bos_token"], eos_token=case["eos_token"],
                                      **case.get("extra", {}))
     except Exception as e:  # any failure: the C++ side must fail too
         return False, f"{type(e).__name__}: {e}"
+
+
+def hf_message(wire):
+    """A wire message as apply_chat_template takes it (vLLM's conversion): each call's arguments
+    parsed ("" as {}), a null content as ""."""
+    m = {"role": wire["role"], "content": wire.get("content") or ""}
+    if wire.get("tool_calls"):
+        m["tool_calls"] = [{"id": c.get("id", ""), "type": "function", "function": {
+            "name": c["function"]["name"],
+            "arguments": json.loads(c["function"].get("arguments") or "{}")}}
+            for c in wire["tool_calls"]]
+    for key in ("tool_call_id", "name"):
+        if key in wire:
+            m[key] = wire[key]
+    return m
 
 
 def cpp_render(cases):
@@ -175,10 +199,47 @@ TOOL_TEMPLATES = ["llama3_1.jinja", "llama3_2.jinja", "qwen2_5.jinja", "mistral_
                   "qwen3.jinja", "smollm3.jinja"]
 
 
+WIRE_TOOLS = [
+    {"type": "function", "function": {k: v for k, v in TOOLS[0]["function"].items() if k != "return"}},
+    {"type": "function", "function": {"name": "get_time", "description": "The time now, \"HH:MM\"."}},
+    {"type": "function", "function": {"name": "ping"}},
+]
+
+
+def wire_call(call_id, name, arguments):
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+# Tool conversations in OpenAI's wire shape: arguments as JSON text, content null beside calls.
+WIRE_CHATS = {
+    "one_call": [
+        SYSTEM, user("What's the temperature in Paris?"),
+        {"role": "assistant", "content": None, "tool_calls": [wire_call(
+            "call12345", "get_current_temperature",
+            '{"location": "Paris, France", "unit": "celsius", "nested": {"z": [1, 2.5, null]}}')]},
+        {"role": "tool", "tool_call_id": "call12345", "name": "get_current_temperature",
+         "content": "22.5"},
+        assistant("It is 22.5 °C in Paris."), user("Thanks! And in Zürich?"),
+    ],
+    "parallel_calls": [
+        user("Time and temperature in Zürich?"),
+        {"role": "assistant", "content": "Let me check.", "tool_calls": [
+            wire_call("call00001", "get_current_temperature", '{"location":"Zürich"}'),
+            wire_call("call00002", "get_time", "")]},
+        {"role": "tool", "tool_call_id": "call00001", "content": "18"},
+        {"role": "tool", "tool_call_id": "call00002", "content": "\"14:05\""},
+    ],
+    "no_system": [user("ping it"), {"role": "assistant", "content": "", "tool_calls": [
+        wire_call("call00003", "ping", "{}")]}, {"role": "tool", "content": "pong"}],
+}
+
+
 def template_files():
     files = sorted(TEMPLATES.glob("*.jinja"))
     assert len(files) >= 5, f"expected the chat templates in {TEMPLATES}"
-    return files
+    shipped = sorted(SHIPPED.glob("*.jinja"))
+    assert shipped, f"expected the shipped chat templates in {SHIPPED}"
+    return files + shipped
 
 
 def plain_case(template, messages, add_generation_prompt, **kw):
@@ -259,6 +320,39 @@ class RealTemplates(Parity, unittest.TestCase):
             messages=[user("x"), {"role": "assistant", "content": "",
                                   "tool_calls": [dict(TOOL_CALL, id="short")]}])))
         self.check(cases, min_rendered=len(TOOL_TEMPLATES) * 4, min_raised=2)
+
+    def test_wire_tool_chats(self):
+        # The chat side's conversion (ParseMessagesJson, ChatTemplate::Render with tools) gives the
+        # templates what apply_chat_template gives them.
+        cases = []
+        for path in [TEMPLATES / n for n in TOOL_TEMPLATES] + sorted(SHIPPED.glob("*.jinja")):
+            text = path.read_text(encoding="utf-8")
+            for conv, messages in WIRE_CHATS.items():
+                for tools in (WIRE_TOOLS, []):
+                    cases.append((f"{path.name}/{conv}/tools={len(tools)}", dict(
+                        plain_case(text, None, True, wire_messages=messages, wire_tools=tools),
+                        messages=None)))
+        self.check(cases, min_rendered=len(cases) // 2)
+
+    def test_smollm2_tools_without_tools_is_smollm2(self):
+        # The shipped tool template renders plain conversations as SmolLM2's own (the GGUF's
+        # tokenizer.chat_template, tests/data/chat_templates/smollm2.jinja) does.
+        ours = (SHIPPED / "smollm2_tools.jinja").read_text(encoding="utf-8")
+        theirs = (TEMPLATES / "smollm2.jinja").read_text(encoding="utf-8")
+        names, cases = [], []
+        for conv, messages in CONVERSATIONS.items():
+            if any(m["role"] == "tool" for m in messages):
+                continue  # ours renders tool results as Hermes <tool_response> blocks
+            for agp in (False, True):
+                names.append(f"{conv}/agp={agp}")
+                cases.append(plain_case(ours, messages, agp))
+        self.assertGreaterEqual(len(cases), 20)
+        for name, case, (ok, out) in zip(names, cases, cpp_render(cases)):
+            with self.subTest(case=name):
+                py_ok, want = py_render(dict(case, template=theirs))
+                self.assertTrue(py_ok, want)
+                self.assertTrue(ok, out)
+                self.assertEqual(out, want)
 
     def test_extra_variables(self):
         cases = []
