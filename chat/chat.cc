@@ -1,5 +1,6 @@
 #include "chat/chat.h"
 
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/gguf.h"
@@ -84,9 +85,13 @@ absl::StatusOr<ChatToolCall> ParseToolCall(const json& c, const std::string& sou
     call.id = c["id"].get<std::string>();
   }
   if (c.contains("type") && c["type"] != "function") return BadField(source, i, field + ".type", "must be \"function\"");
-  if (!c.contains("function") || !c["function"].is_object()) return BadField(source, i, field + ".function", "must be an object");
+  if (!c.contains("function") || !c["function"].is_object()) {
+    return BadField(source, i, field + ".function", "must be an object");
+  }
   const json& f = c["function"];
-  if (!f.contains("name") || !f["name"].is_string()) return BadField(source, i, field + ".function.name", "must be a string");
+  if (!f.contains("name") || !f["name"].is_string()) {
+    return BadField(source, i, field + ".function.name", "must be a string");
+  }
   call.name = f["name"].get<std::string>();
   if (f.contains("arguments")) {
     const json& a = f["arguments"];
@@ -105,7 +110,9 @@ absl::StatusOr<ChatToolCall> ParseToolCall(const json& c, const std::string& sou
 }
 
 absl::StatusOr<ChatMessage> ParseMessage(const json& m, const std::string& source, size_t i) {
-  if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) return BadField(source, i, "role", "must be a string");
+  if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+    return BadField(source, i, "role", "must be a string");
+  }
   ChatMessage msg;
   msg.role = m["role"].get<std::string>();
   if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
