@@ -281,7 +281,7 @@ ConstraintSpec ToolConstraint(const ToolRequest& request) {
   }
   spec.kind = ConstraintSpec::Kind::kStructuralTag;
   spec.text = json{{"type", "structural_tag"}, {"format", std::move(format)}}.dump();
-  spec.field = "tools";
+  spec.field = request.legacy ? "functions" : "tools";
   return spec;
 }
 

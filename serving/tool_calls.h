@@ -56,7 +56,8 @@ absl::StatusOr<ToolRequest> ParseToolRequest(std::string_view tools_json, std::s
                                              std::string_view function_call_json = {});
 
 // What constrains the output to the request's calls: an xgrammar structural tag
-// ({"type": "structural_tag", "format": ...}; kind kStructuralTag, field "tools") whose tags are
+// ({"type": "structural_tag", "format": ...}; kind kStructuralTag, field "tools", or "functions"
+// for the older API) whose tags are
 // begin "<tool_call>\n{\"name\": \"NAME\", \"arguments\": ", the function's parameters as a JSON
 // schema ({"type": "object", "properties": {}} without them), end "}\n</tool_call>".
 //   required, named: tags_with_separator (separator "\n", at_least_one), only the named
@@ -65,7 +66,7 @@ absl::StatusOr<ToolRequest> ParseToolRequest(std::string_view tools_json, std::s
 //                    false, stop_after_first unless parallel
 //   none:            no constraint (kind kNone)
 // A parameters text that is not JSON (ParseToolRequest refuses those) reaches the tag as a string,
-// which the constraint compiler refuses naming "tools".
+// which the constraint compiler refuses naming the field.
 ConstraintSpec ToolConstraint(const ToolRequest& request);
 
 // "call_" and 24 hex digits, derived from the request id and the call's index in the output: the

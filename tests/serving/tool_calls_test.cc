@@ -150,7 +150,7 @@ json Tag(const std::string& name, json schema) {
 
 json Format(const ConstraintSpec& spec) {
   EXPECT_EQ(spec.kind, ConstraintSpec::Kind::kStructuralTag);
-  EXPECT_EQ(spec.field, "tools");
+  EXPECT_EQ(spec.field, "tools");  // the field errors name
   const json j = json::parse(spec.text, nullptr, false);
   EXPECT_EQ(j.value("type", ""), "structural_tag") << spec.text;
   return j.is_object() && j.contains("format") ? j["format"] : json();
@@ -183,6 +183,15 @@ TEST(ToolConstraintTest, StructuralTagPerChoice) {
   r = ParseToolRequest(kTools, R"("none")", std::nullopt);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(ToolConstraint(*r).active());
+
+  // The older API: one call, errors naming its own field.
+  r = ParseToolRequest("", "", std::nullopt, R"([{"name": "get_time"}])", R"({"name": "get_time"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const ConstraintSpec legacy = ToolConstraint(*r);
+  EXPECT_EQ(legacy.field, "functions");
+  EXPECT_EQ(json::parse(legacy.text)["format"],
+            (json{{"type", "tags_with_separator"}, {"tags", json::array({Tag("get_time", empty_object)})},
+                  {"separator", "\n"}, {"at_least_one", true}, {"stop_after_first", true}}));
 }
 
 // The tags' text is what the shipped template prints for a call, and reads back as that call.
