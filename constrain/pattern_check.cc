@@ -263,10 +263,9 @@ Problem GrammarRepetition(std::string_view text, size_t i, const ConstraintLimit
                       limits.max_repeat);
 }
 
-// Whether the rule name `root` at text[i] is defined there: `root ::=`, or with an attribute block,
-// `root[max_tokens=10] ::=`.
-bool DefinesRoot(std::string_view text, size_t i) {
-  size_t j = i + 4;
+// Whether the rule name that ends before text[j] is defined there: `name ::=`, or with an attribute
+// block, `name[max_tokens=10] ::=`.
+bool DefinesRule(std::string_view text, size_t j) {
   while (j < text.size() && (text[j] == ' ' || text[j] == '\t')) ++j;
   if (j < text.size() && text[j] == '[') {
     const size_t close = text.find(']', j);
@@ -287,6 +286,8 @@ std::optional<std::string> GrammarProblem(std::string_view text, const Constrain
   int64_t depth = 0;
   bool line_start = true;  // nothing but blanks since the line began: where a rule's name stands
   bool has_root = false;
+  int64_t rules = 0;
+  int64_t repeats = 0;
   size_t i = 0;
   while (i < text.size()) {
     const char c = text[i];
@@ -304,9 +305,19 @@ std::optional<std::string> GrammarProblem(std::string_view text, const Constrain
       depth = std::max<int64_t>(depth - 1, 0);
     } else if (c == '{') {
       if (Problem p = GrammarRepetition(text, i, limits, &next)) return p;
+      if (next > i + 1 && ++repeats > limits.max_grammar_repeats) {
+        return absl::StrCat("repetition at byte ", i, " is more than the limit of ", limits.max_grammar_repeats,
+                            " counted repetitions in a grammar");
+      }
     } else if (IsNameChar(c, /*first=*/true)) {
       while (next < text.size() && IsNameChar(text[next], false)) ++next;
-      if (first_on_line && text.substr(i, next - i) == "root" && DefinesRoot(text, i)) has_root = true;
+      if (first_on_line && DefinesRule(text, next)) {
+        has_root = has_root || text.substr(i, next - i) == "root";
+        if (++rules > limits.max_grammar_rules) {
+          return absl::StrCat("the rule at byte ", i, " is more than the limit of ", limits.max_grammar_rules,
+                              " rules in a grammar");
+        }
+      }
     }
     i = next;
   }

@@ -49,6 +49,16 @@ absl::Status CompileWithoutWarning(const ConstraintSpec& spec) {
   return compiler->Compile(spec).status();
 }
 
+// root ::= r0, then rule k repeating the next twice: the chain whose compile time grows fastest.
+std::string RuleChain(int rules, const std::string& repeat) {
+  std::string text = "root ::= r0\n";
+  for (int k = 0; k + 2 < rules; ++k) {
+    const std::string next = "r" + std::to_string(k + 1);
+    text += "r" + std::to_string(k) + " ::= (" + next + " \",\" " + next + ")" + repeat + " | \"x\"\n";
+  }
+  return text + "r" + std::to_string(std::max(rules - 2, 0)) + " ::= \"end\"\n";
+}
+
 std::string Repeated(const std::string& piece, int n, const std::string& separator = ",") {
   std::string out;
   for (int i = 0; i < n; ++i) out += (i > 0 ? separator : "") + piece;
@@ -270,6 +280,10 @@ INSTANTIATE_TEST_SUITE_P(
 INSTANTIATE_TEST_SUITE_P(Grammar, RefusedTest,
                          ::testing::Values(BadCase{"NoRoot", Kind::kGrammar, "start ::= \"a\"\n",
                                                    "the grammar defines no rule named 'root'"},
+                                           BadCase{"TooManyRules", Kind::kGrammar, RuleChain(65, "*"),
+                                                   "is more than the limit of 64 rules in a grammar"},
+                                           BadCase{"TooManyCountedRepetitions", Kind::kGrammar, RuleChain(20, "{0,64}"),
+                                                   "is more than the limit of 16 counted repetitions"},
                                            BadCase{"RootOnlyInAComment", Kind::kGrammar,
                                                    "# root ::= \"a\"\nstart ::= \"a\"\n", "no rule named 'root'"},
                                            BadCase{"RootNotAtLineStart", Kind::kGrammar,
