@@ -5,6 +5,7 @@
 
 #include <xgrammar/xgrammar.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <mutex>
@@ -42,12 +43,17 @@ void ApplyMask(absl::Span<const uint32_t> mask, absl::Span<float> logits) {
   const float kMinusInf = -std::numeric_limits<float>::infinity();
   const size_t vocab = logits.size();
   for (size_t w = 0; w < mask.size(); ++w) {
-    const uint32_t bits = mask[w];
-    if (bits == ~0u) continue;  // the common word in a permissive state: all 32 allowed
-    const size_t end = std::min(vocab, (w + 1) * 32);
-    for (size_t v = w * 32; v < end; ++v) {
-      if (((bits >> (v - w * 32)) & 1u) == 0) logits[v] = kMinusInf;
+    const size_t base = w * 32;
+    const size_t end = std::min(vocab, base + 32);
+    if (base >= end) break;
+    uint32_t refused = ~mask[w];
+    if (end - base < 32) refused &= (1u << (end - base)) - 1;
+    if (refused == 0) continue;  // all 32 allowed: the common word while a string is open
+    if (refused == ~0u) {        // none allowed: the common word once the grammar narrows
+      std::fill(logits.begin() + base, logits.begin() + end, kMinusInf);
+      continue;
     }
+    for (; refused != 0; refused &= refused - 1) logits[base + __builtin_ctz(refused)] = kMinusInf;
   }
 }
 
@@ -60,6 +66,32 @@ std::string ChoiceGrammar(const std::vector<std::string>& choices) {
   literals.reserve(choices.size());
   for (const std::string& c : choices) literals.push_back(nlohmann::json(c).dump(-1, ' ', true));
   return absl::StrCat("root ::= (", absl::StrJoin(literals, " | "), ")\n");
+}
+
+// A structural tag with the blanks of each JSON payload in it (a tool call's arguments) capped as a
+// schema's are. The tag's depth is bounded by the check before this; a schema (a payload's
+// "json_schema") is left as it is.
+std::string CapTagWhitespace(const std::string& text, int32_t max_whitespace) {
+  nlohmann::ordered_json tag = nlohmann::ordered_json::parse(text, nullptr, false);
+  if (tag.is_discarded()) return text;  // xgrammar names the error
+  std::vector<nlohmann::ordered_json*> stack = {&tag};
+  while (!stack.empty()) {
+    nlohmann::ordered_json* node = stack.back();
+    stack.pop_back();
+    if (node->is_array()) {
+      for (auto& v : *node) stack.push_back(&v);
+      continue;
+    }
+    if (!node->is_object()) continue;
+    auto type = node->find("type");
+    if (type != node->end() && *type == "json_schema" && !node->contains("max_whitespace_cnt")) {
+      (*node)["max_whitespace_cnt"] = max_whitespace;
+    }
+    for (auto& [key, value] : node->items()) {
+      if (key != "json_schema") stack.push_back(&value);
+    }
+  }
+  return tag.dump();
 }
 
 // The key of a refusal found only by compiling (a warning), remembered because the cache would
@@ -87,7 +119,7 @@ struct ConstraintCompiler::Impl {
       case Kind::kRegex: return compiler.CompileRegex(spec.text);
       case Kind::kChoice: return compiler.CompileGrammar(ChoiceGrammar(spec.choices), "root");
       case Kind::kGrammar: return compiler.CompileGrammar(spec.text, "root");
-      case Kind::kStructuralTag: return compiler.CompileStructuralTag(spec.text);
+      case Kind::kStructuralTag: return compiler.CompileStructuralTag(CapTagWhitespace(spec.text, max_whitespace));
       case Kind::kNone: break;
     }
     throw std::invalid_argument("no constraint to compile");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -27,11 +28,13 @@ bool Present(const json& j, const char* f) { return j.contains(f) && !j[f].is_nu
 // Fields that would change the output and are not implemented yet: refused by name, never ignored.
 // A value that changes nothing (an empty list, plain text, no tool) passes.
 absl::Status RefuseUnimplemented(const json& j, bool chat) {
-  for (const char* f : {"tools", "functions"}) {
-    if (Present(j, f) && !j[f].empty()) return Bad(f, "not supported yet");
-  }
-  for (const char* f : {"tool_choice", "function_call"}) {
-    if (Present(j, f) && j[f] != "none" && j[f] != "auto") return Bad(f, "not supported yet: no tools can be called");
+  if (!chat) {  // tools are the chat template's; completions take a prompt as it is
+    for (const char* f : {"tools", "functions"}) {
+      if (Present(j, f) && !j[f].empty()) return Bad(f, "only /v1/chat/completions takes tools");
+    }
+    for (const char* f : {"tool_choice", "function_call"}) {
+      if (Present(j, f) && j[f] != "none" && j[f] != "auto") return Bad(f, "only /v1/chat/completions takes tools");
+    }
   }
   if (Present(j, "suffix")) return Bad("suffix", "not supported: this model has no fill-in-the-middle template");
   if (chat && Present(j, "echo") && j["echo"] != false) return Bad("echo", "only /v1/completions echoes the prompt");
@@ -180,6 +183,49 @@ absl::Status ParsePrompt(const json& j, ServeRequest* r) {
   return Bad("prompt", "must be a string, a list of token ids, or a list of one of either");
 }
 
+// A message's tool fields: an assistant's `tool_calls` ([{id, type, function: {name, arguments}}],
+// arguments as JSON text), a tool message's `tool_call_id`, and `name`.
+absl::Status ParseToolFields(const json& m, const std::string& field, ChatMessage* msg) {
+  for (const char* f : {"tool_call_id", "name"}) {
+    if (!Present(m, f)) continue;
+    if (!m[f].is_string()) return Bad(absl::StrCat(field, ".", f), "must be a string");
+    (std::string_view(f) == "name" ? msg->name : msg->tool_call_id) = m[f].get<std::string>();
+  }
+  if (!Present(m, "tool_calls")) return absl::OkStatus();
+  if (!m["tool_calls"].is_array()) return Bad(field + ".tool_calls", "must be a list of calls");
+  for (size_t k = 0; k < m["tool_calls"].size(); ++k) {
+    const json& call = m["tool_calls"][k];
+    const std::string at = absl::StrCat(field, ".tool_calls[", k, "]");
+    if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) {
+      return Bad(at + ".function", "must be an object with name and arguments");
+    }
+    const json& fn = call["function"];
+    if (!fn.contains("name") || !fn["name"].is_string()) return Bad(at + ".function.name", "must be a string");
+    ChatToolCall out{call.value("id", std::string()), fn["name"].get<std::string>(), "{}"};
+    if (Present(fn, "arguments")) out.arguments = fn["arguments"].is_string() ? fn["arguments"].get<std::string>() : fn["arguments"].dump();
+    msg->tool_calls.push_back(std::move(out));
+  }
+  return absl::OkStatus();
+}
+
+// The request's tools as serving/tool_calls.h reads them, and the constraint they bring.
+absl::Status ParseTools(const json& j, HttpRequestBody* b) {
+  auto text = [&j](const char* f) { return Present(j, f) ? j[f].dump() : std::string(); };
+  std::optional<bool> parallel;
+  if (Present(j, "parallel_tool_calls")) {
+    if (!j["parallel_tool_calls"].is_boolean()) return Bad("parallel_tool_calls", "must be true or false");
+    parallel = j["parallel_tool_calls"].get<bool>();
+  }
+  ASSIGN_OR_RETURN(b->tools, ParseToolRequest(text("tools"), text("tool_choice"), parallel, text("functions"),
+                                              text("function_call")));
+  ConstraintSpec tag = ToolConstraint(b->tools);
+  if (!tag.active()) return absl::OkStatus();
+  ConstraintSpec& c = b->request.constraint;
+  if (c.active()) return Bad(tag.field, absl::StrCat("cannot be combined with ", c.field, ": set one structured-output field"));
+  c = std::move(tag);
+  return absl::OkStatus();
+}
+
 // OpenAI chat messages: content is a string or a list of {"type": "text", "text": ...} parts.
 absl::StatusOr<std::vector<ChatMessage>> ParseMessages(const json& j) {
   if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty()) {
@@ -190,7 +236,8 @@ absl::StatusOr<std::vector<ChatMessage>> ParseMessages(const json& j) {
     const json& m = j["messages"][i];
     const std::string field = absl::StrCat("messages[", i, "]");
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) return Bad(field + ".role", "must be a string");
-    ChatMessage msg{m["role"].get<std::string>(), ""};
+    ChatMessage msg;
+    msg.role = m["role"].get<std::string>();
     static const std::set<std::string> kRoles = {"system", "developer", "user", "assistant", "tool"};
     if (!kRoles.count(msg.role)) {
       return Bad(field + ".role", absl::StrCat("'", msg.role, "' is not one of system, developer, user, assistant, tool"));
@@ -208,6 +255,7 @@ absl::StatusOr<std::vector<ChatMessage>> ParseMessages(const json& j) {
     } else if (!c.is_null()) {
       return Bad(field + ".content", "must be a string or a list of text parts");
     }
+    RETURN_IF_ERROR(ParseToolFields(m, field, &msg));
     out.push_back(std::move(msg));
   }
   return out;
@@ -234,7 +282,9 @@ absl::StatusOr<HttpRequestBody> ParseHttpRequestBody(const std::string& body, bo
                                           chat_source.status().message(), "); use /v1/completions"));
     }
     ASSIGN_OR_RETURN(const std::vector<ChatMessage> messages, ParseMessages(j));
-    auto text = chat_template->Render(messages, /*add_generation_prompt=*/true, chat_source->bos_token, chat_source->eos_token);
+    RETURN_IF_ERROR(ParseTools(j, &b));
+    auto text = chat_template->Render(messages, b.tools.tools, /*add_generation_prompt=*/true, chat_source->bos_token,
+                                      chat_source->eos_token);
     if (!text.ok()) return Bad("messages", std::string(text.status().message()));
     r.prompt = *std::move(text);
     r.templated = true;

@@ -6,12 +6,14 @@
 
 #include <cstdint>
 #include <ctime>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "chat/chat.h"
 #include "serving/server.h"
+#include "serving/tool_calls.h"
 
 namespace specula {
 
@@ -34,6 +36,9 @@ struct HttpRequestBody {
   // Choices returned. request.n samples are drawn (completions' best_of); when more, the n with the
   // highest total logprob are returned.
   int32_t n = 1;
+  // Chat's tools, tool_choice and parallel_tool_calls (or the older functions and function_call):
+  // what the template lists, and whether the output is read back for calls.
+  ToolRequest tools;
 };
 absl::StatusOr<HttpRequestBody> ParseHttpRequestBody(const std::string& body, bool chat, const std::string& model,
                                                      const ChatTemplate* chat_template,
@@ -56,6 +61,7 @@ class OpenAiResponder {
     bool finished = false;
     bool first_sent = false;  // streamed: the role (chat) or the echoed prompt goes with the first chunk
     size_t offset = 0;        // completions' text_offset of the next token
+    std::optional<ToolCallStream> tool_calls;  // streamed chat with tools: the calls read from the deltas
   };
 
   OpenAiResponder(const HttpRequestBody& call, std::string model, std::string id, const Generation& generation,

@@ -104,6 +104,67 @@ json SpecMetrics(const SpecStats* s, int32_t num_spec_tokens) {
   return {{"speculative_decoding", s != nullptr ? SpecDecodingJson(*s, num_spec_tokens) : json(nullptr)}};
 }
 
+// A finish reason as OpenAI gives it: "tool_calls" (the older API: "function_call") when the output
+// ended by its grammar after calling tools.
+std::string FinishName(FinishReason f, int calls, bool legacy) {
+  const std::string name = OpenAiFinishName(f);
+  if (calls == 0 || name != "stop") return name;
+  return legacy ? "function_call" : "tool_calls";
+}
+
+// The assistant message of a finished chat choice: its text, or with tools the calls read back from
+// it (tool_calls; the older API's function_call: the first) and the text around them (null if none).
+json AssistantMessage(const std::string& text, const ToolRequest& tools, const std::string& call_ids, int* calls) {
+  json m = {{"role", "assistant"}, {"content", text}};
+  *calls = 0;
+  if (!tools.parses_calls()) return m;
+  ParsedToolCalls parsed = ExtractToolCalls(text, call_ids);
+  *calls = static_cast<int>(parsed.calls.size());
+  if (parsed.calls.empty()) return m;
+  m["content"] = parsed.content.empty() ? json(nullptr) : json(parsed.content);
+  if (tools.legacy) {
+    m["function_call"] = {{"name", parsed.calls[0].name}, {"arguments", parsed.calls[0].arguments}};
+    return m;
+  }
+  json list = json::array();
+  for (const ChatToolCall& c : parsed.calls) {
+    list.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+  }
+  m["tool_calls"] = std::move(list);
+  return m;
+}
+
+// A streamed chunk's delta from the tool-call reader's events: content, and each call's start and
+// argument pieces (tool_calls[{index, id, type, function: {name, arguments}}], a piece merged into
+// the entry before it of the same call; the older API's function_call: the first call only).
+void ToolDelta(const std::vector<ToolStreamEvent>& events, bool legacy, json* delta) {
+  std::string content;
+  json calls = json::array();
+  for (const ToolStreamEvent& e : events) {
+    if (e.kind == ToolStreamEvent::Kind::kContent) {
+      content += e.text;
+    } else if (legacy && e.index > 0) {
+      continue;
+    } else if (e.kind == ToolStreamEvent::Kind::kCallStart) {
+      calls.push_back({{"index", e.index}, {"id", e.id}, {"type", "function"},
+                       {"function", {{"name", e.name}, {"arguments", ""}}}});
+    } else if (!calls.empty() && calls.back()["index"] == e.index) {
+      calls.back()["function"]["arguments"] = calls.back()["function"]["arguments"].get<std::string>() + e.text;
+    } else {
+      calls.push_back({{"index", e.index}, {"function", {{"arguments", e.text}}}});
+    }
+  }
+  if (!content.empty() || calls.empty()) (*delta)["content"] = content;
+  if (calls.empty()) return;
+  if (!legacy) {
+    (*delta)["tool_calls"] = std::move(calls);
+    return;
+  }
+  json fn = calls[0]["function"];
+  for (size_t k = 1; k < calls.size(); ++k) fn["arguments"] = fn["arguments"].get<std::string>() + calls[k]["function"]["arguments"].get<std::string>();
+  (*delta)["function_call"] = std::move(fn);
+}
+
 double TotalLogprob(const Sample& s) {
   double t = 0;
   for (const TokenLogprobs& lp : s.logprobs) t += lp.logprob;
@@ -149,7 +210,16 @@ std::string OpenAiResponder::StreamEvents(int32_t index, const RequestDelta& d, 
     json c = {{"index", index}, {"logprobs", nullptr},
               {"finish_reason", d.finished ? json(OpenAiFinishName(d.final.finish)) : json(nullptr)}};
     const size_t to = s.tokens.size(), from = to - d.tokens.size();
-    if (call_.chat) {
+    if (call_.chat && call_.tools.parses_calls()) {
+      if (!s.tool_calls.has_value()) s.tool_calls.emplace(absl::StrCat(id_, "-", index));
+      std::vector<ToolStreamEvent> events = s.tool_calls->Feed(d.text);
+      if (d.finished) {
+        for (ToolStreamEvent& e : s.tool_calls->Finish()) events.push_back(std::move(e));
+        c["finish_reason"] = FinishName(d.final.finish, s.tool_calls->calls(), call_.tools.legacy);
+      }
+      c["delta"] = s.first_sent ? json::object() : json{{"role", "assistant"}};
+      ToolDelta(events, call_.tools.legacy, &c["delta"]);
+    } else if (call_.chat) {
       c["delta"] = s.first_sent ? json{{"content", d.text}} : json{{"role", "assistant"}, {"content", d.text}};
       if (call_.logprobs >= 0) c["logprobs"] = ChatLogprobs(Namer{*tokenizer_, call_.tokens_as_ids}, Generated(s, prompt_, from, to));
     } else {
@@ -204,7 +274,9 @@ std::string OpenAiResponder::Body() const {
     json choice = {{"index", c}, {"logprobs", nullptr}, {"finish_reason", OpenAiFinishName(s.final.finish)}};
     const bool show = call_.logprobs >= 0;  // best_of's own logprobs stay inside
     if (call_.chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", s.text}};
+      int calls = 0;
+      choice["message"] = AssistantMessage(s.text, call_.tools, absl::StrCat(id_, "-", order[c]), &calls);
+      choice["finish_reason"] = FinishName(s.final.finish, calls, call_.tools.legacy);
       if (show) choice["logprobs"] = ChatLogprobs(Namer{*tokenizer_, call_.tokens_as_ids}, Generated(s, prompt_, 0, s.tokens.size()));
     } else {
       choice["text"] = EchoText() + s.text;
