@@ -22,6 +22,7 @@ RequestResult InProcessClient::Send(const LoadRequest& request) {
   r.seed = seed_ + index;
   r.max_tokens = request.max_tokens;
   r.ignore_eos = request.ignore_eos;
+  r.constraint = request.constraint;
   auto admitted = server_->Submit(r);
   if (!admitted.ok()) {
     out.outcome = absl::IsResourceExhausted(admitted.status()) ? Outcome::kRejected : Outcome::kFailed;

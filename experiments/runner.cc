@@ -116,6 +116,7 @@ absl::StatusOr<Request> OfflineRequest(const LoadedEngine& e, const v1::Workload
   spec.max_tokens = std::max(lr.max_tokens, 0);
   spec.seed = w.seed() + static_cast<uint64_t>(i);
   spec.ignore_eos = lr.ignore_eos || e.ignore_eos();
+  spec.constraint = lr.constraint;
   PromptInput input;
   if (lr.prompt_token_ids.empty()) {
     input.text = lr.prompt;

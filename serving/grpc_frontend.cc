@@ -38,6 +38,8 @@ ConstraintSpec FromProto(const v1::Constraint& c) {
     case v1::Constraint::kGrammar: return {Kind::kGrammar, c.grammar(), {}, "constraint.grammar"};
     case v1::Constraint::kChoice:
       return {Kind::kChoice, "", {c.choice().values().begin(), c.choice().values().end()}, "constraint.choice"};
+    case v1::Constraint::kStructuralTag:
+      return {Kind::kStructuralTag, c.structural_tag(), {}, "constraint.structural_tag"};
     case v1::Constraint::kJsonObject:
       return c.json_object() ? ConstraintSpec{Kind::kJsonObject, "", {}, "constraint.json_object"} : ConstraintSpec{};
     case v1::Constraint::KIND_NOT_SET: break;

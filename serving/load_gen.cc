@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
+#include "serving/openai_constraints.h"
 #include "specula/v1/generation.grpc.pb.h"
 
 namespace specula {
@@ -60,11 +61,11 @@ absl::StatusOr<std::vector<LoadRequest>> LoadJsonlDataset(const std::string& pat
       if (!j["ignore_eos"].is_boolean()) return bad("field 'ignore_eos' must be true or false");
       r.ignore_eos = j["ignore_eos"].get<bool>();
     }
-    // Structured output is not sent by the load generator: a line that asks for it would be
-    // measured without it.
-    for (const char* f : {"response_format", "structured_outputs", "json_schema", "grammar", "guided_json",
-                          "guided_regex", "guided_choice", "guided_grammar", "tools"}) {
-      if (j.contains(f)) return bad(absl::StrCat("field '", f, "': structured output is not supported in load datasets yet").c_str());
+    if (j.contains("tools") || j.contains("functions")) {
+      return bad("field 'tools': tool calls are chat's, and load datasets send completions");
+    }
+    if (absl::Status st = ParseConstraintFields(nlohmann::ordered_json::parse(line), &r.constraint); !st.ok()) {
+      return bad(std::string(st.message()).c_str());
     }
     out.push_back(std::move(r));
   }
@@ -214,6 +215,35 @@ RunResult RunLoad(LoadClient& client, const std::vector<LoadRequest>& requests, 
 
 namespace {
 
+// A dataset line's constraint as gRPC's `constraint` and as vLLM's structured_outputs (a schema as
+// its text, so that its properties keep their order).
+void SetConstraint(const ConstraintSpec& c, v1::Constraint* out) {
+  using Kind = ConstraintSpec::Kind;
+  switch (c.kind) {
+    case Kind::kJsonSchema: out->set_json_schema(c.text); break;
+    case Kind::kRegex: out->set_regex(c.text); break;
+    case Kind::kGrammar: out->set_grammar(c.text); break;
+    case Kind::kChoice: for (const std::string& s : c.choices) out->mutable_choice()->add_values(s); break;
+    case Kind::kJsonObject: out->set_json_object(true); break;
+    case Kind::kStructuralTag: out->set_structural_tag(c.text); break;
+    case Kind::kNone: break;
+  }
+}
+
+json StructuredOutputs(const ConstraintSpec& c) {
+  using Kind = ConstraintSpec::Kind;
+  switch (c.kind) {
+    case Kind::kJsonSchema: return {{"json", c.text}};
+    case Kind::kRegex: return {{"regex", c.text}};
+    case Kind::kGrammar: return {{"grammar", c.text}};
+    case Kind::kChoice: return {{"choice", c.choices}};
+    case Kind::kJsonObject: return {{"json_object", true}};
+    case Kind::kStructuralTag: return {{"structural_tag", c.text}};
+    case Kind::kNone: break;
+  }
+  return json::object();
+}
+
 class GrpcClient final : public LoadClient {
  public:
   GrpcClient(const std::string& target, const ClientOptions& opt)
@@ -239,6 +269,7 @@ class GrpcClient final : public LoadClient {
     q.mutable_sampling()->set_temperature(static_cast<float>(opt_.temperature));
     q.mutable_sampling()->set_max_tokens(r.max_tokens);
     q.mutable_sampling()->set_ignore_eos(r.ignore_eos);
+    SetConstraint(r.constraint, q.mutable_constraint());
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::microseconds(static_cast<int64_t>(opt_.request_timeout_s * 1e6)));
@@ -336,6 +367,7 @@ class HttpClient final : public LoadClient {
     if (r.prompt_token_ids.empty()) body["prompt"] = r.prompt; else body["prompt"] = r.prompt_token_ids;
     if (r.max_tokens > 0) body["max_tokens"] = r.max_tokens;
     if (r.ignore_eos) body["ignore_eos"] = true;
+    if (r.constraint.active()) body["structured_outputs"] = StructuredOutputs(r.constraint);
     httplib::Request q;
     q.method = "POST";
     q.path = "/v1/completions";

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/arrivals.h"
+#include "core/constraint_spec.h"
 #include "core/stats.h"
 
 namespace specula {
@@ -28,10 +29,13 @@ struct LoadRequest {
   std::vector<int32_t> prompt_token_ids;  // token ids, used as given (synthetic prompts)
   int32_t max_tokens = 0;                 // 0: the server's default
   bool ignore_eos = false;
+  ConstraintSpec constraint;              // structured output, sent as vLLM's structured_outputs
 };
 
-// JSON lines {"prompt": "...", "max_tokens": N, "ignore_eos": B} (the last two optional; the rest of
-// a `specula generate --prompts-file` line is ignored). A malformed line fails the whole load, with
+// JSON lines {"prompt": "...", "max_tokens": N, "ignore_eos": B} (the last two optional), with the
+// structured-output fields of the OpenAI surface (serving/openai_constraints.h: response_format,
+// structured_outputs, guided_*, json_schema, grammar); tools are refused by name (chat only). The rest
+// of a `specula generate --prompts-file` line is ignored. A malformed line fails the whole load, with
 // an error naming its file, line and field: a benchmark on half a dataset would mislead.
 absl::StatusOr<std::vector<LoadRequest>> LoadJsonlDataset(const std::string& path, int32_t default_max_tokens);
 

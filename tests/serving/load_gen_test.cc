@@ -178,6 +178,27 @@ TEST(Dataset, JsonlLinesAndErrorsNamingTheLine) {
   EXPECT_NE(LoadJsonlDataset("/nope.jsonl", 0).status().message().find("/nope.jsonl"), std::string::npos);
 }
 
+// A line's structured-output fields become its constraint (a schema keeps its properties' order);
+// tools, which are chat's, are refused naming the line.
+TEST(Dataset, ConstraintFieldsOfALine) {
+  const std::string path = ::testing::TempDir() + "/loadgen_constrained.jsonl";
+  std::ofstream(path) << R"({"prompt": "a", "json_schema": {"type": "object", "properties": {"z": {}, "a": {}}}})" "\n"
+                      << R"({"prompt": "b", "structured_outputs": {"choice": ["x", "y"]}})" "\n"
+                      << R"({"prompt": "c"})" "\n";
+  auto d = LoadJsonlDataset(path, 7);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->size(), 3u);
+  EXPECT_EQ((*d)[0].constraint.kind, ConstraintSpec::Kind::kJsonSchema);
+  EXPECT_EQ((*d)[0].constraint.text, R"({"type":"object","properties":{"z":{},"a":{}}})");
+  EXPECT_EQ((*d)[1].constraint.kind, ConstraintSpec::Kind::kChoice);
+  EXPECT_EQ((*d)[1].constraint.choices, (std::vector<std::string>{"x", "y"}));
+  EXPECT_FALSE((*d)[2].constraint.active());
+  std::ofstream(path) << R"({"prompt": "a", "guided_regex": "a+", "guided_choice": ["a"]})" "\n";
+  EXPECT_NE(LoadJsonlDataset(path, 0).status().message().find(":1: guided_choice: cannot be combined"), std::string::npos);
+  std::ofstream(path) << R"({"prompt": "a", "tools": []})" "\n";
+  EXPECT_NE(LoadJsonlDataset(path, 0).status().message().find(":1: field 'tools'"), std::string::npos);
+}
+
 TEST(Dataset, SyntheticPromptsAreInVocabAndDeterministic) {
   const auto d = SyntheticDataset(3, 5, 6, 10, 1);
   ASSERT_EQ(d.size(), 3u);
@@ -367,6 +388,11 @@ TEST(Clients, HttpParsesTheEventStreamAndCounts429AsRejected) {
   const RequestResult refused = (*client)->Send(LoadRequest{.prompt = "reject"});
   EXPECT_EQ(refused.outcome, Outcome::kRejected);
   EXPECT_EQ(refused.error, "HTTP 429: queue full");
+  LoadRequest constrained{.prompt = "json please"};
+  constrained.constraint = {ConstraintSpec::Kind::kJsonSchema, R"({"type":"object"})", {}, "json_schema"};
+  ASSERT_EQ((*client)->Send(constrained).outcome, Outcome::kOk);
+  std::lock_guard lock(fake.mu);
+  EXPECT_EQ(fake.last_body["structured_outputs"], json({{"json", R"({"type":"object"})"}}));
 }
 
 int ClosedPort() {  // a port that was free a moment ago: connecting is refused

@@ -157,6 +157,43 @@ class SpeculationRefusedTest(unittest.TestCase):
             assert serve.stop() == 0, serve.stderr()
 
 
+class ExperimentTest(unittest.TestCase):
+    """Constrained lines of an experiment's prompts file, offline, online in process, and online against
+    a real server over HTTP and gRPC (the load generator sends them as structured_outputs and
+    `constraint`): every request completes, offline and online in process give the same greedy tokens,
+    and the constraints hold each output to a few tokens where the bare model writes all of max_tokens."""
+
+    def run_spec(self, d, name, extra, rate=""):
+        spec = os.path.join(d, name + ".textproto")
+        with open(spec, "w") as f:
+            f.write(f'name: "{name}"\nmodel {{ path: "{TARGET}" tokenizer: "{TOKENIZER}" }}\n'
+                    f'workload {{ prompts_file: "{os.path.join(d, "prompts.jsonl")}" num_requests: 8 max_tokens: 32 '
+                    f'seed: 1 }}\nsweep {{ temperature: [0] {rate} }}\n{extra}')
+        out = os.path.join(d, name)
+        r = subprocess.run([BINARY, "experiment", "run", spec, "--out", out], capture_output=True, text=True,
+                           timeout=300 * time_scale())
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(out, "results.jsonl")) as f:
+            return [json.loads(line) for line in f][0]
+
+    def test_constrained_lines_on_every_path(self):
+        with tempfile.TemporaryDirectory() as d, Serve() as serve:
+            with open(os.path.join(d, "prompts.jsonl"), "w") as f:
+                f.write(json.dumps({"prompt": PROMPT, "guided_choice": ["yes", "no"]}) + "\n")
+                f.write(json.dumps({"prompt": "Lily and Tom", "structured_outputs": {"regex": "[0-9]{2}"}}) + "\n")
+            online = "request_rate: [inf]"
+            rows = [self.run_spec(d, "offline", ""), self.run_spec(d, "inproc", "mode: ONLINE\n", online),
+                    self.run_spec(d, "http", f'mode: ONLINE\nendpoint: "http://{serve.http_base.split("//")[1]}"\n',
+                                  online),
+                    self.run_spec(d, "grpc", f'mode: ONLINE\nendpoint: "grpc://{serve.grpc_target}"\n', online)]
+            assert serve.stop() == 0, serve.stderr()
+        for row in rows:
+            self.assertEqual(row["completed"], 8, row)
+            self.assertLessEqual(row["output_tokens"], 8 * 4, row)  # bare, each would run to 32
+        # In process (offline and online) the runs hash their tokens: the same greedy tokens.
+        self.assertEqual(rows[0]["output_hash"], rows[1]["output_hash"])
+
+
 class PromptsFileTest(unittest.TestCase):
     def test_prompts_file_line_constraint(self):
         with tempfile.TemporaryDirectory() as d:
