@@ -93,7 +93,7 @@ def bad_cases():
         ("format with a length bound", schema({"type": "string", "format": "date", "maxLength": 12}),
          ["format", "maxLength"]),
         ("depth 40 nesting", schema(nested(40)), ["depth", "nest"]),
-        ("enum of 5000 values", schema({"enum": [f"v{i}" for i in range(5000)]}), ["enum"]),
+        ("enum of 300 values", schema({"enum": [f"v{i}" for i in range(300)]}), ["enum"]),
         ("maxItems 100000", schema({**arr, "maxItems": 100000}), ["maxItems"]),
         ("minItems 100000", schema({**arr, "minItems": 100000}), ["minItems"]),
         ("minLength > maxLength", schema({"type": "string", "minLength": 10, "maxLength": 2}),

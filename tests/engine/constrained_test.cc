@@ -163,6 +163,14 @@ TEST_F(ConstrainedEngineTest, RefusedByNameWhereItCannotConstrain) {
   st = e.AddRequest(eos);
   EXPECT_NE(st.message().find("ignore_eos"), std::string::npos) << st;
   EXPECT_FALSE(e.HasUnfinished());
+  // Logits kept where the backend chooses (a GPU's way, which the CPU backend can take too): the
+  // mask runs on host logits, so the request is refused naming the backend.
+  SpecConfig on_backend;
+  on_backend.verify_on = SpecConfig::VerifyOn::kBackend;
+  Engine device(model_.get(), tok_.get(), Config(64), on_backend);
+  st = device.AddRequest(r);
+  EXPECT_NE(st.message().find("json_schema: structured output is not supported on the cpu backend yet"),
+            std::string::npos) << st;
 }
 
 }  // namespace

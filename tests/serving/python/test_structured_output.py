@@ -12,6 +12,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -19,7 +20,10 @@ import grpc
 import jsonschema
 import openai
 
-from serving_util import BINARY, TARGET, TOKENIZER, Serve, stubs, time_scale
+from serving_util import BINARY, SOURCE, TARGET, TOKENIZER, Serve, stubs, time_scale
+
+sys.path.insert(0, os.path.join(SOURCE, "bench"))
+from structured_refusals import bad_cases  # noqa: E402  (the benchmark's set, timed there)
 
 PROMPT = "Once upon a time, there was a little"
 SCHEMA = {
@@ -129,6 +133,15 @@ class StructuredOutputTest(unittest.TestCase):
             list(stub.Generate(bad, timeout=60 * time_scale()))
         self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
         self.assertIn("constraint.grammar", e.exception.details())
+
+    def test_every_bad_case_is_a_400_naming_its_construct(self):
+        cases = bad_cases()
+        self.assertGreaterEqual(len(cases), 25)
+        for name, fields, words in cases:
+            with self.assertRaises(openai.BadRequestError, msg=name) as e:
+                self.client.completions.create(model=self.model, prompt=PROMPT, max_tokens=2, extra_body=fields)
+            message = e.exception.body["message"]
+            self.assertTrue(any(w.lower() in message.lower() for w in words), f"{name}: {message}")
 
     def test_refusals_name_the_field(self):
         cases = [
