@@ -4,6 +4,7 @@
 // preempted or alone. Where the engine cannot constrain, it refuses by name.
 #include <map>
 #include <regex>
+#include <tuple>
 
 #include "engine/engine.h"
 #include "gtest/gtest.h"
@@ -11,6 +12,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/one_sequence.h"
 #include "tests/test_util.h"
+#include "tests/tiny_stories.h"
 
 namespace specula {
 namespace {
@@ -26,13 +28,9 @@ constexpr const char* kPhone = "[0-9]{3}-[0-9]{4}";
 class ConstrainedEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string dir = testing::TinyStoriesDir();
-    auto w = LoadModel(dir + "/stories260K.bin");
-    ASSERT_TRUE(w.ok()) << w.status();
-    auto tok = LoadTokenizer(dir + "/tok512.bin", 512);
-    ASSERT_TRUE(tok.ok());
-    tok_ = std::move(tok).value();
-    model_ = std::make_unique<LlamaModel>(std::move(w).value(), MakeCpuBackend());
+    std::tie(model_, tok_) = testing::TinyStoriesTarget();
+    ASSERT_NE(model_, nullptr);
+    ASSERT_NE(tok_, nullptr);
   }
 
   SchedulerConfig Config(int32_t num_blocks) const {
@@ -105,13 +103,13 @@ class ConstrainedEngineTest : public ::testing::Test {
     }
   }
 
-  std::unique_ptr<Tokenizer> tok_;
-  std::unique_ptr<LlamaModel> model_;
+  LlamaModel* model_ = nullptr;
+  Tokenizer* tok_ = nullptr;
 };
 
 TEST_F(ConstrainedEngineTest, EveryOutputFollowsItsConstraintAndPlainRowsAreUntouched) {
   const std::vector<Request> reqs = Requests(24);
-  Engine e(model_.get(), tok_.get(), Config(256));
+  Engine e(model_, tok_, Config(256));
   auto got = RunAll(e, reqs);
   ASSERT_EQ(got.size(), reqs.size());
   for (const Request& r : reqs) {
@@ -131,16 +129,16 @@ TEST_F(ConstrainedEngineTest, EveryOutputFollowsItsConstraintAndPlainRowsAreUnto
 
 TEST_F(ConstrainedEngineTest, BatchedPreemptedAndAloneGiveTheSameTokens) {
   const std::vector<Request> reqs = Requests(18);
-  Engine batched(model_.get(), tok_.get(), Config(256));
+  Engine batched(model_, tok_, Config(256));
   auto all = RunAll(batched, reqs);
-  Engine small(model_.get(), tok_.get(), Config(24));  // too few blocks: sequences are preempted
+  Engine small(model_, tok_, Config(24));  // too few blocks: sequences are preempted
   auto preempted = RunAll(small, reqs);
   int64_t preemptions = 0;
   for (const Request& r : reqs) {
     preemptions += preempted[r.id].num_preemptions;
     EXPECT_EQ(preempted[r.id].tokens, all[r.id].tokens) << "request " << r.id;
     if (!r.constraint.active()) continue;
-    Engine alone(model_.get(), tok_.get(), Config(64));
+    Engine alone(model_, tok_, Config(64));
     auto one = RunAll(alone, {r});
     EXPECT_EQ(one[r.id].tokens, all[r.id].tokens) << "request " << r.id;
   }
@@ -149,10 +147,10 @@ TEST_F(ConstrainedEngineTest, BatchedPreemptedAndAloneGiveTheSameTokens) {
 
 TEST_F(ConstrainedEngineTest, RefusedByNameWhereItCannotConstrain) {
   Request r = Requests(2)[1];
-  Engine no_tokenizer(model_.get(), nullptr, Config(64));
+  Engine no_tokenizer(model_, nullptr, Config(64));
   auto st = no_tokenizer.AddRequest(r);
   EXPECT_NE(st.message().find("json_schema: structured output needs the model's tokenizer"), std::string::npos) << st;
-  Engine e(model_.get(), tok_.get(), Config(64));
+  Engine e(model_, tok_, Config(64));
   Request bad = r;
   bad.constraint = {Kind::kGrammar, "root ::= (", {}, "guided_grammar"};
   st = e.AddRequest(bad);
@@ -167,7 +165,7 @@ TEST_F(ConstrainedEngineTest, RefusedByNameWhereItCannotConstrain) {
   // mask runs on host logits, so the request is refused naming the backend.
   SpecConfig on_backend;
   on_backend.verify_on = SpecConfig::VerifyOn::kBackend;
-  Engine device(model_.get(), tok_.get(), Config(64), on_backend);
+  Engine device(model_, tok_, Config(64), on_backend);
   st = device.AddRequest(r);
   EXPECT_NE(st.message().find("json_schema: structured output is not supported on the cpu backend yet"),
             std::string::npos) << st;
