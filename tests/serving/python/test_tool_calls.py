@@ -83,12 +83,12 @@ class ToolCallTest(unittest.TestCase):
         # Parallel calls (the default), of the named function only.
         named = {"type": "function", "function": {"name": "open_ticket"}}
         for question in QUESTIONS[:2]:
-            c = self.chat(question, tools=TOOLS, tool_choice=named, temperature=0.8, seed=3).choices[0]
+            c = self.chat(question, tools=TOOLS, tool_choice=named, temperature=0.8, seed=3, max_tokens=120).choices[0]
             self.assertGreaterEqual(len(c.message.tool_calls), 1)
             for call in self.complete_calls(c):
                 self.assertEqual(call.function.name, "open_ticket")
                 self.check_call(call.function.name, call.function.arguments)
-        c = self.chat(QUESTIONS[3], tools=TOOLS, tool_choice="required").choices[0]
+        c = self.chat(QUESTIONS[3], tools=TOOLS, tool_choice="required", max_tokens=120).choices[0]
         for call in self.complete_calls(c):
             self.check_call(call.function.name, call.function.arguments)
 
@@ -112,7 +112,7 @@ class ToolCallTest(unittest.TestCase):
 
     def test_auto_is_text_or_valid_calls(self):
         for i, question in enumerate(QUESTIONS):
-            c = self.chat(question, tools=TOOLS, tool_choice="auto", temperature=0.8, seed=i, max_tokens=160).choices[0]
+            c = self.chat(question, tools=TOOLS, tool_choice="auto", temperature=0.8, seed=i, max_tokens=64).choices[0]
             if c.message.tool_calls:
                 self.assertEqual(c.finish_reason, "tool_calls")
                 for call in c.message.tool_calls:
