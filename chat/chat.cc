@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "chat/chat_json.h"
 #include "core/gguf.h"
 #include "core/mapped_file.h"
 #include "core/status_macros.h"
@@ -74,36 +75,35 @@ absl::Status BadField(const std::string& source, size_t i, const std::string& fi
   return absl::InvalidArgumentError(absl::StrCat(source, ": message ", i, ": field '", field, "' ", why));
 }
 
-// tool_calls[j]: {"id"?, "type"?: "function", "function": {"name", "arguments"}}; the arguments are
-// JSON text as OpenAI sends them, or the JSON itself as apply_chat_template takes it.
-absl::StatusOr<ChatToolCall> ParseToolCall(const json& c, const std::string& source, size_t i, size_t j) {
+// "FIELD: WHY" of ParseMessageToolFields.
+absl::Status Bad(const std::string& field, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+absl::StatusOr<ChatToolCall> ParseToolCall(const json& c, size_t j) {
   const std::string field = absl::StrCat("tool_calls[", j, "]");
-  if (!c.is_object()) return BadField(source, i, field, "must be an object");
+  if (!c.is_object()) return Bad(field, "must be an object");
   ChatToolCall call;
   if (c.contains("id")) {
-    if (!c["id"].is_string()) return BadField(source, i, field + ".id", "must be a string");
+    if (!c["id"].is_string()) return Bad(field + ".id", "must be a string");
     call.id = c["id"].get<std::string>();
   }
-  if (c.contains("type") && c["type"] != "function") return BadField(source, i, field + ".type", "must be \"function\"");
-  if (!c.contains("function") || !c["function"].is_object()) {
-    return BadField(source, i, field + ".function", "must be an object");
-  }
+  if (c.contains("type") && c["type"] != "function") return Bad(field + ".type", "must be \"function\"");
+  if (!c.contains("function") || !c["function"].is_object()) return Bad(field + ".function", "must be an object");
   const json& f = c["function"];
-  if (!f.contains("name") || !f["name"].is_string()) {
-    return BadField(source, i, field + ".function.name", "must be a string");
-  }
+  if (!f.contains("name") || !f["name"].is_string()) return Bad(field + ".function.name", "must be a string");
   call.name = f["name"].get<std::string>();
   if (f.contains("arguments")) {
     const json& a = f["arguments"];
     if (a.is_string()) {
       call.arguments = a.get<std::string>();
       if (!call.arguments.empty() && json::parse(call.arguments, nullptr, false).is_discarded()) {
-        return BadField(source, i, field + ".function.arguments", "must be JSON text");
+        return Bad(field + ".function.arguments", "must be JSON text");
       }
     } else if (a.is_object() || a.is_array()) {
       call.arguments = a.dump();
     } else if (!a.is_null()) {
-      return BadField(source, i, field + ".function.arguments", "must be a string or an object");
+      return Bad(field + ".function.arguments", "must be a string or an object");
     }
   }
   return call;
@@ -115,12 +115,10 @@ absl::StatusOr<ChatMessage> ParseMessage(const json& m, const std::string& sourc
   }
   ChatMessage msg;
   msg.role = m["role"].get<std::string>();
-  if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
-    if (!m["tool_calls"].is_array()) return BadField(source, i, "tool_calls", "must be a list");
-    for (size_t j = 0; j < m["tool_calls"].size(); ++j) {
-      ASSIGN_OR_RETURN(ChatToolCall call, ParseToolCall(m["tool_calls"][j], source, i, j));
-      msg.tool_calls.push_back(std::move(call));
-    }
+  if (absl::Status st = ParseMessageToolFields(m, &msg); !st.ok()) {
+    const std::string text(st.message());
+    const size_t colon = text.find(": ");
+    return BadField(source, i, text.substr(0, colon), text.substr(colon + 2));
   }
   // OpenAI sends a null content beside tool calls.
   const json content = m.value("content", json(nullptr));
@@ -129,15 +127,26 @@ absl::StatusOr<ChatMessage> ParseMessage(const json& m, const std::string& sourc
   } else if (!content.is_null() || msg.tool_calls.empty()) {
     return BadField(source, i, "content", "must be a string");
   }
-  for (auto [key, out] : {std::pair{"tool_call_id", &msg.tool_call_id}, std::pair{"name", &msg.name}}) {
-    if (!m.contains(key)) continue;
-    if (!m[key].is_string()) return BadField(source, i, key, "must be a string");
-    *out = m[key].get<std::string>();
-  }
   return msg;
 }
 
 }  // namespace
+
+absl::Status ParseMessageToolFields(const json& m, ChatMessage* msg) {
+  if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+    if (!m["tool_calls"].is_array()) return Bad("tool_calls", "must be a list");
+    for (size_t j = 0; j < m["tool_calls"].size(); ++j) {
+      ASSIGN_OR_RETURN(ChatToolCall call, ParseToolCall(m["tool_calls"][j], j));
+      msg->tool_calls.push_back(std::move(call));
+    }
+  }
+  for (auto [key, out] : {std::pair{"tool_call_id", &msg->tool_call_id}, std::pair{"name", &msg->name}}) {
+    if (!m.contains(key) || m[key].is_null()) continue;
+    if (!m[key].is_string()) return Bad(key, "must be a string");
+    *out = m[key].get<std::string>();
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<ChatSource> FindChatTemplate(const std::string& model_path, const std::string& override_path) {
   absl::StatusOr<ChatSource> s = IsDirectory(model_path) ? FromHfDir(model_path) : FromGguf(model_path);

@@ -120,7 +120,9 @@ absl::Status Engine::AddRequest(Request r) {
                 r.prompt_logprobs >= 0};
   r.sampling.output_start = static_cast<int32_t>(r.prompt.size());  // penalties count the generated tokens
   const RequestId id = r.id;
-  std::shared_ptr<const CompiledConstraint> compiled = r.constraint.active() ? r.compiled_constraint : nullptr;
+  // The matcher keeps the compiled constraint; the record's request does not hold it twice.
+  std::shared_ptr<const CompiledConstraint> compiled =
+      r.constraint.active() ? std::move(r.compiled_constraint) : nullptr;
   auto record = std::make_unique<RequestRecord>(std::move(r), now);
   if (compiled != nullptr) record->matcher.emplace(std::move(compiled), n.stop_ids);
   if (auto st = scheduler_.Add(std::move(n), record.get()); !st.ok()) return st;
@@ -365,11 +367,11 @@ void Engine::ConstrainLogits(const StepPlan& plan, Ran* ran) {
   const int32_t vocab = model_->config().vocab_size;
   const double t0 = clock_->NowSeconds();
   int64_t rows = 0;
+  mask_.resize(MaskWords(vocab));
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
     RequestRecord& r = RecordOf(s);
     if (!s.samples || !r.matcher.has_value()) continue;
-    mask_.resize(MaskWords(vocab));
     r.matcher->FillMask(absl::MakeSpan(mask_));
     // Only host logits reach here: CompileConstraint refuses a verifier on the backend.
     ApplyMask(mask_, absl::MakeSpan(ran->logits).subspan(static_cast<size_t>(ran->row_of[i]) * vocab, vocab));

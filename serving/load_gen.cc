@@ -42,7 +42,8 @@ absl::StatusOr<std::vector<LoadRequest>> LoadJsonlDataset(const std::string& pat
     auto bad = [&](const char* what) {
       return absl::InvalidArgumentError(absl::StrCat(path, ":", line_no, ": ", what));
     };
-    const json j = json::parse(line, nullptr, false);
+    // In order: a schema in the line keeps its properties' order.
+    const nlohmann::ordered_json j = nlohmann::ordered_json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
     if (!j.contains("prompt") || !j["prompt"].is_string() || j["prompt"].get<std::string>().empty()) {
       return bad("field 'prompt' must be a non-empty string");
@@ -64,7 +65,7 @@ absl::StatusOr<std::vector<LoadRequest>> LoadJsonlDataset(const std::string& pat
     if (j.contains("tools") || j.contains("functions")) {
       return bad("field 'tools': tool calls are chat's, and load datasets send completions");
     }
-    if (absl::Status st = ParseConstraintFields(nlohmann::ordered_json::parse(line), &r.constraint); !st.ok()) {
+    if (absl::Status st = ParseConstraintFields(j, &r.constraint); !st.ok()) {
       return bad(std::string(st.message()).c_str());
     }
     out.push_back(std::move(r));

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "chat/chat_json.h"
 #include "request/boundary.h"
 #include "serving/openai_constraints.h"
 
@@ -183,31 +184,6 @@ absl::Status ParsePrompt(const json& j, ServeRequest* r) {
   return Bad("prompt", "must be a string, a list of token ids, or a list of one of either");
 }
 
-// A message's tool fields: an assistant's `tool_calls` ([{id, type, function: {name, arguments}}],
-// arguments as JSON text), a tool message's `tool_call_id`, and `name`.
-absl::Status ParseToolFields(const json& m, const std::string& field, ChatMessage* msg) {
-  for (const char* f : {"tool_call_id", "name"}) {
-    if (!Present(m, f)) continue;
-    if (!m[f].is_string()) return Bad(absl::StrCat(field, ".", f), "must be a string");
-    (std::string_view(f) == "name" ? msg->name : msg->tool_call_id) = m[f].get<std::string>();
-  }
-  if (!Present(m, "tool_calls")) return absl::OkStatus();
-  if (!m["tool_calls"].is_array()) return Bad(field + ".tool_calls", "must be a list of calls");
-  for (size_t k = 0; k < m["tool_calls"].size(); ++k) {
-    const json& call = m["tool_calls"][k];
-    const std::string at = absl::StrCat(field, ".tool_calls[", k, "]");
-    if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) {
-      return Bad(at + ".function", "must be an object with name and arguments");
-    }
-    const json& fn = call["function"];
-    if (!fn.contains("name") || !fn["name"].is_string()) return Bad(at + ".function.name", "must be a string");
-    ChatToolCall out{call.value("id", std::string()), fn["name"].get<std::string>(), "{}"};
-    if (Present(fn, "arguments")) out.arguments = fn["arguments"].is_string() ? fn["arguments"].get<std::string>() : fn["arguments"].dump();
-    msg->tool_calls.push_back(std::move(out));
-  }
-  return absl::OkStatus();
-}
-
 // The request's tools as serving/tool_calls.h reads them, and the constraint they bring.
 absl::Status ParseTools(const json& j, HttpRequestBody* b) {
   auto text = [&j](const char* f) { return Present(j, f) ? j[f].dump() : std::string(); };
@@ -255,7 +231,9 @@ absl::StatusOr<std::vector<ChatMessage>> ParseMessages(const json& j) {
     } else if (!c.is_null()) {
       return Bad(field + ".content", "must be a string or a list of text parts");
     }
-    RETURN_IF_ERROR(ParseToolFields(m, field, &msg));
+    if (absl::Status st = ParseMessageToolFields(m, &msg); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".", st.message()));
+    }
     out.push_back(std::move(msg));
   }
   return out;

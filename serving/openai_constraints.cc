@@ -1,11 +1,12 @@
 #include "serving/openai_constraints.h"
 
+#include <algorithm>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -83,23 +84,38 @@ absl::StatusOr<ConstraintSpec> FromResponseFormat(const json& rf) {
   return ConstraintSpec{Kind::kJsonSchema, std::move(text), {}, field};
 }
 
-// vLLM's structured_outputs object; `prefix` names it in errors.
+// A constraint of `kind` from a field's value: a schema (an object, or a string holding one), a
+// structural tag (likewise), the choices, or the text of a regex or grammar.
+absl::StatusOr<ConstraintSpec> FromValue(Kind kind, const json& v, const std::string& field) {
+  if (kind == Kind::kChoice) {
+    ASSIGN_OR_RETURN(std::vector<std::string> choices, Choices(v, field));
+    return ConstraintSpec{kind, "", std::move(choices), field};
+  }
+  std::string text;
+  if (kind == Kind::kJsonSchema) {
+    ASSIGN_OR_RETURN(text, SchemaText(v, field));
+  } else if (kind == Kind::kStructuralTag && v.is_object()) {
+    text = v.dump();
+  } else {
+    ASSIGN_OR_RETURN(text, Text(v, field));
+  }
+  return ConstraintSpec{kind, std::move(text), {}, field};
+}
+
+// vLLM's structured_outputs object.
 absl::StatusOr<ConstraintSpec> FromStructuredOutputs(const json& so) {
   if (!so.is_object()) return Bad("structured_outputs", "must be an object");
+  static constexpr std::pair<const char*, Kind> kKeys[] = {{"json", Kind::kJsonSchema}, {"regex", Kind::kRegex},
+                                                           {"grammar", Kind::kGrammar}, {"choice", Kind::kChoice},
+                                                           {"structural_tag", Kind::kStructuralTag}};
   std::vector<ConstraintSpec> found;
   for (const auto& [key, value] : so.items()) {
     const std::string field = absl::StrCat("structured_outputs.", key);
     if (value.is_null()) continue;
-    if (key == "json") {
-      ASSIGN_OR_RETURN(std::string t, SchemaText(value, field));
-      found.push_back({Kind::kJsonSchema, std::move(t), {}, field});
-    } else if (key == "regex" || key == "grammar" || key == "structural_tag") {
-      ASSIGN_OR_RETURN(std::string t, key == "structural_tag" && value.is_object() ? value.dump() : Text(value, field));
-      found.push_back({key == "regex" ? Kind::kRegex : key == "grammar" ? Kind::kGrammar : Kind::kStructuralTag,
-                       std::move(t), {}, field});
-    } else if (key == "choice") {
-      ASSIGN_OR_RETURN(std::vector<std::string> c, Choices(value, field));
-      found.push_back({Kind::kChoice, "", std::move(c), field});
+    const auto* known = std::find_if(std::begin(kKeys), std::end(kKeys), [&](const auto& k) { return key == k.first; });
+    if (known != std::end(kKeys)) {
+      ASSIGN_OR_RETURN(ConstraintSpec spec, FromValue(known->second, value, field));
+      found.push_back(std::move(spec));
     } else if (key == "json_object") {
       if (!value.is_boolean()) return Bad(field, "must be a boolean");
       if (value.get<bool>()) found.push_back({Kind::kJsonObject, "", {}, field});
@@ -112,6 +128,7 @@ absl::StatusOr<ConstraintSpec> FromStructuredOutputs(const json& so) {
   return found.empty() ? ConstraintSpec{} : found[0];
 }
 
+// Every source of the body, in the order the fields are named when two meet.
 absl::StatusOr<std::vector<Source>> Sources(const json& j) {
   std::vector<Source> out;
   auto add = [&out](const char* field, absl::StatusOr<ConstraintSpec> s) -> absl::Status {
@@ -123,26 +140,12 @@ absl::StatusOr<std::vector<Source>> Sources(const json& j) {
   if (Present(j, "structured_outputs")) {
     RETURN_IF_ERROR(add("structured_outputs", FromStructuredOutputs(j["structured_outputs"])));
   }
-  if (Present(j, "guided_json")) {
-    auto t = SchemaText(j["guided_json"], "guided_json");
-    RETURN_IF_ERROR(add("guided_json", t.ok() ? absl::StatusOr<ConstraintSpec>(ConstraintSpec{Kind::kJsonSchema, *t, {}, "guided_json"})
-                                             : t.status()));
-  }
-  for (auto [field, kind] : {std::pair{"guided_regex", Kind::kRegex}, std::pair{"guided_grammar", Kind::kGrammar},
-                             std::pair{"grammar", Kind::kGrammar}}) {
-    if (!Present(j, field)) continue;
-    auto t = Text(j[field], field);
-    RETURN_IF_ERROR(add(field, t.ok() ? absl::StatusOr<ConstraintSpec>(ConstraintSpec{kind, *t, {}, field}) : t.status()));
-  }
-  if (Present(j, "json_schema")) {
-    auto t = SchemaText(j["json_schema"], "json_schema");
-    RETURN_IF_ERROR(add("json_schema", t.ok() ? absl::StatusOr<ConstraintSpec>(ConstraintSpec{Kind::kJsonSchema, *t, {}, "json_schema"})
-                                             : t.status()));
-  }
-  if (Present(j, "guided_choice")) {
-    auto c = Choices(j["guided_choice"], "guided_choice");
-    RETURN_IF_ERROR(add("guided_choice", c.ok() ? absl::StatusOr<ConstraintSpec>(ConstraintSpec{Kind::kChoice, "", *c, "guided_choice"})
-                                               : c.status()));
+  // vLLM's older names and llama.cpp's, each a field of its own.
+  static constexpr std::pair<const char*, Kind> kFields[] = {
+      {"guided_json", Kind::kJsonSchema}, {"guided_regex", Kind::kRegex}, {"guided_grammar", Kind::kGrammar},
+      {"grammar", Kind::kGrammar},        {"json_schema", Kind::kJsonSchema}, {"guided_choice", Kind::kChoice}};
+  for (const auto& [field, kind] : kFields) {
+    if (Present(j, field)) RETURN_IF_ERROR(add(field, FromValue(kind, j[field], field)));
   }
   return out;
 }
