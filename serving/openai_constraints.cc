@@ -109,7 +109,9 @@ absl::StatusOr<ConstraintSpec> FromStructuredOutputs(const json& so) {
                                                            {"grammar", Kind::kGrammar}, {"choice", Kind::kChoice},
                                                            {"structural_tag", Kind::kStructuralTag}};
   std::vector<ConstraintSpec> found;
-  for (const auto& [key, value] : so.items()) {
+  for (const auto& item : so.items()) {
+    const std::string& key = item.key();
+    const json& value = item.value();
     const std::string field = absl::StrCat("structured_outputs.", key);
     if (value.is_null()) continue;
     const auto* known = std::find_if(std::begin(kKeys), std::end(kKeys), [&](const auto& k) { return key == k.first; });
