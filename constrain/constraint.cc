@@ -97,7 +97,7 @@ std::string CapTagWhitespace(const std::string& text, int32_t max_whitespace) {
 // The key of a refusal found only by compiling (a warning), remembered because the cache would
 // answer the same spec again without compiling, and so without the warning.
 std::string SpecKey(const ConstraintSpec& spec) {
-  return absl::StrCat(static_cast<int>(spec.kind), ":", spec.text, "\x1f", absl::StrJoin(spec.choices, "\x1f"));
+  return absl::StrCat(static_cast<int>(spec.kind), spec.compact_json ? "c:" : ":", spec.text, "\x1f", absl::StrJoin(spec.choices, "\x1f"));
 }
 
 constexpr size_t kMaxRememberedRefusals = 4096;
@@ -110,12 +110,15 @@ struct ConstraintCompiler::Impl {
 
   xgrammar::CompiledGrammar CompileChecked(const ConstraintSpec& spec, int32_t max_whitespace) {
     using Kind = ConstraintSpec::Kind;
+    // Compact JSON: xgrammar's default separators without an indent, ", " and ": ".
+    const bool any_whitespace = !spec.compact_json;
+    const std::optional<int> whitespace = any_whitespace ? std::optional<int>(max_whitespace) : std::nullopt;
     switch (spec.kind) {
       case Kind::kJsonObject:
-        return compiler.CompileJSONSchema(R"({"type": "object"})", true, std::nullopt, std::nullopt, true,
-                                          max_whitespace);
+        return compiler.CompileJSONSchema(R"({"type": "object"})", any_whitespace, std::nullopt, std::nullopt, true,
+                                          whitespace);
       case Kind::kJsonSchema:
-        return compiler.CompileJSONSchema(spec.text, true, std::nullopt, std::nullopt, true, max_whitespace);
+        return compiler.CompileJSONSchema(spec.text, any_whitespace, std::nullopt, std::nullopt, true, whitespace);
       case Kind::kRegex: return compiler.CompileRegex(spec.text);
       case Kind::kChoice: return compiler.CompileGrammar(ChoiceGrammar(spec.choices), "root");
       case Kind::kGrammar: return compiler.CompileGrammar(spec.text, "root");
@@ -208,5 +211,17 @@ void ConstraintMatcher::FillMask(absl::Span<uint32_t> mask) {
 bool ConstraintMatcher::Accept(TokenId token) { return impl_->matcher.AcceptToken(token); }
 bool ConstraintMatcher::terminated() const { return impl_->matcher.IsTerminated(); }
 void ConstraintMatcher::Rollback(int32_t n) { impl_->matcher.Rollback(n); }
+
+std::vector<TokenId> ConstraintMatcher::ForcedTokens(int32_t max) const {
+  if (max <= 0) return {};
+  std::vector<int32_t> tokens;
+  try {
+    tokens = impl_->matcher.FindJumpForwardTokens();
+  } catch (const std::exception&) {
+    return {};  // no drafts: the mask still decides every token
+  }
+  if (static_cast<int32_t>(tokens.size()) > max) tokens.resize(max);
+  return std::vector<TokenId>(tokens.begin(), tokens.end());
+}
 
 }  // namespace specula

@@ -73,6 +73,11 @@ class ConstraintMatcher {
   bool terminated() const;
   // Undoes the last `n` accepted tokens.
   void Rollback(int32_t n);
+  // Up to `max` tokens of the one continuation the constraint allows from here (a JSON key, a
+  // closing brace): xgrammar's longest-match tokenization of it, which may split it differently
+  // from the model, so that they are drafts to verify, never tokens to force. Empty once the
+  // constraint could end here or has ended.
+  std::vector<TokenId> ForcedTokens(int32_t max) const;
 
  private:
   struct Impl;

@@ -265,11 +265,12 @@ Problem GrammarRepetition(std::string_view text, size_t i, const ConstraintLimit
 
 // Whether the rule name that ends before text[j] is defined there: `name ::=`, or with an attribute
 // block, `name[max_tokens=10] ::=`.
-bool DefinesRule(std::string_view text, size_t j) {
+bool DefinesRule(std::string_view text, size_t j, std::string_view* attributes) {
   while (j < text.size() && (text[j] == ' ' || text[j] == '\t')) ++j;
   if (j < text.size() && text[j] == '[') {
     const size_t close = text.find(']', j);
     if (close == std::string_view::npos) return false;
+    *attributes = text.substr(j, close + 1 - j);
     j = close + 1;
     while (j < text.size() && (text[j] == ' ' || text[j] == '\t')) ++j;
   }
@@ -311,8 +312,15 @@ std::optional<std::string> GrammarProblem(std::string_view text, const Constrain
       }
     } else if (IsNameChar(c, /*first=*/true)) {
       while (next < text.size() && IsNameChar(text[next], false)) ++next;
-      if (first_on_line && DefinesRule(text, next)) {
+      std::string_view attributes;
+      if (first_on_line && DefinesRule(text, next, &attributes)) {
         has_root = has_root || text.substr(i, next - i) == "root";
+        // A rule's sampling temperature would have to change p and q alike; the engine samples
+        // every token at the request's temperature.
+        if (attributes.find("temperature") != std::string_view::npos) {
+          return absl::StrCat("the rule at byte ", i, " sets a sampling temperature (", V(attributes),
+                              "): per-rule temperatures are not supported (use the request's temperature)");
+        }
         if (++rules > limits.max_grammar_rules) {
           return absl::StrCat("the rule at byte ", i, " is more than the limit of ", limits.max_grammar_rules,
                               " rules in a grammar");

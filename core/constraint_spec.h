@@ -24,6 +24,9 @@ struct ConstraintSpec {
   std::vector<std::string> choices;  // kChoice
   // The wire field it came from, named in every error about it ("response_format.json_schema.schema").
   std::string field;
+  // JSON kinds: no optional whitespace (separators ", " and ": "), as vLLM's disable_any_whitespace:
+  // compact output, and keys and separators the grammar forces whole (drafts it proposes).
+  bool compact_json = false;
 
   bool active() const { return kind != Kind::kNone; }
 };

@@ -36,6 +36,9 @@ struct SequenceState {
   uint64_t last_hash = 0;
   int32_t num_preemptions = 0;
   int32_t num_cached_prompt = 0;  // prompt tokens served from the prefix cache (last admission)
+  // The tokens a constrained request's grammar forces next (structured output): the scheduler
+  // reserves a decode's draft slots for them even without a proposer, and they are drafted first.
+  std::vector<TokenId> forced;
 
   int32_t num_generated() const { return static_cast<int32_t>(tokens.size()) - num_prompt; }
 };

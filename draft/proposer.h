@@ -23,13 +23,30 @@ struct ProposerState {
 };
 using ProposerSlot = std::unique_ptr<ProposerState>;
 
+// The grammar a constrained request's drafts stay in (structured output), at the position of the
+// next draft. A proposer that samples (a draft model) masks each draft's distribution with it and
+// follows the draft it chose, so that its q is the masked q; one that looks drafts up (n-gram,
+// suffix) may ignore it: the engine cuts a draft where it leaves the grammar.
+class DraftGrammar {
+ public:
+  virtual ~DraftGrammar() = default;
+  // Sets the logits of the tokens the grammar refuses next to -inf. logits: [the draft's vocab].
+  virtual void Mask(absl::Span<float> logits) = 0;
+  // Follows a chosen draft. False: the grammar refused it or ended with it, and drafting stops.
+  virtual bool Advance(TokenId token) = 0;
+};
+
 struct ProposeInput {
   RequestId id = 0;
   ProposerSlot* state = nullptr;  // the request's slot: a proposer that keeps state fills it on first use
-  // The sequence so far; its last token has not been run through the target yet.
+  // The sequence so far; its last token has not been run through the target yet. Its last
+  // num_forced tokens are drafts the grammar forced, not yet verified: a proposer drafts after them
+  // but keeps no state of its own from them (a draft model's KV is rolled back like any draft's).
   absl::Span<const TokenId> tokens;
   int32_t k = 0;  // drafts wanted
   const SamplingParams* sampling = nullptr;
+  int32_t num_forced = 0;
+  DraftGrammar* grammar = nullptr;  // null: the request is not constrained
 };
 
 struct Proposal {

@@ -90,16 +90,6 @@ absl::StatusOr<std::shared_ptr<const CompiledConstraint>> Engine::CompileConstra
   if (tokenizer_ == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": structured output needs the model's tokenizer"));
   }
-  if (spec_.proposer != nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": structured output with speculative decoding is not supported yet: serve without a draft "
-               "(--spec-method none) for constrained requests"));
-  }
-  if (verifier_.on_backend()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": structured output is not supported on the ", model_->backend().name(),
-        " backend yet: its masks are applied to logits on the host (serve on --backend cpu)"));
-  }
   std::call_once(constraints_once_, [this] {
     const std::vector<TokenId> stops = StopTokenIds(Request{}, model_->config(), tokenizer_);
     constraints_ = ConstraintCompiler::Create(MakeConstraintVocab(*tokenizer_, model_->config().vocab_size, stops));
@@ -124,7 +114,10 @@ absl::Status Engine::AddRequest(Request r) {
   std::shared_ptr<const CompiledConstraint> compiled =
       r.constraint.active() ? std::move(r.compiled_constraint) : nullptr;
   auto record = std::make_unique<RequestRecord>(std::move(r), now);
-  if (compiled != nullptr) record->matcher.emplace(std::move(compiled), n.stop_ids);
+  if (compiled != nullptr) {
+    record->matcher.emplace(std::move(compiled), n.stop_ids);
+    record->forced = record->matcher->ForcedTokens(spec_.grammar_drafts);
+  }
   if (auto st = scheduler_.Add(std::move(n), record.get()); !st.ok()) return st;
   records_.emplace(id, std::move(record));
   return absl::OkStatus();
@@ -149,7 +142,9 @@ std::vector<RequestDelta> Engine::Step() {
   CountSpeculation(plan, candidates);
   const Drafts drafts = Propose(plan);
   absl::StatusOr<Ran> ran = Forward(plan, drafts);
-  if (ran.ok()) ConstrainLogits(plan, &*ran);
+  if (ran.ok()) {
+    if (absl::Status masked = ConstrainLogits(plan, drafts, &*ran); !masked.ok()) ran = masked;
+  }
   absl::StatusOr<Verified> verified = ran.ok() ? Verify(plan, drafts, *ran) : absl::StatusOr<Verified>(ran.status());
   if (!verified.ok()) return Publish(FailStep(plan, verified.status()));
   if (speculation_ != nullptr) {
@@ -222,26 +217,6 @@ void Engine::CountSpeculation(const StepPlan& plan, absl::Span<const SpecCandida
   if (!any) ++stats_.spec_off_steps;
 }
 
-Engine::Drafts Engine::Propose(const StepPlan& plan) {
-  Drafts d;
-  d.index.assign(plan.seqs.size(), SIZE_MAX);
-  std::vector<ProposeInput> inputs;
-  for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    const ScheduledSeq& s = plan.seqs[i];
-    if (s.num_spec == 0) continue;
-    RequestRecord& r = RecordOf(s);
-    d.index[i] = inputs.size();
-    inputs.push_back({s.id, &r.proposer, r.tokens, s.num_spec, &r.request.sampling});
-  }
-  if (inputs.empty()) return d;
-  const double t0 = clock_->NowSeconds();
-  if (auto status = spec_.proposer->Propose(inputs, &d.proposals); !status.ok()) {
-    d.proposals.assign(inputs.size(), Proposal{});  // a failed proposer degrades to plain decoding
-  }
-  d.seconds = clock_->NowSeconds() - t0;
-  return d;
-}
-
 absl::StatusOr<Engine::Ran> Engine::Forward(const StepPlan& plan, const Drafts& drafts) {
   ForwardBatch batch;
   Ran ran;
@@ -296,7 +271,7 @@ absl::StatusOr<Engine::Verified> Engine::Verify(const StepPlan& plan, const Draf
       chain = {d.tokens, d.probs, d.backend_probs, d.probs_backend};
     }
     rows.push_back({ran.row_of[i], chain, &r.request.sampling, r.tokens, &r.sampler, &r.uniform,
-                    drafts.index[i] != SIZE_MAX});
+                    drafts.index[i] != SIZE_MAX, MaskedRows(ran, i, chain.tokens.size() + 1)});
   }
   ASSIGN_OR_RETURN(std::vector<VerifyResult> verified,
                    verifier_.Run(ran.logits, model_->backend_logits(), ran.timing.rows, model_->config().vocab_size, rows));
@@ -307,15 +282,23 @@ absl::StatusOr<Engine::Verified> Engine::Verify(const StepPlan& plan, const Draf
     if (!s.samples) continue;
     VerifyResult& vr = verified[j++];
     int32_t k = 0;
-    if (drafts.index[i] != SIZE_MAX) {
-      k = static_cast<int32_t>(drafts.proposals[drafts.index[i]].tokens.size());
-      stats_.spec.Record(k, vr.num_accepted);
-      RecordOf(s).output.out.spec.Record(k, vr.num_accepted);
+    if (const size_t at = drafts.index[i]; at != SIZE_MAX) {
+      k = static_cast<int32_t>(drafts.proposals[at].tokens.size());
+      for (SpecStats* st : {&stats_.spec, &RecordOf(s).output.out.spec}) {
+        st->Record(k, vr.num_accepted);
+        st->RecordGrammar(drafts.forced[at], vr.num_accepted, drafts.cut[at]);
+      }
     }
     v.result.outputs.push_back({s.id, std::move(vr.tokens), k});
   }
   RETURN_IF_ERROR(Score(plan, ran, &v));
   return v;
+}
+
+absl::Span<const float> Engine::MaskedRows(const Ran& ran, size_t i, size_t n) const {
+  if (ran.masked_row.empty() || ran.masked_row[ran.row_of[i]] < 0) return {};
+  const size_t vocab = model_->config().vocab_size;
+  return absl::MakeConstSpan(ran.masked).subspan(static_cast<size_t>(ran.masked_row[ran.row_of[i]]) * vocab, n * vocab);
 }
 
 bool Engine::ScoresPrompt(const ScheduledSeq& s) {
@@ -328,6 +311,9 @@ bool Engine::ScoresPrompt(const ScheduledSeq& s) {
 absl::StatusOr<absl::Span<const float>> Engine::LogitsRow(const Ran& ran, int32_t row, std::vector<float>* scratch) const {
   const size_t vocab = model_->config().vocab_size;
   if (!verifier_.on_backend()) return absl::MakeConstSpan(ran.logits).subspan(static_cast<size_t>(row) * vocab, vocab);
+  if (!ran.masked_row.empty() && ran.masked_row[row] >= 0) {  // a constrained row, masked on the host
+    return absl::MakeConstSpan(ran.masked).subspan(static_cast<size_t>(ran.masked_row[row]) * vocab, vocab);
+  }
   scratch->resize(vocab);
   model_->backend().CopyOut(scratch->data(), model_->backend_logits() + static_cast<size_t>(row) * vocab,
                             vocab * sizeof(float));
@@ -363,44 +349,6 @@ absl::Status Engine::Score(const StepPlan& plan, const Ran& ran, Verified* v) {
   return absl::OkStatus();
 }
 
-void Engine::ConstrainLogits(const StepPlan& plan, Ran* ran) {
-  const int32_t vocab = model_->config().vocab_size;
-  const double t0 = clock_->NowSeconds();
-  int64_t rows = 0;
-  mask_.resize(MaskWords(vocab));
-  for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    const ScheduledSeq& s = plan.seqs[i];
-    RequestRecord& r = RecordOf(s);
-    if (!s.samples || !r.matcher.has_value()) continue;
-    r.matcher->FillMask(absl::MakeSpan(mask_));
-    // Only host logits reach here: CompileConstraint refuses a verifier on the backend.
-    ApplyMask(mask_, absl::MakeSpan(ran->logits).subspan(static_cast<size_t>(ran->row_of[i]) * vocab, vocab));
-    ++rows;
-  }
-  if (rows == 0) return;
-  stats_.constrained_rows += rows;
-  stats_.constraint_mask_seconds += clock_->NowSeconds() - t0;
-}
-
-void Engine::FollowConstraints(const StepPlan& plan, const StepResult& result) {
-  size_t out = 0;  // the sequence's place in result.outputs
-  for (const ScheduledSeq& s : plan.seqs) {
-    if (!s.samples) continue;
-    const std::vector<TokenId>& tokens = result.outputs[out++].new_tokens;
-    RequestRecord& r = RecordOf(s);
-    if (!r.matcher.has_value()) continue;
-    for (TokenId t : tokens) {
-      if (r.matcher->terminated()) break;
-      // A masked row only chooses allowed tokens; a refused one is a bug in the mask's path, and
-      // ends the request rather than letting it leave its constraint.
-      if (!r.matcher->Accept(t)) {
-        if (r.status != SeqStatus::kFinished) scheduler_.Finish(&r, FinishReason::kError);
-        break;
-      }
-    }
-  }
-}
-
 Engine::StepOutputs Engine::Update(const StepPlan& plan, Verified verified, const Drafts& drafts) {
   scheduler_.Update(plan, verified.result);
   FollowConstraints(plan, verified.result);
@@ -424,7 +372,7 @@ Engine::StepOutputs Engine::Update(const StepPlan& plan, Verified verified, cons
     u.cached_prompt_tokens = r.num_cached_prompt;
     u.finish = r.status == SeqStatus::kFinished ? r.finish : FinishReason::kNone;
     u.num_preemptions = r.num_preemptions;
-    if (drafts.index[i] != SIZE_MAX && r.status == SeqStatus::kRunning) {
+    if (drafts.index[i] != SIZE_MAX && r.status == SeqStatus::kRunning && spec_.proposer != nullptr) {
       spec_.proposer->Rollback(r.proposer.get(), r.num_computed);  // the draft's watermark follows the target's
     }
     step.records.push_back(&r);

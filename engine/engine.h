@@ -42,6 +42,9 @@ struct SpecConfig {
   // calibration_seconds is not measured.
   bool adaptive = false;
   double calibration_seconds = 1.0;
+  // Structured output: the most drafts per step that a constrained sequence's grammar forces (its
+  // one allowed continuation), verified before the proposer's, with or without a proposer (0: none).
+  int32_t grammar_drafts = 8;
   // Startup measurements to use instead of measuring (the draft's ignored for proposers without a
   // model), and whether step timings refine them: fixed costs make the choices reproducible, for
   // tests and cost studies.
@@ -92,8 +95,7 @@ class Engine {
   // Errors name the request and the field (ValidateRequest, Scheduler::Add).
   absl::Status AddRequest(Request r);
   // Checks and compiles a request's constraint (constrain/), from any thread: serving calls it on its
-  // handler threads, so that compiling never holds up a step. Refused by name where this engine
-  // cannot constrain: no tokenizer, speculation on, the logits left on a device.
+  // handler threads, so that compiling never holds up a step. Refused by name without a tokenizer.
   absl::StatusOr<std::shared_ptr<const CompiledConstraint>> CompileConstraint(const RequestSpec& spec) const;
   // Runs one step and returns a delta for every request that produced tokens or finished in it
   // (an aborted request's last delta comes from the next step).
@@ -121,8 +123,10 @@ class Engine {
   // The step's drafts: per plan index, the proposal's index or SIZE_MAX.
   struct Drafts {
     std::vector<Proposal> proposals;
-    std::vector<size_t> index;  // [plan.seqs]
-    double seconds = 0;         // in the proposer
+    std::vector<size_t> index;   // [plan.seqs]
+    std::vector<int32_t> forced;  // [proposals]: how many of its first tokens the grammar forced
+    std::vector<int32_t> cut;     // [proposals]: the proposer's drafts cut where they left the grammar
+    double seconds = 0;           // in the proposer
   };
   // The step's forward: each sequence's first logits row, the logits, and the work as it ran.
   struct Ran {
@@ -130,6 +134,9 @@ class Engine {
     std::vector<int32_t> prompt_row;  // [plan.seqs]: a chunk's first row when it scores its prompt, else -1
     std::vector<TokenId> fed;         // [fed tokens]: each speculating sequence's last token, then its drafts
     std::vector<float> logits;        // [rows, vocab] on the host; empty when they stay in the backend
+    // Logits kept in the backend: constrained sequences' rows, copied to the host and masked there.
+    std::vector<float> masked;        // [masked rows, vocab]
+    std::vector<int32_t> masked_row;  // [rows]: a row's place in `masked`, or -1 (empty: none)
     StepTiming timing;
   };
   // The step's verification: the tokens, and their scores for requests that ask.
@@ -150,9 +157,14 @@ class Engine {
   std::vector<SpecCandidate> Candidates(const StepPlan& plan) const;
   Drafts Propose(const StepPlan& plan);
   absl::StatusOr<Ran> Forward(const StepPlan& plan, const Drafts& drafts);
-  // Structured output: masks each constrained sequence's sampling row of the logits.
-  void ConstrainLogits(const StepPlan& plan, Ran* ran);
-  // Each constrained sequence's matcher follows the step's tokens (after the scheduler's update).
+  // Structured output (engine/engine_drafts.cc): masks each constrained sequence's rows, its
+  // sampling row and one per draft, by its grammar at each row's position.
+  absl::Status ConstrainLogits(const StepPlan& plan, const Drafts& drafts, Ran* ran);
+  // Rows [row_of[i], + n) of the step's logits where they can be masked: in place on the host, or
+  // copied from the backend into ran->masked. [n, vocab].
+  absl::StatusOr<absl::Span<float>> MaskableRows(size_t i, size_t n, Ran* ran);
+  // Each constrained sequence's matcher follows the step's tokens (after the scheduler's update),
+  // and the tokens its grammar forces next become its forced drafts.
   void FollowConstraints(const StepPlan& plan, const StepResult& result);
   absl::StatusOr<Verified> Verify(const StepPlan& plan, const Drafts& drafts, const Ran& ran);
   StepOutputs Update(const StepPlan& plan, Verified verified, const Drafts& drafts);
@@ -166,6 +178,9 @@ class Engine {
   // One row of the step's logits, wherever they are: [vocab]. `scratch` holds a row copied from the
   // backend.
   absl::StatusOr<absl::Span<const float>> LogitsRow(const Ran& ran, int32_t row, std::vector<float>* scratch) const;
+  // Sequence i's n rows as ConstrainLogits masked them on the host from a backend's logits, or
+  // empty (the verifier reads the logits where they are). [n, vocab].
+  absl::Span<const float> MaskedRows(const Ran& ran, size_t i, size_t n) const;
   // Whether a sequence's chunk scores prompt tokens not yet scored.
   static bool ScoresPrompt(const ScheduledSeq& s);
 

@@ -197,7 +197,8 @@ absl::StatusOr<SchedulerConfig> BatchSchedulerConfig(LoadedEngine& e) {
     // Step scratch for the largest step, allocated now: none in the step loop, and the KV pool
     // takes the memory the weights and activations leave.
     if (auto st = model.Reserve(std::max(sc.max_num_batched_tokens, sc.max_num_seqs), sc.max_num_seqs,
-                                sc.max_num_seqs * table, sc.max_num_seqs * (num_spec + 1));
+                                sc.max_num_seqs * table,
+                                sc.max_num_seqs * (num_spec + e.options.speculation.grammar_drafts + 1));
         !st.ok()) {
       return st;
     }

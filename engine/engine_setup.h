@@ -43,6 +43,7 @@ struct LoadedEngine {
     SpecConfig spec;
     spec.proposer = proposer.get();
     spec.adaptive = adaptive();
+    spec.grammar_drafts = options.speculation.grammar_drafts;
     return spec;
   }
 };

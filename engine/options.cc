@@ -15,7 +15,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TargetOptions, model, tokenizer,
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SpeculationOptions, method, num_spec_tokens, adaptive, draft_model,
                                                 draft_tokenizer, draft_quantization, ngram_min, ngram_max,
                                                 suffix_max_depth, suffix_cache_tokens, suffix_min_prob,
-                                                draft_layers, draft_quant_type, cost_cache)
+                                                draft_layers, draft_quant_type, grammar_drafts, cost_cache)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(BatchingOptions, max_num_seqs, max_num_batched_tokens, num_blocks,
                                                 max_wait_ms, enable_prefix_caching)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SamplingParams, temperature, top_k, top_p, min_p, repetition_penalty,
@@ -47,6 +47,9 @@ absl::Status ValidateTarget(const TargetOptions& t) {
 
 absl::Status ValidateSpeculation(const SpeculationOptions& s, const std::string& device) {
   RETURN_IF_ERROR(CheckQuantization("--draft-quantization", s.draft_quantization, device));
+  if (s.grammar_drafts < 0 || s.grammar_drafts > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("--grammar-drafts must be in [0, 64], got ", s.grammar_drafts));
+  }
   if (s.method == "none") return absl::OkStatus();
   if (s.method == "synthetic") {
     return absl::InvalidArgumentError(

@@ -109,11 +109,17 @@ absl::StatusOr<ConstraintSpec> FromStructuredOutputs(const json& so) {
                                                            {"grammar", Kind::kGrammar}, {"choice", Kind::kChoice},
                                                            {"structural_tag", Kind::kStructuralTag}};
   std::vector<ConstraintSpec> found;
+  bool compact = false;
   for (const auto& item : so.items()) {
     const std::string& key = item.key();
     const json& value = item.value();
     const std::string field = absl::StrCat("structured_outputs.", key);
     if (value.is_null()) continue;
+    if (key == "disable_any_whitespace") {
+      if (!value.is_boolean()) return Bad(field, "must be a boolean");
+      compact = value.get<bool>();
+      continue;
+    }
     const auto* known = std::find_if(std::begin(kKeys), std::end(kKeys), [&](const auto& k) { return key == k.first; });
     if (known != std::end(kKeys)) {
       ASSIGN_OR_RETURN(ConstraintSpec spec, FromValue(known->second, value, field));
@@ -122,12 +128,17 @@ absl::StatusOr<ConstraintSpec> FromStructuredOutputs(const json& so) {
       if (!value.is_boolean()) return Bad(field, "must be a boolean");
       if (value.get<bool>()) found.push_back({Kind::kJsonObject, "", {}, field});
     } else {
-      // disable_any_whitespace, whitespace_pattern, disable_additional_properties...: not built.
+      // whitespace_pattern, disable_additional_properties...: not built.
       return Bad(field, "not supported");
     }
   }
   if (found.size() > 1) return Bad("structured_outputs", "set exactly one of json, regex, choice, grammar, json_object");
-  return found.empty() ? ConstraintSpec{} : found[0];
+  if (!compact) return found.empty() ? ConstraintSpec{} : found[0];
+  if (found.empty() || (found[0].kind != Kind::kJsonSchema && found[0].kind != Kind::kJsonObject)) {
+    return Bad("structured_outputs.disable_any_whitespace", "applies to json and json_object only");
+  }
+  found[0].compact_json = true;
+  return found[0];
 }
 
 // Every source of the body, in the order the fields are named when two meet.

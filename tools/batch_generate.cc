@@ -138,7 +138,7 @@ json OutputJson(const json& id, const RequestOutput& o, int32_t num_spec_tokens)
             {"ttft_ms", o.ttft_ms()},
             {"tpot_ms", o.tpot_ms()},
             {"preemptions", o.num_preemptions}};
-  if (num_spec_tokens > 0) {
+  if (num_spec_tokens > 0 || o.spec.drafts > 0) {  // the grammar's forced drafts speculate without a proposer
     j["spec"] = SpecStatsJson(o.spec);
     j["metrics"] = {{"speculative_decoding", SpecDecodingJson(o.spec, num_spec_tokens)}};
   }
@@ -151,7 +151,10 @@ json SpecStatsJson(const SpecStats& s) {
           {"accepted_tokens", s.accepted_tokens},
           {"accepted_per_position", s.accepted_per_position},
           {"acceptance_rate", s.acceptance_rate()},
-          {"mean_acceptance_length", s.mean_acceptance_length()}};
+          {"mean_acceptance_length", s.mean_acceptance_length()},
+          {"forced_draft_tokens", s.forced_tokens},
+          {"forced_accepted_tokens", s.forced_accepted},
+          {"grammar_cut_tokens", s.cut_tokens}};
 }
 
 std::string SpecStatsLine(const SpecStats& s) {
@@ -161,7 +164,11 @@ std::string SpecStatsLine(const SpecStats& s) {
   }
   return absl::StrCat("[specula] speculation: ", s.drafts, " drafts, ", s.draft_tokens, " draft tokens, ",
                       s.accepted_tokens, " accepted (rate ", s.acceptance_rate(), "), mean acceptance length ",
-                      s.mean_acceptance_length(), ", acceptance per position [", per_pos, "]\n");
+                      s.mean_acceptance_length(), ", acceptance per position [", per_pos, "]",
+                      s.forced_tokens + s.cut_tokens == 0 ? "" :
+                          absl::StrCat("; grammar: ", s.forced_tokens, " forced drafts, ", s.forced_accepted,
+                                       " accepted, ", s.cut_tokens, " proposer drafts cut"),
+                      "\n");
 }
 
 std::string SpecLengthLine(const EngineStats& s) {
@@ -240,9 +247,9 @@ absl::Status RunBatchGenerate(LoadedEngine& e, const BatchOptions& opt, std::FIL
                static_cast<long long>(engine.stats().steps), static_cast<long long>(engine.stats().prefill_tokens),
                static_cast<long long>(engine.scheduler().num_preemptions()),
                bm.query_tokens() > 0 ? 100.0 * bm.hit_tokens() / bm.query_tokens() : 0.0);
-  if (e.proposer != nullptr) {
+  if (e.proposer != nullptr || engine.stats().spec.drafts > 0) {
     std::fputs(SpecStatsLine(engine.stats().spec).c_str(), stderr);
-    std::fputs(SpecLengthLine(engine.stats()).c_str(), stderr);
+    if (e.proposer != nullptr) std::fputs(SpecLengthLine(engine.stats()).c_str(), stderr);
   }
   return absl::OkStatus();
 }

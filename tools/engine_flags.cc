@@ -12,7 +12,7 @@ const std::set<std::string> kEngineFlags = {
     "ngram-max", "temperature", "top-k", "top-p", "min-p", "repetition-penalty", "seed", "block-size",
     "device", "dtype", "gpu-memory-utilization", "quantization", "draft-quantization", "kv-cache-dtype",
     "draft-layers", "draft-quant-type", "tensor-parallel-size", "collective-timeout-s", "suffix-max-depth",
-    "suffix-cache-tokens", "suffix-min-prob", "cost-cache"};
+    "suffix-cache-tokens", "suffix-min-prob", "cost-cache", "grammar-drafts"};
 const std::set<std::string> kEngineSwitches = {"ignore-eos", "no-bos", "no-prefix-caching", "int8-activations",
                                                "two-term-activations"};
 
@@ -86,6 +86,9 @@ greedy, and follows the target's distribution when sampling):
   --suffix-min-prob P   stop a suffix draft once its path probability is below P (default 0.1)
   --draft-layers N      layers of the layer-skip draft (default: a quarter of the target's)
   --draft-quant-type T  q4_0 (default), q4_1 or q8_0: the self-quant draft's weight type
+  --grammar-drafts N    structured output: where a request's grammar allows one continuation (a JSON
+                        key, a closing brace), up to N of its tokens are drafts verified before the
+                        proposer's, with any --spec-method, none included (default 8; 0: off)
 )";
 
 const char kRequestTableHelp[] = R"(
@@ -140,7 +143,8 @@ absl::Status ReadSpeculation(const Flags& f, SpeculationOptions* s) {
                   GetNumber(f, "ngram-min", &s->ngram_min), GetNumber(f, "ngram-max", &s->ngram_max),
                   GetNumber(f, "draft-layers", &s->draft_layers), GetNumber(f, "suffix-max-depth", &s->suffix_max_depth),
                   GetNumber(f, "suffix-cache-tokens", &s->suffix_cache_tokens),
-                  GetNumber(f, "suffix-min-prob", &s->suffix_min_prob)}) {
+                  GetNumber(f, "suffix-min-prob", &s->suffix_min_prob),
+                  GetNumber(f, "grammar-drafts", &s->grammar_drafts)}) {
     RETURN_IF_ERROR(st);
   }
   if (f.values.count("draft-layers") && s->draft_layers <= 0) {

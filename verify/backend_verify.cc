@@ -20,7 +20,7 @@ absl::Status BackendVerifier::Run(const float* logits, int32_t rows, int32_t voc
   bool greedy = false, sampled = false;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const SamplingParams& p = *seqs[i].params;
-    if (!Sampler::BackendCanSample(p)) continue;
+    if (!Sampler::BackendCanSample(p) || !seqs[i].host_rows.empty()) continue;
     route_[i] = p.temperature == 0.0f ? Route::kGreedy : Route::kSampled;
     greedy = greedy || route_[i] == Route::kGreedy;
     sampled = sampled || route_[i] == Route::kSampled;
@@ -191,7 +191,7 @@ const float* BackendVerifier::DraftProbs(int32_t vocab, absl::Span<const RowsToV
 void BackendVerifier::CopyHostRows(const float* logits, int32_t vocab, absl::Span<const RowsToVerify> seqs) {
   host_rows_.resize(seqs.size());
   for (size_t i = 0; i < seqs.size(); ++i) {
-    if (route_[i] != Route::kHost) continue;
+    if (route_[i] != Route::kHost || !seqs[i].host_rows.empty()) continue;
     const size_t n = (seqs[i].draft.tokens.size() + 1) * static_cast<size_t>(vocab);
     host_rows_[i].resize(n);
     be_->CopyOut(host_rows_[i].data(), logits + static_cast<size_t>(seqs[i].first_row) * vocab, n * sizeof(float));
@@ -203,12 +203,14 @@ VerifyResult BackendVerifier::Collect(size_t i, const RowsToVerify& s, int32_t v
   const int32_t k = static_cast<int32_t>(drafts.size());
   VerifyResult r;
   switch (route_[i]) {
-    case Route::kHost:
+    case Route::kHost: {
+      const absl::Span<const float> rows = s.host_rows.empty() ? absl::MakeConstSpan(host_rows_[i]) : s.host_rows;
       if (k == 0) {
-        r.tokens = {s.sampler->Sample(host_rows_[i], s.history)};
+        r.tokens = {s.sampler->Sample(rows, s.history)};
         return r;
       }
-      return Verify(host_rows_[i], vocab, s.draft, *s.params, s.history, *s.uniform, synthetic_alpha);
+      return Verify(rows, vocab, s.draft, *s.params, s.history, *s.uniform, synthetic_alpha);
+    }
     case Route::kGreedy:
       if (k == 0) {
         r.tokens = {argmax_[s.first_row]};

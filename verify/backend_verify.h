@@ -30,6 +30,9 @@ struct RowsToVerify {
   // A proposer was asked (its chain may be empty: an n-gram miss). On the host such a row goes
   // through Verify and its stream's draws, as a verification would; one never asked is sampled.
   bool proposed = false;
+  // Its rows already on the host ([k + 1, vocab]: a constrained sequence's, masked there): verified
+  // there whatever the place of the others.
+  absl::Span<const float> host_rows;
 };
 
 class BackendVerifier {

@@ -66,6 +66,12 @@ void SpecStats::Record(int32_t num_drafts, int32_t num_accepted) {
   ++acceptance_histogram[num_accepted];
 }
 
+void SpecStats::RecordGrammar(int32_t num_forced, int32_t num_accepted, int32_t num_cut) {
+  forced_tokens += num_forced;
+  forced_accepted += std::min(num_forced, num_accepted);
+  cut_tokens += num_cut;
+}
+
 namespace {
 
 void AddCounts(std::vector<int64_t>* into, const std::vector<int64_t>& from) {
@@ -79,6 +85,9 @@ void SpecStats::Merge(const SpecStats& o) {
   drafts += o.drafts;
   draft_tokens += o.draft_tokens;
   accepted_tokens += o.accepted_tokens;
+  forced_tokens += o.forced_tokens;
+  forced_accepted += o.forced_accepted;
+  cut_tokens += o.cut_tokens;
   AddCounts(&accepted_per_position, o.accepted_per_position);
   AddCounts(&reached_per_position, o.reached_per_position);
   AddCounts(&acceptance_histogram, o.acceptance_histogram);

@@ -56,8 +56,15 @@ struct SpecStats {
   // [k_max + 1]: verifications by the number of drafts they accepted (entry j: exactly j, the bonus
   // token not counted); its entries add up to `drafts`.
   std::vector<int64_t> acceptance_histogram;
+  // Structured output: drafts the grammar forced (its only continuation; counted in draft_tokens
+  // too), those accepted, and a proposer's drafts cut where they left the grammar (never verified).
+  int64_t forced_tokens = 0;
+  int64_t forced_accepted = 0;
+  int64_t cut_tokens = 0;
 
   void Record(int32_t num_drafts, int32_t num_accepted);
+  // A verification whose first num_forced drafts the grammar forced, num_accepted accepted in all.
+  void RecordGrammar(int32_t num_forced, int32_t num_accepted, int32_t num_cut);
   void Merge(const SpecStats& o);
   double acceptance_rate() const { return draft_tokens ? static_cast<double>(accepted_tokens) / draft_tokens : 0.0; }
   // Tokens per verification step: 1 + accepted / drafts.

@@ -39,7 +39,7 @@ absl::StatusOr<std::vector<VerifyResult>> StepVerifier::RunOnHost(absl::Span<con
 #pragma omp parallel for schedule(dynamic) if (rows >= 8)
   for (int64_t i = 0; i < num; ++i) {
     const RowsToVerify& s = seqs[i];
-    const float* row = logits.data() + static_cast<size_t>(s.first_row) * vocab;
+    const float* row = s.host_rows.empty() ? logits.data() + static_cast<size_t>(s.first_row) * vocab : s.host_rows.data();
     if (!s.proposed) {
       out[i].tokens = {s.sampler->Sample(absl::MakeConstSpan(row, vocab), s.history)};
       continue;
