@@ -33,8 +33,8 @@ class DraftModelProposer : public Proposer {
   // Drafts are chosen where the draft's logits are when its backend is a device: greedy ones by its
   // backend's Argmax, sampled ones by its Sample, whose distributions q stay there
   // (Proposal::backend_probs); only the ids come back. A step with a row whose sampling the backend
-  // does not do (repetition penalty, min-p) is chosen on the host. Tests turn it on for the CPU
-  // backend too.
+  // does not do (repetition penalty, min-p), or a constrained row (masked by its grammar, so that q
+  // is the masked q), is chosen on the host. Tests turn it on for the CPU backend too.
   void set_choose_on_backend(bool on) { choose_on_backend_ = on; }
 
  private:

@@ -120,6 +120,38 @@ TEST_F(CompilerTest, RollbackRestoresTheEarlierMask) {
   EXPECT_EQ(first, again);
 }
 
+// The one continuation a grammar allows, as tokens to draft: with compact JSON the opening brace,
+// a required key and its separator are all forced; with any whitespace only the key's rest is.
+TEST_F(CompilerTest, ForcedTokensSpellTheOneAllowedContinuation) {
+  const std::string schema =
+      R"({"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
+          "additionalProperties": false})";
+  auto spell = [&](const std::vector<TokenId>& ids) {
+    std::string s;
+    for (TokenId id : ids) s += tok_->TokenBytes(id);
+    return s;
+  };
+  ConstraintSpec compact{Kind::kJsonSchema, schema, {}, "json"};
+  compact.compact_json = true;
+  auto c = compiler_->Compile(compact);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ConstraintMatcher m(*c, tok_->eos_ids());
+  const std::vector<TokenId> start = m.ForcedTokens(64);
+  // The last token may be held back where a longer one could follow ('"' before a string's text).
+  const std::string forced = spell(start);
+  EXPECT_EQ(std::string(R"({"answer": ")").rfind(forced, 0), 0u) << forced;
+  EXPECT_GE(forced.size(), std::string(R"({"answer":)").size()) << forced;
+  EXPECT_EQ(m.ForcedTokens(2).size(), std::min<size_t>(2, start.size()));
+  for (TokenId t : start) ASSERT_TRUE(m.Accept(t));  // drafts the matcher takes as they are
+  for (TokenId t : Tokens(std::string(R"({"answer": "yes"})").substr(forced.size()))) ASSERT_TRUE(m.Accept(t));
+  EXPECT_TRUE(m.ForcedTokens(64).empty());  // complete: the stop token may come, or nothing else
+  ConstraintMatcher loose(*compiler_->Compile({Kind::kJsonSchema, schema, {}, "json"}), tok_->eos_ids());
+  EXPECT_EQ(spell(loose.ForcedTokens(64)), "{");  // then a blank or '"'
+  for (TokenId t : Tokens("{\"")) ASSERT_TRUE(loose.Accept(t));
+  EXPECT_EQ(spell(loose.ForcedTokens(64)), "answer\"");
+  EXPECT_TRUE(loose.ForcedTokens(0).empty());
+}
+
 TEST_F(CompilerTest, ARepeatedConstraintComesFromTheCache) {
   const ConstraintSpec spec{Kind::kJsonSchema, R"({"type":"array","items":{"type":"boolean"},"maxItems":4})", {}, "s"};
   ASSERT_TRUE(compiler_->Compile(spec).ok());

@@ -1,11 +1,16 @@
 // Structured output in the engine, on the real stories260K model (which knows nothing of JSON): the
 // mask makes every constrained output follow its constraint and end by it, leaves the other rows of
 // the batch untouched (their tokens equal each prompt's alone), and gives the same tokens batched,
-// preempted or alone. Where the engine cannot constrain, it refuses by name.
+// preempted or alone. Where the engine cannot constrain, it refuses by name. Composed with
+// speculation (every proposer, the grammar's forced drafts, auto, the backend's verification), greedy
+// outputs equal the plain constrained ones token for token.
 #include <map>
 #include <regex>
 #include <tuple>
 
+#include "draft/draft_model_proposer.h"
+#include "draft/ngram_proposer.h"
+#include "draft/suffix_proposer.h"
 #include "engine/engine.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -127,18 +132,24 @@ TEST_F(ConstrainedEngineTest, EveryOutputFollowsItsConstraintAndPlainRowsAreUnto
   EXPECT_GT(e.stats().constrained_rows, 0);
 }
 
+// Without drafts, every token takes one draw of its request's sampler, so sampled requests too give
+// the same tokens whatever the schedule. (A verification takes its draws from the request's
+// verification stream: with drafts, sampled output follows the same distribution, and greedy output
+// is the same, as the tests below check.)
 TEST_F(ConstrainedEngineTest, BatchedPreemptedAndAloneGiveTheSameTokens) {
   const std::vector<Request> reqs = Requests(18);
-  Engine batched(model_, tok_, Config(256));
+  SpecConfig no_drafts;
+  no_drafts.grammar_drafts = 0;
+  Engine batched(model_, tok_, Config(256), no_drafts);
   auto all = RunAll(batched, reqs);
-  Engine small(model_, tok_, Config(24));  // too few blocks: sequences are preempted
+  Engine small(model_, tok_, Config(24), no_drafts);  // too few blocks: sequences are preempted
   auto preempted = RunAll(small, reqs);
   int64_t preemptions = 0;
   for (const Request& r : reqs) {
     preemptions += preempted[r.id].num_preemptions;
     EXPECT_EQ(preempted[r.id].tokens, all[r.id].tokens) << "request " << r.id;
     if (!r.constraint.active()) continue;
-    Engine alone(model_, tok_, Config(64));
+    Engine alone(model_, tok_, Config(64), no_drafts);
     auto one = RunAll(alone, {r});
     EXPECT_EQ(one[r.id].tokens, all[r.id].tokens) << "request " << r.id;
   }
@@ -161,14 +172,106 @@ TEST_F(ConstrainedEngineTest, RefusedByNameWhereItCannotConstrain) {
   st = e.AddRequest(eos);
   EXPECT_NE(st.message().find("ignore_eos"), std::string::npos) << st;
   EXPECT_FALSE(e.HasUnfinished());
-  // Logits kept where the backend chooses (a GPU's way, which the CPU backend can take too): the
-  // mask runs on host logits, so the request is refused naming the backend.
-  SpecConfig on_backend;
-  on_backend.verify_on = SpecConfig::VerifyOn::kBackend;
-  Engine device(model_, tok_, Config(64), on_backend);
-  st = device.AddRequest(r);
-  EXPECT_NE(st.message().find("json_schema: structured output is not supported on the cpu backend yet"),
-            std::string::npos) << st;
+  // A rule's own sampling temperature: not applied by the engine, so refused by name.
+  Request hot = r;
+  hot.constraint = {Kind::kGrammar, "root ::= a\na[temperature=0.5] ::= \"x\"\n", {}, "guided_grammar"};
+  st = e.AddRequest(hot);
+  EXPECT_NE(st.message().find("guided_grammar: the rule at byte 11 sets a sampling temperature"), std::string::npos)
+      << st;
+}
+
+// Greedy constrained requests (schemas, a regex, choices) and greedy plain ones beside them.
+std::vector<Request> GreedyOnly(std::vector<Request> reqs) {
+  for (Request& r : reqs) r.sampling.temperature = 0.0f;
+  return reqs;
+}
+
+TEST_F(ConstrainedEngineTest, SpeculationUnderAGrammarEqualsPlainConstrainedGreedy) {
+  const std::vector<Request> reqs = GreedyOnly(Requests(18));
+  SpecConfig plain_spec;
+  plain_spec.grammar_drafts = 0;
+  Engine plain(model_, tok_, Config(256), plain_spec);
+  auto want = RunAll(plain, reqs);
+  EXPECT_EQ(plain.stats().spec.drafts, 0);
+  auto draft_weights = LoadModel(testing::TinyStoriesDir() + "/stories260K-draft.bin");
+  ASSERT_TRUE(draft_weights.ok()) << draft_weights.status();
+  LlamaModel draft(std::move(draft_weights).value(), MakeCpuBackend());
+  NgramProposer ngram(1, 3);
+  SuffixProposer suffix(SuffixParams{}, 1 << 16);
+  DraftModelProposer draft_proposer(&draft, 16, 4096);
+  struct Case {
+    const char* name;
+    Proposer* proposer;
+    int32_t k, grammar_drafts, num_blocks;
+    SpecConfig::VerifyOn verify_on = SpecConfig::VerifyOn::kAuto;
+  };
+  const Case cases[] = {
+      {"forced drafts alone", nullptr, 0, 8, 256},
+      {"n-gram, no forced drafts", &ngram, 3, 0, 256},
+      {"n-gram and forced drafts", &ngram, 3, 8, 256},
+      {"suffix and forced drafts", &suffix, 4, 8, 256},
+      {"draft model and forced drafts", &draft_proposer, 3, 4, 256},
+      {"draft model, preempted", &draft_proposer, 3, 8, 28},
+      {"suffix, verified by the backend", &suffix, 4, 8, 256, SpecConfig::VerifyOn::kBackend},
+      {"forced drafts, verified by the backend, preempted", nullptr, 0, 8, 28, SpecConfig::VerifyOn::kBackend},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    SchedulerConfig config = Config(c.num_blocks);
+    config.num_spec_tokens = c.k;
+    SpecConfig spec{c.proposer};
+    spec.grammar_drafts = c.grammar_drafts;
+    spec.verify_on = c.verify_on;
+    Engine e(model_, tok_, config, spec);
+    auto got = RunAll(e, reqs);
+    int64_t preemptions = 0;
+    for (const Request& r : reqs) {
+      EXPECT_EQ(got[r.id].tokens, want[r.id].tokens) << "request " << r.id;
+      preemptions += got[r.id].num_preemptions;
+    }
+    const SpecStats& st = e.stats().spec;
+    EXPECT_GT(st.accepted_tokens, 0);
+    EXPECT_EQ(st.forced_tokens > 0, c.grammar_drafts > 0) << st.forced_tokens;
+    EXPECT_LE(st.forced_accepted, st.forced_tokens);
+    if (c.num_blocks < 64) EXPECT_GT(preemptions, 0);
+    EXPECT_EQ(draft_proposer.blocks_in_use(), 0);
+  }
+}
+
+// A proposer that knows nothing of JSON drafts tokens the grammar refuses: they are cut before the
+// forward, never verified, and counted.
+TEST_F(ConstrainedEngineTest, DraftsThatLeaveTheGrammarAreCutAndCounted) {
+  Request r = GreedyOnly(Requests(2))[1];
+  r.prompt = tok_->Encode("Lily and Lily and Lily and Lily and Lily and", true);
+  SchedulerConfig config = Config(64);
+  config.num_spec_tokens = 4;
+  NgramProposer ngram(1, 3);  // drafts "Lily and" from the prompt, which no schema allows
+  SpecConfig spec{&ngram};
+  spec.grammar_drafts = 0;
+  Engine e(model_, tok_, config, spec);
+  auto got = RunAll(e, {r});
+  ExpectFollows(r, got[r.id]);
+  EXPECT_GT(e.stats().spec.cut_tokens, 0);
+  EXPECT_EQ(got[r.id].spec.cut_tokens, e.stats().spec.cut_tokens);
+  EXPECT_EQ(e.stats().spec.forced_tokens, 0);
+}
+
+// The grammar's forced continuation reserves draft slots without a proposer, and a schema's keys
+// and punctuation are most of what it drafts: a request needs fewer steps than its tokens.
+TEST_F(ConstrainedEngineTest, ForcedDraftsNeedNoProposer) {
+  Request r = GreedyOnly(Requests(2))[1];
+  for (bool compact : {false, true}) {
+    SCOPED_TRACE(compact ? "compact JSON" : "any whitespace");
+    r.constraint.compact_json = compact;
+    Engine e(model_, tok_, Config(64));
+    auto got = RunAll(e, {r});
+    ExpectFollows(r, got[r.id]);
+    const RequestOutput& o = got[r.id];
+    EXPECT_GT(o.spec.forced_accepted, 0);
+    EXPECT_EQ(o.spec.forced_tokens, o.spec.draft_tokens);  // no proposer: every draft was forced
+    EXPECT_LT(e.stats().steps, static_cast<int64_t>(o.tokens.size()));
+    if (compact) EXPECT_EQ(o.text.find(": "), o.text.find(':'));  // ", " and ": " exactly
+  }
 }
 
 }  // namespace

@@ -119,6 +119,20 @@ TEST_F(HttpBodyTest, ConstraintFieldsBecomeOneConstraint) {
   EXPECT_EQ(bad_type.status().message().rfind("response_format.type:", 0), 0u) << bad_type.status();
   auto unknown = Parse(R"({"prompt": "hi", "structured_outputs": {"json": {}, "whitespace_pattern": " "}})", false);
   EXPECT_EQ(unknown.status().message().rfind("structured_outputs.whitespace_pattern:", 0), 0u) << unknown.status();
+  // vLLM's disable_any_whitespace: compact JSON, for the JSON kinds only.
+  auto compact = Parse(R"({"prompt": "hi", "structured_outputs": {"json": {}, "disable_any_whitespace": true}})", false);
+  ASSERT_TRUE(compact.ok()) << compact.status();
+  EXPECT_TRUE(compact->request.constraint.compact_json);
+  auto loose = Parse(R"({"prompt": "hi", "structured_outputs": {"disable_any_whitespace": false, "json": {}}})", false);
+  ASSERT_TRUE(loose.ok()) << loose.status();
+  EXPECT_FALSE(loose->request.constraint.compact_json);
+  for (const char* body : {R"({"prompt": "hi", "structured_outputs": {"regex": "a", "disable_any_whitespace": true}})",
+                           R"({"prompt": "hi", "structured_outputs": {"disable_any_whitespace": true}})",
+                           R"({"prompt": "hi", "structured_outputs": {"json": {}, "disable_any_whitespace": 1}})"}) {
+    auto refused = Parse(body, false);
+    EXPECT_EQ(refused.status().message().rfind("structured_outputs.disable_any_whitespace:", 0), 0u)
+        << body << ": " << refused.status();
+  }
 }
 
 // Logprobs, samples, echo, penalties and biases: parsed into the request, bad values refused by name.
