@@ -186,6 +186,16 @@ std::string ServingMetrics::RenderFrom(const std::function<EngineSnapshot()>& sn
   w.Counter("spec_decode_num_draft_tokens", "Number of draft tokens.", static_cast<double>(spec.draft_tokens));
   w.Counter("spec_decode_num_accepted_tokens", "Number of accepted tokens.",
             static_cast<double>(spec.accepted_tokens));
+  // Structured output's drafts (ours). A grammar forces drafts without a proposer too, so these and
+  // the counters above are exported whatever --spec-method says.
+  w.Counter("spec_decode_num_forced_draft_tokens",
+            "Number of draft tokens forced by a request's grammar (counted in num_draft_tokens too).",
+            static_cast<double>(spec.forced_tokens));
+  w.Counter("spec_decode_num_accepted_forced_tokens", "Number of accepted forced draft tokens.",
+            static_cast<double>(spec.forced_accepted));
+  w.Counter("spec_decode_num_grammar_cut_tokens",
+            "Number of proposed draft tokens cut where they left a request's grammar (never verified).",
+            static_cast<double>(spec.cut_tokens));
   // One series per draft position up to the configured k (spec_k_histogram has k + 1 entries), so
   // positions that never accepted show 0 as vLLM's do.
   const size_t k_max = std::max(s.stats.spec_k_histogram.empty() ? 0 : s.stats.spec_k_histogram.size() - 1,

@@ -9,7 +9,10 @@
 // Deprecated gpu_* aliases are left out. Numbers are written the way prometheus_client writes them
 // ("3.0", "+Inf", "1e+06"), so `le` label values are the same strings vLLM exposes.
 //
-// Ours, not vLLM's: specula:admission_rejected_total{reason}.
+// Ours, not vLLM's: specula:admission_rejected_total{reason}; structured output's drafts,
+// specula:spec_decode_num_forced_draft_tokens_total, spec_decode_num_accepted_forced_tokens_total
+// and spec_decode_num_grammar_cut_tokens_total. The spec-decode counters are exported whether or not
+// the server has a proposer: a constrained request's grammar forces drafts without one.
 // No gRPC or HTTP types here: the front end serves RenderFrom()'s text.
 #pragma once
 

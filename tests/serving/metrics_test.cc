@@ -209,6 +209,9 @@ TEST(MetricsTest, GaugesAndEngineCountersComeFromTheSnapshot) {
   s.stats.spec.draft_tokens = 40;
   s.stats.spec.accepted_tokens = 25;
   s.stats.spec.accepted_per_position = {9, 8, 5, 3};
+  s.stats.spec.forced_tokens = 12;
+  s.stats.spec.forced_accepted = 7;
+  s.stats.spec.cut_tokens = 6;
   s.stats.spec_k_histogram.assign(6, 0);  // k = 5: position 4 never accepted yet, still shown
   const std::string t = ServingMetrics("m", {}).Render(s);
   EXPECT_TRUE(Has(t, "# TYPE specula:num_requests_running gauge"));
@@ -221,12 +224,25 @@ TEST(MetricsTest, GaugesAndEngineCountersComeFromTheSnapshot) {
   EXPECT_TRUE(Has(t, "specula:spec_decode_num_drafts_total{" + kLabels + "} 10.0"));
   EXPECT_TRUE(Has(t, "specula:spec_decode_num_draft_tokens_total{" + kLabels + "} 40.0"));
   EXPECT_TRUE(Has(t, "specula:spec_decode_num_accepted_tokens_total{" + kLabels + "} 25.0"));
+  EXPECT_TRUE(Has(t, "# TYPE specula:spec_decode_num_forced_draft_tokens_total counter"));
+  EXPECT_TRUE(Has(t, "specula:spec_decode_num_forced_draft_tokens_total{" + kLabels + "} 12.0"));
+  EXPECT_TRUE(Has(t, "specula:spec_decode_num_accepted_forced_tokens_total{" + kLabels + "} 7.0"));
+  EXPECT_TRUE(Has(t, "specula:spec_decode_num_grammar_cut_tokens_total{" + kLabels + "} 6.0"));
   const std::vector<std::string> per_pos = {"9.0", "8.0", "5.0", "3.0", "0.0"};
   for (size_t i = 0; i < per_pos.size(); ++i) {
     EXPECT_TRUE(Has(t, "specula:spec_decode_num_accepted_tokens_per_pos_total{" + kLabels + ",position=\"" +
                            std::to_string(i) + "\"} " + per_pos[i])) << i;
   }
   EXPECT_EQ(t.find("position=\"5\""), std::string::npos);
+  EXPECT_TRUE(Has(t, "# HELP specula:spec_decode_num_grammar_cut_tokens_total Number of proposed draft tokens cut "
+                     "where they left a request's grammar (never verified)."));
+  // A server without a proposer (k = 0) and no draft yet: every spec-decode counter at 0, there for
+  // the grammar's forced drafts to count.
+  const std::string none = ServingMetrics("m", {}).Render({});
+  for (const char* name : {"drafts", "draft_tokens", "accepted_tokens", "forced_draft_tokens", "accepted_forced_tokens",
+                           "grammar_cut_tokens"}) {
+    EXPECT_TRUE(Has(none, std::string("specula:spec_decode_num_") + name + "_total{" + kLabels + "} 0.0")) << name;
+  }
   // No KV pool yet: 0, not NaN.
   EXPECT_TRUE(Has(ServingMetrics("m", {}).Render({}), "specula:kv_cache_usage_perc{" + kLabels + "} 0.0"));
 }
@@ -292,7 +308,7 @@ TEST(MetricsTest, EveryLineIsACommentOrASample) {
       }
     }
   }
-  EXPECT_EQ(typed.size(), 23u);  // 3 gauges, 11 counters, 9 histograms
+  EXPECT_EQ(typed.size(), 26u);  // 3 gauges, 14 counters, 9 histograms
 }
 
 TEST(MetricsTest, RecordingFromManyThreadsWhileRendering) {
