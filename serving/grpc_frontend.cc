@@ -101,9 +101,12 @@ void SetSpeculativeDecoding(const SpecStats& s, int32_t num_spec_tokens, v1::Spe
   to->set_num_spec_tokens(m.num_spec_tokens);
   to->mutable_accepted_per_position()->Add(m.accepted_per_position.begin(), m.accepted_per_position.end());
   to->mutable_reached_per_position()->Add(m.reached_per_position.begin(), m.reached_per_position.end());
+  to->set_num_forced_draft_tokens(m.num_forced_draft_tokens);
+  to->set_num_accepted_forced_tokens(m.num_accepted_forced_tokens);
+  to->set_num_grammar_cut_tokens(m.num_grammar_cut_tokens);
 }
 
-// `spec_tokens`: Server::spec_metrics_tokens (-1: no speculative_decoding message).
+// `spec_tokens`: Server::spec_metrics_tokens; the speculative_decoding message where ShowsSpecDecoding.
 void SetLast(const RequestOutput& out, int32_t spec_tokens, v1::GenerateResponse* r) {
   v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
   v1::FinishReason_Parse(GrpcFinishName(out.finish), &reason);  // the table names the value
@@ -114,7 +117,9 @@ void SetLast(const RequestOutput& out, int32_t spec_tokens, v1::GenerateResponse
   r->mutable_spec()->set_num_drafts(out.spec.drafts);
   r->mutable_spec()->set_num_draft_tokens(out.spec.draft_tokens);
   r->mutable_spec()->set_num_accepted_tokens(out.spec.accepted_tokens);
-  if (spec_tokens >= 0) SetSpeculativeDecoding(out.spec, spec_tokens, r->mutable_speculative_decoding());
+  if (ShowsSpecDecoding(out.spec, spec_tokens)) {
+    SetSpeculativeDecoding(out.spec, spec_tokens, r->mutable_speculative_decoding());
+  }
 }
 
 // One Generate call. Event driven: the engine loop's push of a delta (the generation's listener) or

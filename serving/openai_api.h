@@ -89,7 +89,7 @@ class OpenAiResponder {
   // num_spec_tokens of the speculative-decoding metrics (Generation::spec_metrics_tokens); -1: none.
   // They go where vLLM puts them: `metrics.speculative_decoding` at the root (the body, or the
   // stream's usage chunk) for one choice; with n > 1 null there and one per choice (streamed: on
-  // the choice's last chunk).
+  // the choice's last chunk). Without a proposer only choices that had drafts carry them.
   int32_t spec_tokens_ = -1;
   bool first_event_sent_ = false;
 };

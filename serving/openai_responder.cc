@@ -1,6 +1,7 @@
 // OpenAiResponder: one call's deltas as OpenAI completions and chat completions (openai_api.h).
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -102,6 +103,15 @@ std::vector<Scored> PromptScored(const Sample& s, const std::vector<TokenId>& pr
 // response's root for n > 1, where each choice carries its own).
 json SpecMetrics(const SpecStats* s, int32_t num_spec_tokens) {
   return {{"speculative_decoding", s != nullptr ? SpecDecodingJson(*s, num_spec_tokens) : json(nullptr)}};
+}
+
+// The root's `metrics` over the response's choices: one choice's object, or null for n > 1, where each
+// choice that shows its own carries it; none where no choice shows any (ShowsSpecDecoding).
+std::optional<json> RootSpecMetrics(const std::vector<const Sample*>& choices, int32_t num_spec_tokens) {
+  const bool any = std::any_of(choices.begin(), choices.end(),
+                               [&](const Sample* c) { return ShowsSpecDecoding(c->final.spec, num_spec_tokens); });
+  if (!any) return std::nullopt;
+  return SpecMetrics(choices.size() == 1 ? &choices[0]->final.spec : nullptr, num_spec_tokens);
 }
 
 // A finish reason as OpenAI gives it: "tool_calls" (the older API: "function_call") when the output
@@ -230,7 +240,7 @@ std::string OpenAiResponder::StreamEvents(int32_t index, const RequestDelta& d, 
       if (call_.logprobs >= 0) c["logprobs"] = CompletionLogprobs(Namer{*tokenizer_, call_.tokens_as_ids}, scored, &s.offset);
     }
     // With n > 1 a choice's statistics ride its last chunk; one choice's ride the usage chunk (vLLM).
-    if (d.finished && spec_tokens_ >= 0 && samples_.size() > 1) {
+    if (d.finished && samples_.size() > 1 && ShowsSpecDecoding(d.final.spec, spec_tokens_)) {
       c["metrics"] = SpecMetrics(&d.final.spec, spec_tokens_);
     }
     json chunk = {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
@@ -249,9 +259,9 @@ std::string OpenAiResponder::StreamEvents(int32_t index, const RequestDelta& d, 
     json chunk = {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}, {"choices", json::array()},
                   {"usage", {{"prompt_tokens", prompt_tokens_}, {"completion_tokens", completion},
                              {"total_tokens", prompt_tokens_ + completion}}}};
-    if (spec_tokens_ >= 0) {
-      chunk["metrics"] = SpecMetrics(samples_.size() == 1 ? &samples_[0].final.spec : nullptr, spec_tokens_);
-    }
+    std::vector<const Sample*> all;  // [n]
+    for (const Sample& x : samples_) all.push_back(&x);
+    if (auto m = RootSpecMetrics(all, spec_tokens_)) chunk["metrics"] = *std::move(m);
     out += Event(chunk);
   }
   return out + "data: [DONE]\n\n";
@@ -289,7 +299,9 @@ std::string OpenAiResponder::Body() const {
       }
     }
     if (call_.return_token_ids) choice["token_ids"] = s.tokens;
-    if (spec_tokens_ >= 0 && order.size() > 1) choice["metrics"] = SpecMetrics(&s.final.spec, spec_tokens_);
+    if (order.size() > 1 && ShowsSpecDecoding(s.final.spec, spec_tokens_)) {
+      choice["metrics"] = SpecMetrics(&s.final.spec, spec_tokens_);
+    }
     choices.push_back(std::move(choice));
   }
   json usage = {{"prompt_tokens", prompt_tokens_}, {"completion_tokens", completion},
@@ -297,9 +309,9 @@ std::string OpenAiResponder::Body() const {
   json body = {{"id", id_}, {"object", call_.chat ? "chat.completion" : "text_completion"}, {"created", created_},
                {"model", model_}, {"choices", choices}, {"usage", usage}};
   if (call_.return_token_ids) body["prompt_token_ids"] = prompt_;
-  if (spec_tokens_ >= 0) {
-    body["metrics"] = SpecMetrics(order.size() == 1 ? &samples_[order[0]].final.spec : nullptr, spec_tokens_);
-  }
+  std::vector<const Sample*> chosen;  // [n]
+  for (size_t i : order) chosen.push_back(&samples_[i]);
+  if (auto m = RootSpecMetrics(chosen, spec_tokens_)) body["metrics"] = *std::move(m);
   return Dump(body);
 }
 

@@ -4,6 +4,7 @@
 // a ServeRequest and a RequestStream's deltas back into its own.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <condition_variable>
@@ -32,7 +33,8 @@ struct ServeOptions {
   AdmissionConfig admission;
   std::string spec_method = "none", num_spec_tokens = "0";  // for ModelInfo
   // Each finished request's speculative-decoding metrics in its response (on unless
-  // --per-request-spec-decode-metrics none; nothing without speculation).
+  // --per-request-spec-decode-metrics none; nothing for a request without drafts on a server without
+  // a proposer).
   bool spec_metrics = true;
 };
 
@@ -145,9 +147,10 @@ class Server {
   const ServeOptions& options() const { return options_; }
   const SchedulerConfig& scheduler_config() const { return scheduler_; }
   // num_spec_tokens of the responses' speculative-decoding metrics: the engine's k (the largest under
-  // auto), or -1 when responses carry none (no speculation, or ServeOptions::spec_metrics off).
+  // auto; 0 without a proposer, where a constrained request's grammar may still force drafts), or -1
+  // when responses carry none (ServeOptions::spec_metrics off). ShowsSpecDecoding decides per request.
   int32_t spec_metrics_tokens() const {
-    return options_.spec_metrics && scheduler_.num_spec_tokens > 0 ? scheduler_.num_spec_tokens : -1;
+    return options_.spec_metrics ? std::max(scheduler_.num_spec_tokens, 0) : -1;
   }
 
  private:

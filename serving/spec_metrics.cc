@@ -30,7 +30,14 @@ SpecDecodingMetrics SpecDecodingMetricsOf(const SpecStats& s, int32_t num_spec_t
   m.acceptance_histogram = Padded(s.acceptance_histogram, k + 1);
   m.accepted_per_position = Padded(s.accepted_per_position, k);
   m.reached_per_position = Padded(s.reached_per_position, k);
+  m.num_forced_draft_tokens = s.forced_tokens;
+  m.num_accepted_forced_tokens = s.forced_accepted;
+  m.num_grammar_cut_tokens = s.cut_tokens;
   return m;
+}
+
+bool ShowsSpecDecoding(const SpecStats& s, int32_t num_spec_tokens) {
+  return num_spec_tokens > 0 || (num_spec_tokens == 0 && s.drafts > 0);
 }
 
 nlohmann::json SpecDecodingJson(const SpecStats& s, int32_t num_spec_tokens) {
@@ -45,6 +52,9 @@ nlohmann::json SpecDecodingJson(const SpecStats& s, int32_t num_spec_tokens) {
   j["num_spec_tokens"] = m.num_spec_tokens;
   j["accepted_per_position"] = m.accepted_per_position;
   j["reached_per_position"] = m.reached_per_position;
+  j["num_forced_draft_tokens"] = m.num_forced_draft_tokens;
+  j["num_accepted_forced_tokens"] = m.num_accepted_forced_tokens;
+  j["num_grammar_cut_tokens"] = m.num_grammar_cut_tokens;
   return j;
 }
 

@@ -138,7 +138,7 @@ json OutputJson(const json& id, const RequestOutput& o, int32_t num_spec_tokens)
             {"ttft_ms", o.ttft_ms()},
             {"tpot_ms", o.tpot_ms()},
             {"preemptions", o.num_preemptions}};
-  if (num_spec_tokens > 0 || o.spec.drafts > 0) {  // the grammar's forced drafts speculate without a proposer
+  if (ShowsSpecDecoding(o.spec, num_spec_tokens)) {  // the grammar's forced drafts speculate without a proposer
     j["spec"] = SpecStatsJson(o.spec);
     j["metrics"] = {{"speculative_decoding", SpecDecodingJson(o.spec, num_spec_tokens)}};
   }

@@ -1,8 +1,10 @@
 // Per-request speculative-decoding metrics as the responses carry them: the object's counts, rates
 // and padded histogram (serving/spec_metrics.h), and where the OpenAI responder puts it: the root's
 // `metrics.speculative_decoding` for one choice (the body, or the stream's usage chunk), null there
-// and one per choice for n > 1 (streamed: on each choice's last chunk), nothing without speculation
-// or with the metrics turned off.
+// and one per choice for n > 1 (streamed: on each choice's last chunk), nothing for a request without
+// drafts on a server without a proposer or with the metrics turned off; structured output's forced
+// and cut drafts beside the counts, and a server without a proposer answering with them where its
+// grammar forced drafts.
 #include "serving/spec_metrics.h"
 
 #include <memory>
@@ -36,6 +38,16 @@ SpecStats FourSteps() {
   return s;
 }
 
+// No proposer: two verifications of the grammar's forced drafts alone, 5 of 5 and 1 of 2 accepted.
+SpecStats ForcedOnly() {
+  SpecStats s;
+  s.Record(5, 5);
+  s.RecordGrammar(5, 5, 0);
+  s.Record(2, 1);
+  s.RecordGrammar(2, 1, 0);
+  return s;
+}
+
 TEST(SpecDecodingJsonTest, CountsRatesAndTheHistogramPaddedToK) {
   const json j = SpecDecodingJson(FourSteps(), 4);
   EXPECT_EQ(j["num_spec_tokens"], 4);
@@ -66,6 +78,53 @@ TEST(SpecDecodingJsonTest, ARequestThatNeverDraftedHasZerosAndLengthOne) {
   EXPECT_DOUBLE_EQ(j["draft_acceptance_rate"].get<double>(), 0.0);
   EXPECT_EQ(j["accepted_per_position"], json({0, 0, 0}));
   EXPECT_EQ(j["reached_per_position"], json({0, 0, 0}));
+  EXPECT_EQ(j["num_forced_draft_tokens"], 0);
+  EXPECT_EQ(j["num_accepted_forced_tokens"], 0);
+  EXPECT_EQ(j["num_grammar_cut_tokens"], 0);
+}
+
+TEST(SpecDecodingJsonTest, ForcedAndCutDraftsBesideTheCounts) {
+  // With a proposer (k = 3): 2 forced drafts and 1 proposed (1 more proposed, cut), 2 accepted; then
+  // 3 proposed, none forced, 2 cut, 0 accepted.
+  SpecStats s;
+  s.Record(3, 2);
+  s.RecordGrammar(2, 2, 1);
+  s.Record(3, 0);
+  s.RecordGrammar(0, 0, 2);
+  const json j = SpecDecodingJson(s, 3);
+  EXPECT_EQ(j["num_draft_tokens"], 6);  // the forced ones counted; the cut ones never verified
+  EXPECT_EQ(j["num_accepted_draft_tokens"], 2);
+  EXPECT_EQ(j["num_forced_draft_tokens"], 2);
+  EXPECT_EQ(j["num_accepted_forced_tokens"], 2);
+  EXPECT_EQ(j["num_grammar_cut_tokens"], 3);
+  const SpecDecodingMetrics m = SpecDecodingMetricsOf(s, 3);
+  EXPECT_EQ((std::tuple{m.num_forced_draft_tokens, m.num_accepted_forced_tokens, m.num_grammar_cut_tokens}),
+            (std::tuple{2, 2, 3}));
+}
+
+TEST(SpecDecodingJsonTest, ForcedDraftsWithoutAProposerSizeTheHistogram) {
+  // k = 0: the buckets come from the longest forced draft (5), not from k.
+  const json j = SpecDecodingJson(ForcedOnly(), 0);
+  EXPECT_EQ(j["num_spec_tokens"], 0);
+  EXPECT_EQ(j["num_spec_steps"], 2);
+  EXPECT_EQ(j["num_draft_tokens"], 7);
+  EXPECT_EQ(j["num_accepted_draft_tokens"], 6);
+  EXPECT_EQ(j["acceptance_histogram"], json({0, 1, 0, 0, 0, 1}));
+  EXPECT_EQ(j["accepted_per_position"], json({2, 1, 1, 1, 1}));
+  EXPECT_EQ(j["reached_per_position"], json({2, 2, 1, 1, 1}));
+  EXPECT_DOUBLE_EQ(j["mean_acceptance_length"].get<double>(), 1.0 + 6.0 / 2.0);
+  EXPECT_EQ(j["num_forced_draft_tokens"], 7);
+  EXPECT_EQ(j["num_accepted_forced_tokens"], 6);
+  EXPECT_EQ(j["num_grammar_cut_tokens"], 0);
+}
+
+TEST(SpecDecodingJsonTest, WhichRequestsShowThem) {
+  EXPECT_TRUE(ShowsSpecDecoding(SpecStats{}, 3));      // a proposer: zeros for a request without drafts
+  EXPECT_TRUE(ShowsSpecDecoding(FourSteps(), 3));
+  EXPECT_FALSE(ShowsSpecDecoding(SpecStats{}, 0));     // no proposer, no drafts: none at all
+  EXPECT_TRUE(ShowsSpecDecoding(ForcedOnly(), 0));     // no proposer, the grammar's drafts
+  EXPECT_FALSE(ShowsSpecDecoding(ForcedOnly(), -1));   // turned off
+  EXPECT_FALSE(ShowsSpecDecoding(FourSteps(), -1));
 }
 
 TEST(SpecDecodingJsonTest, TheStructAndTheJsonAgree) {
@@ -219,22 +278,53 @@ TEST_F(ResponderSpecMetricsTest, StreamedChoicesCarryTheirsOnTheirLastChunk) {
   EXPECT_TRUE(rest[1]["metrics"]["speculative_decoding"].is_null());  // the usage chunk: null for n > 1
 }
 
-TEST_F(ResponderSpecMetricsTest, NoSpeculationOrMetricsOffLeaveTheResponseAsItWas) {
-  for (auto [k, on] : {std::pair{0, true}, std::pair{3, false}}) {
+TEST_F(ResponderSpecMetricsTest, NoDraftsWithoutAProposerOrMetricsOffLeaveTheResponseAsItWas) {
+  // No proposer and a request without drafts; a proposer's drafts with the metrics off.
+  for (auto [k, on, spec] : {std::tuple{0, true, SpecStats{}}, std::tuple{3, false, FourSteps()}}) {
     Start(k, on);
-    EXPECT_EQ(server_->spec_metrics_tokens(), -1);
+    EXPECT_EQ(server_->spec_metrics_tokens(), on ? 0 : -1);
     for (int32_t n : {1, 2}) {
       auto body = Responder(n, false, false);
       std::string text;
-      for (int32_t i = 0; i < n; ++i) text = *body->Add(i, Last(FourSteps()));
+      for (int32_t i = 0; i < n; ++i) text = *body->Add(i, Last(spec));
       EXPECT_FALSE(json::parse(text).contains("metrics")) << text;
       auto stream = Responder(n, true, true);
       for (int32_t i = 0; i < n; ++i) {
-        EXPECT_EQ(stream->Add(i, Last(FourSteps()))->find("metrics"), std::string::npos) << "k " << k << " n " << n;
+        EXPECT_EQ(stream->Add(i, Last(spec))->find("metrics"), std::string::npos) << "k " << k << " n " << n;
       }
     }
     TearDown();
   }
+}
+
+TEST_F(ResponderSpecMetricsTest, ForcedDraftsWithoutAProposerShowTheirs) {
+  Start(0, true);
+  EXPECT_EQ(server_->spec_metrics_tokens(), 0);
+  auto one = Responder(1, false, false);
+  const json j = json::parse(*one->Add(0, Last(ForcedOnly())));
+  EXPECT_EQ(j["metrics"]["speculative_decoding"], SpecDecodingJson(ForcedOnly(), 0)) << j.dump();
+  EXPECT_EQ(j["metrics"]["speculative_decoding"]["num_forced_draft_tokens"], 7);
+  // n = 2, one sample with forced drafts: the root null, that choice's own, nothing on the other.
+  auto two = Responder(2, false, false);
+  EXPECT_EQ(*two->Add(1, Last(SpecStats{})), "");
+  const json both = json::parse(*two->Add(0, Last(ForcedOnly())));
+  EXPECT_TRUE(both["metrics"]["speculative_decoding"].is_null()) << both.dump();
+  EXPECT_EQ(both["choices"][0]["metrics"]["speculative_decoding"], SpecDecodingJson(ForcedOnly(), 0));
+  EXPECT_FALSE(both["choices"][1].contains("metrics")) << both.dump();
+  // Streamed, the same: one choice's on the usage chunk; with n = 2 on the last chunk of the one that
+  // had drafts, null on the usage chunk.
+  auto streamed = Responder(1, true, true);
+  const std::vector<json> events = Events(*streamed->Add(0, Last(ForcedOnly())));
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[1]["metrics"]["speculative_decoding"], SpecDecodingJson(ForcedOnly(), 0));
+  auto streamed_two = Responder(2, true, true);
+  const std::vector<json> first = Events(*streamed_two->Add(1, Last(SpecStats{})));
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_FALSE(first[0]["choices"][0].contains("metrics")) << first[0].dump();
+  const std::vector<json> rest = Events(*streamed_two->Add(0, Last(ForcedOnly())));
+  ASSERT_EQ(rest.size(), 2u);
+  EXPECT_EQ(rest[0]["choices"][0]["metrics"]["speculative_decoding"], SpecDecodingJson(ForcedOnly(), 0));
+  EXPECT_TRUE(rest[1]["metrics"]["speculative_decoding"].is_null()) << rest[1].dump();
 }
 
 }  // namespace

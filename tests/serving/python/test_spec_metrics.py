@@ -11,7 +11,10 @@ with its draft, k = 3), read with the official `openai` client and grpcio:
   spec-decode counters (drafts, draft tokens, accepted tokens, accepted per position);
 - a request that drafted nothing has an all-zero object; a server without speculation, or with
   `--per-request-spec-decode-metrics none`, answers without them; `specula generate --json` and
-  --prompts-file lines carry the same object.
+  --prompts-file lines carry the same object;
+- structured output's drafts: a constrained request shows the drafts its grammar forced (with a
+  proposer, and without one, where only such a request has the object) and the proposer's drafts
+  the grammar cut (n-grams), and these add up to the Prometheus counters too.
 """
 import json
 import os
@@ -33,6 +36,12 @@ SPEC = ("--spec-method", "draft", "--draft-model", DRAFT, "--num-spec-tokens", s
 VLLM_FIELDS = {"mean_acceptance_length", "draft_acceptance_rate", "acceptance_histogram", "num_spec_steps",
                "num_accepted_draft_tokens", "num_draft_tokens", "num_spec_tokens"}
 MAX_TOKENS = 16
+GRAMMAR_FIELDS = ("num_forced_draft_tokens", "num_accepted_forced_tokens", "num_grammar_cut_tokens")
+# Keys the grammar forces, values the model chooses: a short output that ends by its grammar.
+SCHEMA = {"type": "object", "properties": {"mood": {"type": "string", "enum": ["happy", "sad", "sleepy"]},
+                                           "age": {"type": "integer", "minimum": 1, "maximum": 99}},
+          "required": ["mood", "age"]}
+CONSTRAINED_PROMPT = "Once upon a time, there was a little"
 MESSAGES = [{"role": "user", "content": "Once upon a time there was a little dog"}]
 
 
@@ -50,46 +59,104 @@ def from_proto(sd):
             "acceptance_histogram": list(sd.acceptance_histogram), "num_spec_steps": sd.num_spec_steps,
             "num_accepted_draft_tokens": sd.num_accepted_draft_tokens, "num_draft_tokens": sd.num_draft_tokens,
             "num_spec_tokens": sd.num_spec_tokens, "accepted_per_position": list(sd.accepted_per_position),
-            "reached_per_position": list(sd.reached_per_position)}
+            "reached_per_position": list(sd.reached_per_position),
+            **{f: getattr(sd, f) for f in GRAMMAR_FIELDS}}
 
 
-SPEC_COUNTERS = ("specula:spec_decode_num_drafts_total", "specula:spec_decode_num_draft_tokens_total",
-                 "specula:spec_decode_num_accepted_tokens_total")
+# The object's field each counter adds up.
+COUNTED = {"specula:spec_decode_num_drafts_total": "num_spec_steps",
+           "specula:spec_decode_num_draft_tokens_total": "num_draft_tokens",
+           "specula:spec_decode_num_accepted_tokens_total": "num_accepted_draft_tokens",
+           "specula:spec_decode_num_forced_draft_tokens_total": "num_forced_draft_tokens",
+           "specula:spec_decode_num_accepted_forced_tokens_total": "num_accepted_forced_tokens",
+           "specula:spec_decode_num_grammar_cut_tokens_total": "num_grammar_cut_tokens"}
 
 
-def spec_counters(http_base):
-    """The spec-decode counters: (drafts, draft tokens, accepted tokens, [accepted at position i])."""
+def counted(http_base, positions):
+    """Every spec-decode counter by the object's field it adds up, and the accepted per position."""
     m = metrics(http_base)
-    per_pos = [metric(m, "specula:spec_decode_num_accepted_tokens_per_pos_total", position=str(i)) for i in range(K)]
-    return tuple(metric(m, name) for name in SPEC_COUNTERS) + (per_pos,)
+    out = {field: metric(m, name) for name, field in COUNTED.items()}
+    out["accepted_per_position"] = [metric(m, "specula:spec_decode_num_accepted_tokens_per_pos_total",
+                                           position=str(i)) for i in range(positions)]
+    return out
+
+
+def summed(objects, positions):
+    """The objects added up as `counted` reads the counters."""
+    out = {field: sum(o[field] for o in objects) for field in COUNTED.values()}
+    out["accepted_per_position"] = [sum(o["accepted_per_position"][i] for o in objects
+                                        if i < len(o["accepted_per_position"])) for i in range(positions)]
+    return out
+
+
+def constrained_http(client, model, stream, seed=1):
+    """One greedy constrained completion's `speculative_decoding` (None where it has none) and its text."""
+    kw = dict(model=model, prompt=CONSTRAINED_PROMPT, max_tokens=64, temperature=0.0, seed=seed,
+              extra_body={"json_schema": SCHEMA})
+    if not stream:
+        body = client.completions.create(**kw).model_dump()
+        return (body.get("metrics") or {}).get("speculative_decoding"), body["choices"][0]["text"]
+    chunks = [c.model_dump() for c in client.completions.create(stream=True, stream_options={"include_usage": True},
+                                                                 **kw)]
+    text = "".join(ch["text"] for c in chunks for ch in c["choices"])
+    return (chunks[-1].get("metrics") or {}).get("speculative_decoding"), text
+
+
+def constrained_grpc(stub):
+    """One constrained gRPC sample's last message."""
+    req = pb.GenerateRequest(prompt=CONSTRAINED_PROMPT, sampling=pb.SamplingParams(max_tokens=64),
+                             constraint=pb.Constraint(json_schema=json.dumps(SCHEMA)))
+    return list(stub.Generate(req, timeout=60 * time_scale()))[-1]
 
 
 class Checks:
-    def check(self, sd, what):
-        """One object's consistency; returns it."""
+    def check(self, sd, what, k=K, constrained=False):
+        """One object's consistency; returns it. A constrained request's grammar may force more than k
+        drafts in a step, so its histogram may be longer than k + 1."""
         self.assertIsInstance(sd, dict, what)
         self.assertTrue(VLLM_FIELDS <= set(sd), (what, sd))
-        self.assertEqual(sd["num_spec_tokens"], K, what)
+        self.assertTrue(set(GRAMMAR_FIELDS) <= set(sd), (what, sd))
+        self.assertEqual(sd["num_spec_tokens"], k, what)
         hist, steps = sd["acceptance_histogram"], sd["num_spec_steps"]
         accepted, drafted = sd["num_accepted_draft_tokens"], sd["num_draft_tokens"]
-        self.assertEqual(len(hist), K + 1, what)
+        width = len(hist) - 1  # the longest draft the object has room for
+        if constrained:
+            self.assertGreaterEqual(width, k, what)
+        else:
+            self.assertEqual(width, k, what)
         self.assertEqual(sum(hist), steps, what)
         self.assertEqual(sum(j * n for j, n in enumerate(hist)), accepted, what)
         self.assertLessEqual(accepted, drafted, what)
-        self.assertLessEqual(drafted, K * steps, what)
+        self.assertLessEqual(drafted, width * steps, what)
         self.assertGreaterEqual(drafted, steps, what)  # a verification step carries at least one draft
         self.assertAlmostEqual(sd["draft_acceptance_rate"], accepted / drafted if drafted else 0.0, places=12, msg=what)
         self.assertAlmostEqual(sd["mean_acceptance_length"], 1 + accepted / steps if steps else 1.0, places=12,
                                msg=what)
         acc, reached = sd["accepted_per_position"], sd["reached_per_position"]
-        self.assertEqual((len(acc), len(reached)), (K, K), what)
+        self.assertEqual((len(acc), len(reached)), (width, width), what)
         self.assertEqual(sum(acc), accepted, what)
-        self.assertEqual(reached[0], steps, what)  # every step verifies its first draft
-        for i in range(K):
+        if width:
+            self.assertEqual(reached[0], steps, what)  # every step verifies its first draft
+        for i in range(width):
             self.assertLessEqual(acc[i], reached[i], what)
-            if i + 1 < K:
+            if i + 1 < width:
                 self.assertLessEqual(reached[i + 1], acc[i], what)  # draft i + 1 is reached past an accepted i
+        forced, forced_accepted, cut = (sd[f] for f in GRAMMAR_FIELDS)
+        self.assertLessEqual(forced, drafted, what)  # forced drafts are drafts too
+        self.assertLessEqual(forced_accepted, min(forced, accepted), what)
+        self.assertGreaterEqual(cut, 0, what)
+        if not constrained:
+            self.assertEqual((forced, forced_accepted, cut), (0, 0, 0), what)
+        if k == 0:  # no proposer: every draft is the grammar's, and nothing proposed to cut
+            self.assertEqual((forced, cut), (drafted, 0), what)
         return sd
+
+    def assert_adds_up(self, objects, before, after, positions):
+        """The objects add up exactly to the counters' growth from `before` to `after` (counted)."""
+        grown = {f: after[f] - before[f] for f in COUNTED.values()}
+        grown["accepted_per_position"] = [a - b for a, b in zip(after["accepted_per_position"],
+                                                                before["accepted_per_position"])]
+        self.assertEqual(summed(objects, positions), grown)
 
 
 class SpeculatingServerTest(Checks, unittest.TestCase):
@@ -175,7 +242,7 @@ class SpeculatingServerTest(Checks, unittest.TestCase):
         return list(out.values())
 
     def test_every_surface_adds_up_to_the_prometheus_counters(self):
-        before = spec_counters(self.serve.http_base)
+        before = counted(self.serve.http_base, K)
         objects = []
         objects += self.completion(PROMPTS[0], 1, stream=False)
         objects += self.completion(PROMPTS[1], 1, stream=True)
@@ -188,14 +255,30 @@ class SpeculatingServerTest(Checks, unittest.TestCase):
         objects += self.grpc_objects(PROMPTS[4], 1)
         objects += self.grpc_objects(PROMPTS[5], 2)
         self.assertEqual(len(objects), 15)  # 6 completions, 6 chat, 3 gRPC samples
-        after = spec_counters(self.serve.http_base)
-        got = (sum(o["num_spec_steps"] for o in objects), sum(o["num_draft_tokens"] for o in objects),
-               sum(o["num_accepted_draft_tokens"] for o in objects))
-        self.assertEqual(got, tuple(a - b for a, b in zip(after[:3], before[:3])))
-        per_pos = [sum(o["accepted_per_position"][i] for o in objects) for i in range(K)]
-        self.assertEqual(per_pos, [a - b for a, b in zip(after[3], before[3])])
-        self.assertGreater(got[0], 0)  # the draft drafted: the sums are not all zeros
-        self.assertGreater(got[2], 0)
+        # Unconstrained: the grammar's counters stay as they were, as each object's zeros say.
+        self.assert_adds_up(objects, before, counted(self.serve.http_base, K), K)
+        got = summed(objects, K)
+        self.assertGreater(got["num_spec_steps"], 0)  # the draft drafted: the sums are not all zeros
+        self.assertGreater(got["num_accepted_draft_tokens"], 0)
+
+    def test_constrained_requests_show_forced_drafts(self):
+        # The grammar forces the schema's keys as drafts before the draft model's own (sampled under the
+        # grammar), up to k + --grammar-drafts (8) in a step.
+        positions = K + 8
+        before = counted(self.serve.http_base, positions)
+        objects = []
+        for stream in (False, True):
+            sd, text = constrained_http(self.client, self.model, stream)
+            self.assertEqual(list(json.loads(text)), ["mood", "age"], text)
+            objects.append(self.check(sd, f"constrained, streamed: {stream}", constrained=True))
+        last = constrained_grpc(self.stub)
+        self.assertTrue(last.HasField("speculative_decoding"))
+        objects.append(self.check(from_proto(last.speculative_decoding), "constrained gRPC", constrained=True))
+        for sd in objects:
+            self.assertGreater(sd["num_forced_draft_tokens"], 0, sd)
+            self.assertGreater(sd["num_draft_tokens"], sd["num_forced_draft_tokens"], sd)  # the draft's own too
+        self.assertEqual(objects[0], objects[1])  # greedy: the same drafts streamed or not
+        self.assert_adds_up(objects, before, counted(self.serve.http_base, positions), positions)
 
     def test_greedy_is_the_same_whichever_surface(self):
         # Greedy decoding verifies the same drafts, so one prompt's object is the same on each surface.
@@ -223,10 +306,9 @@ class SpeculatingServerTest(Checks, unittest.TestCase):
                 self.assertIsNone(ch.get("metrics"))
 
 
-class WithoutMetricsTest(unittest.TestCase):
-    """A server without speculation, and one with the metrics turned off: the responses as before."""
-
+class ExpectNone:
     def expect_none(self, serve, with_spec):
+        """Unconstrained requests on every surface answer without the object."""
         client = openai.OpenAI(base_url=serve.http_base + "/v1", api_key="unused", max_retries=0)
         model = client.models.list().data[0].id
         for n in (1, 2):
@@ -245,15 +327,81 @@ class WithoutMetricsTest(unittest.TestCase):
             last = list(pb_grpc.GenerationStub(ch).Generate(req, timeout=60 * time_scale()))[-1]
         self.assertFalse(last.HasField("speculative_decoding"))
         self.assertEqual(last.spec.num_drafts > 0, with_spec)  # the older SpecStats message stays
-        self.assertEqual(serve.stop(), 0, serve.stderr())
 
-    def test_no_speculation(self):
-        with Serve() as s:
-            self.expect_none(s, with_spec=False)
+
+class NoProposerTest(Checks, ExpectNone, unittest.TestCase):
+    """A server without a proposer: a request without drafts answers as without speculation; a
+    constrained one, whose grammar forces drafts (--grammar-drafts' default 8), with its object (k = 0)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.serve = Serve()
+        cls.client = openai.OpenAI(base_url=cls.serve.http_base + "/v1", api_key="unused", max_retries=0,
+                                   timeout=60 * time_scale())
+        cls.model = cls.client.models.list().data[0].id
+        cls.channel = grpc.insecure_channel(cls.serve.grpc_target)
+        cls.stub = pb_grpc.GenerationStub(cls.channel)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.channel.close()
+        assert cls.serve.stop() == 0, cls.serve.stderr()
+
+    def test_without_drafts_none(self):
+        self.expect_none(self.serve, with_spec=False)
+
+    def test_forced_drafts_show_theirs(self):
+        positions = 8
+        before = counted(self.serve.http_base, positions)
+        objects = []
+        for stream in (False, True):
+            sd, text = constrained_http(self.client, self.model, stream)
+            self.assertEqual(list(json.loads(text)), ["mood", "age"], text)
+            objects.append(self.check(sd, f"no proposer, streamed: {stream}", k=0, constrained=True))
+        last = constrained_grpc(self.stub)
+        self.assertTrue(last.HasField("speculative_decoding"))
+        objects.append(self.check(from_proto(last.speculative_decoding), "no proposer, gRPC", k=0, constrained=True))
+        self.assertEqual(last.spec.num_draft_tokens, objects[-1]["num_draft_tokens"])
+        for sd in objects:
+            self.assertGreater(sd["num_forced_draft_tokens"], 0, sd)
+        self.assertEqual(objects[0], objects[1])
+        after = counted(self.serve.http_base, positions)
+        self.assert_adds_up(objects, before, after, positions)
+        self.assertGreater(after["num_draft_tokens"], before["num_draft_tokens"])  # the drafts on /metrics
+
+
+class GrammarCutTest(Checks, unittest.TestCase):
+    """n-grams draft from the text whatever the grammar allows: a constrained request's grammar cuts
+    the drafts that leave it (greedy, so the same every run)."""
+
+    def test_cut_drafts_are_counted(self):
+        with Serve("--spec-method", "ngram", "--num-spec-tokens", str(K)) as serve:
+            client = openai.OpenAI(base_url=serve.http_base + "/v1", api_key="unused", max_retries=0,
+                                   timeout=60 * time_scale())
+            model = client.models.list().data[0].id
+            positions = K + 8
+            before = counted(serve.http_base, positions)
+            sd, text = constrained_http(client, model, stream=False)
+            self.assertEqual(list(json.loads(text)), ["mood", "age"], text)
+            objects = [self.check(sd, "n-grams", constrained=True)]
+            with grpc.insecure_channel(serve.grpc_target) as ch:
+                last = constrained_grpc(pb_grpc.GenerationStub(ch))
+            objects.append(self.check(from_proto(last.speculative_decoding), "n-grams, gRPC", constrained=True))
+            for o in objects:
+                self.assertGreater(o["num_grammar_cut_tokens"], 0, o)
+                self.assertGreater(o["num_forced_draft_tokens"], 0, o)
+            after = counted(serve.http_base, positions)
+            self.assert_adds_up(objects, before, after, positions)
+            self.assertEqual(serve.stop(), 0, serve.stderr())
+
+
+class WithoutMetricsTest(ExpectNone, unittest.TestCase):
+    """A server with the metrics turned off: the responses as before."""
 
     def test_turned_off(self):
         with Serve(*SPEC, "--per-request-spec-decode-metrics", "none") as s:
             self.expect_none(s, with_spec=True)
+            self.assertEqual(s.stop(), 0, s.stderr())
 
 
 class GenerateJsonTest(Checks, unittest.TestCase):
@@ -276,6 +424,21 @@ class GenerateJsonTest(Checks, unittest.TestCase):
             self.check(j["metrics"]["speculative_decoding"], f"line {i}")
         plain = generate_batch(PROMPTS[:1], MAX_TOKENS)
         self.assertNotIn("metrics", plain[0])
+
+    def test_constrained_line_without_a_proposer(self):
+        # The grammar's forced drafts give a line the object without a proposer; a plain line has none.
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "prompts.jsonl")
+            with open(path, "w") as f:
+                f.write(json.dumps({"id": 0, "prompt": CONSTRAINED_PROMPT, "json_schema": SCHEMA, "max_tokens": 64}) +
+                        "\n")
+                f.write(json.dumps({"id": 1, "prompt": PROMPTS[0], "max_tokens": 8}) + "\n")
+            out = subprocess.run([BINARY, "generate", "--model", TARGET, "--tokenizer", TOKENIZER, "--prompts-file",
+                                  path, "--no-progress"], capture_output=True, text=True, check=True).stdout
+        lines = {j["id"]: j for j in map(json.loads, filter(str.strip, out.splitlines()))}
+        sd = self.check(lines[0]["metrics"]["speculative_decoding"], "constrained line", k=0, constrained=True)
+        self.assertGreater(sd["num_forced_draft_tokens"], 0)
+        self.assertNotIn("metrics", lines[1])
 
 
 if __name__ == "__main__":
