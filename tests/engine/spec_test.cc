@@ -15,6 +15,7 @@
 #include "draft/self_draft.h"
 #include "draft/suffix_proposer.h"
 #include "engine/engine.h"
+#include "tests/engine/lossless_util.h"
 #include "tests/one_sequence.h"
 #include "model/forward_cost.h"
 #include "model/make_model.h"
@@ -27,26 +28,18 @@
 namespace specula {
 namespace {
 
-// SPECULA_QUICK=1 (CI, .ci/run) bounds these tests: fewer prompts, k values and samples,
-// the same assertions.
-bool Quick() {
-  const char* q = std::getenv("SPECULA_QUICK");
-  return q != nullptr && q[0] == '1';
-}
-std::vector<int32_t> Ks() { return Quick() ? std::vector<int32_t>{1, 4} : std::vector<int32_t>{1, 2, 4, 8}; }
-// Under a sanitizer (SPECULA_SANITIZER, from the asan test preset) the same paths run on 2000 samples:
-// that run looks for memory errors, and the broken verifiers still come out at p < 1e-10 there.
-int64_t Samples() {
-  const char* san = std::getenv("SPECULA_SANITIZER");
-  if (san != nullptr && san[0] != '\0') return 2000;
-  return Quick() ? 8000 : 100000;  // 8000: p < 1e-10 for the broken verifiers
-}
+using testing::AutoSpec;
+using testing::ChiSquare;
+using testing::ChiSquarePValue;
+using testing::ExactJoint;
+using testing::ExpectVariedK;
+using testing::Joint;
+using testing::Load;
+using testing::Lossless;
+using testing::Quick;
+using testing::Samples;
 
-std::unique_ptr<LlamaModel> Load(const std::string& path, bool int8_weights = false) {
-  auto w = LoadModel(path);
-  EXPECT_TRUE(w.ok()) << w.status();
-  return std::make_unique<LlamaModel>(std::move(w).value(), MakeCpuBackend({int8_weights}));
-}
+std::vector<int32_t> Ks() { return Quick() ? std::vector<int32_t>{1, 4} : std::vector<int32_t>{1, 2, 4, 8}; }
 
 SchedulerConfig Config(const LlamaModel& m, int32_t max_seqs, int32_t num_blocks, int32_t k) {
   SchedulerConfig c;
@@ -57,34 +50,6 @@ SchedulerConfig Config(const LlamaModel& m, int32_t max_seqs, int32_t num_blocks
   c.max_model_len = m.config().max_seq_len;
   c.num_spec_tokens = k;
   return c;
-}
-
-// --num-spec-tokens auto with fixed costs (no timing involved, so the run is reproducible): a
-// memory-bound target (a step of 1 ms, 1 us per token, at any batch size here) and a draft forward
-// of `draft_forward` seconds (0.4 ms: drafts pay when their acceptance is above ~0.4). The real
-// pair's acceptances, drawn per step (Thompson sampling), then give k from 0 to the cap, changing
-// per sequence and step.
-SpecConfig AutoSpec(Proposer* proposer, const LlamaModel& target, const LlamaModel& draft, double draft_forward = 4e-4) {
-  auto table = [](const ModelConfig& c, double fixed, double per_token) {
-    std::vector<CostPoint> t;
-    for (int n = 1; n <= 512; n *= 2) t.push_back({ForwardFlops(c, n, n, n * 20.0), fixed + per_token * n});
-    return t;
-  };
-  SpecConfig spec;
-  spec.proposer = proposer;
-  spec.adaptive = true;
-  spec.target_cost = table(target.config(), 1e-3, 1e-6);
-  spec.draft_cost = table(draft.config(), draft_forward, 1e-7);
-  spec.refine_cost = false;
-  return spec;
-}
-
-// Both drafting and not drafting happened.
-void ExpectVariedK(const EngineStats& s, const char* name) {
-  int64_t drafted = 0;
-  for (size_t k = 1; k < s.spec_k_histogram.size(); ++k) drafted += s.spec_k_histogram[k];
-  EXPECT_GT(s.spec_k_histogram[0], 0) << name;
-  EXPECT_GT(drafted, 0) << name;
 }
 
 std::map<RequestId, RequestOutput> RunToEnd(Engine& e, const std::vector<Request>& reqs) {
@@ -375,91 +340,6 @@ TEST_F(SpecGreedyTest, BackendVerificationEqualsPlainGreedy) {
     NgramProposer ngram(1, 3);
     ExpectEqualsPlain(ngram, k, 32, 24, true, "ngram, on the backend", SpecConfig::VerifyOn::kBackend);
   }
-}
-
-// Chi-square p-value (upper tail) by the Wilson-Hilferty approximation, good for dof >= 10.
-double ChiSquarePValue(double x, int dof) {
-  const double k = dof;
-  const double z = (std::cbrt(x / k) - (1.0 - 2.0 / (9.0 * k))) / std::sqrt(2.0 / (9.0 * k));
-  return 0.5 * std::erfc(z / std::sqrt(2.0));
-}
-
-// Chi-square statistic of observed counts against expected probabilities; cells with an expected
-// count below 5 are pooled.
-std::pair<double, int> ChiSquare(const std::map<std::vector<TokenId>, double>& probs,
-                                 const std::map<std::vector<TokenId>, int64_t>& counts, int64_t n) {
-  double stat = 0.0, pooled_e = 0.0;
-  int64_t pooled_o = 0;
-  int cells = 0;
-  for (const auto& [key, p] : probs) {
-    const double e = p * n;
-    auto it = counts.find(key);
-    const int64_t o = it == counts.end() ? 0 : it->second;
-    if (e < 5) {
-      pooled_e += e;
-      pooled_o += o;
-      continue;
-    }
-    stat += (o - e) * (o - e) / e;
-    ++cells;
-  }
-  if (pooled_e > 0) {
-    stat += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e;
-    ++cells;
-  }
-  return {stat, cells - 1};
-}
-
-struct Lossless {
-  double p_value;
-  int dof;
-};
-
-// The target's exact joint distribution of the first `depth` generated tokens after `prompt`:
-// prefixes enumerated level by level, each level's prefixes in batched forwards (one sequence each).
-using Joint = std::map<std::vector<TokenId>, double>;
-Joint ExactJoint(LlamaModel& target, const std::vector<TokenId>& prompt, int depth, const SamplingParams& sp) {
-  const int32_t vocab = target.config().vocab_size;
-  constexpr int32_t kPerForward = 64;  // sequences per forward
-  Joint probs = {{{}, 1.0}};
-  Sampler sampler(sp);
-  for (int level = 0; level < depth; ++level) {
-    std::vector<std::pair<std::vector<TokenId>, double>> live;
-    for (const auto& [prefix, p] : probs) {
-      if (p >= 1e-9) live.emplace_back(prefix, p);
-    }
-    const int32_t blocks_per_seq = (static_cast<int32_t>(prompt.size()) + level + 15) / 16;
-    KvCache kv(target.config(), {16, kPerForward * blocks_per_seq});
-    Joint next;
-    for (size_t first = 0; first < live.size(); first += kPerForward) {
-      const size_t count = std::min<size_t>(kPerForward, live.size() - first);
-      // The batch's spans point into these: seqs [count][prompt + level], tables [count][blocks_per_seq].
-      std::vector<std::vector<TokenId>> seqs(count, prompt);
-      std::vector<std::vector<BlockId>> tables(count);
-      ForwardBatch batch;
-      for (size_t i = 0; i < count; ++i) {
-        seqs[i].insert(seqs[i].end(), live[first + i].first.begin(), live[first + i].first.end());
-        for (int32_t b = 0; b < blocks_per_seq; ++b) tables[i].push_back(static_cast<BlockId>(i) * blocks_per_seq + b);
-        batch.seqs.push_back({seqs[i], 0, tables[i]});
-      }
-      std::vector<float> logits, q;  // logits: [count, vocab]
-      const absl::Status st = target.Forward(batch, kv, LogitsMode::kLastPerSequence, &logits);
-      EXPECT_TRUE(st.ok()) << st;
-      if (!st.ok()) return {};
-      for (size_t i = 0; i < count; ++i) {
-        const auto& [prefix, p] = live[first + i];
-        sampler.Probabilities(absl::MakeConstSpan(logits).subspan(i * vocab, vocab), batch.seqs[i].tokens, &q);
-        for (int32_t t = 0; t < vocab; ++t) {
-          if (q[t] <= 0) continue;
-          auto key = prefix;
-          key.push_back(t);
-          next[key] = p * q[t];
-        }
-      }
-    }
-    probs = std::move(next);
-  }
-  return probs;
 }
 
 // Samples the first `depth` generated tokens `n` times with speculation (k drafts) and compares
