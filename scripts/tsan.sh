@@ -22,8 +22,9 @@
 # over the budget under TSan): serving.test_grpc (~190 s; its gRPC threads are not checked anyway,
 # see below), serving.test_grpc_security (gRPC's TLS: neither gRPC nor OpenSSL is built with TSan;
 # the TSan server reset its TLS handshakes), serving.test_openai_surface (SmolLM2's numerics through two servers; the samples'
-# threading is serving_tests' GenerationTest), serving.test_tool_calls (SmolLM2 again; the constraint's
-# threads are test_structured_output's) and the rest of experiments.test_experiment_run (single-threaded runs; the quickstart
+# threading is serving_tests' GenerationTest), serving.test_tool_calls and
+# constrain.structured_spec_equal (SmolLM2 again; the constraint's threads are
+# test_structured_output's) and the rest of experiments.test_experiment_run (single-threaded runs; the quickstart
 # spec alone takes over 10 minutes).
 #
 # Any report fails the run: TSAN_OPTIONS has halt_on_error=1 (the test preset's environment), and the
@@ -67,7 +68,7 @@ if [[ $build == 1 ]]; then
 fi
 [[ $test == 1 ]] || exit 0
 ctest --preset tsan -j "$jobs" -L '^(serving|experiments|constrain)$' \
-  -E '^(serving\.test_grpc|serving\.test_grpc_security|serving\.test_openai_surface|serving\.test_tool_calls|experiments\.test_experiment_run|experiments\.test_report)$' "$@"
+  -E '^(serving\.test_grpc|serving\.test_grpc_security|serving\.test_openai_surface|serving\.test_tool_calls|constrain\.structured_spec_equal|experiments\.test_experiment_run|experiments\.test_report)$' "$@"
 # The experiment runner's threaded runs, with the preset's environment (ctest's own entry runs the
 # whole file).
 TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" OMP_NUM_THREADS=1 \
