@@ -5,8 +5,8 @@ ends by its grammar, and each is checked by an independent checker (jsonschema, 
 
 Surfaces: the official `openai` client over HTTP (response_format, vLLM's structured_outputs and
 guided_*, llama.cpp's json_schema and grammar; streamed and not; n > 1), gRPC's `constraint`, and a
-`specula generate --prompts-file` line. Refusals: a server with speculation, two sources at once,
-keywords the grammar engine would ignore, a grammar that does not parse.
+`specula generate --prompts-file` line; a server with speculation (greedy: the plain server's output).
+Refusals: two sources at once, keywords the grammar engine would ignore, a grammar that does not parse.
 """
 import json
 import os
@@ -158,16 +158,34 @@ class StructuredOutputTest(unittest.TestCase):
             self.assertIn(field, str(e.exception))
 
 
-class SpeculationRefusedTest(unittest.TestCase):
-    def test_constraint_with_speculation_is_refused_by_name(self):
-        with Serve("--spec-method", "ngram", "--num-spec-tokens", "4") as serve:
-            client = openai.OpenAI(base_url=serve.http_base + "/v1", api_key="unused", max_retries=0)
-            model = client.models.list().data[0].id
-            with self.assertRaises(openai.BadRequestError) as e:
-                client.completions.create(model=model, prompt=PROMPT, max_tokens=8, extra_body={"json_schema": SCHEMA})
-            self.assertIn("speculative decoding", str(e.exception))
-            self.assertIn("json_schema", str(e.exception))
-            assert serve.stop() == 0, serve.stderr()
+class SpeculationTest(unittest.TestCase):
+    def test_constraints_under_speculation(self):
+        # A server that speculates accepts constrained requests: greedy, its output is the plain
+        # server's; sampled, it follows the constraint; and drafts were verified under the grammar.
+        cases = [({"json_schema": SCHEMA}, self.check_json), ({"structured_outputs": {"regex": PHONE}},
+                 lambda text: self.assertRegex(text, "^" + PHONE + "$")),
+                 ({"guided_grammar": GRAMMAR}, lambda text: self.assertIsNotNone(re.fullmatch(GRAMMAR_RE, text), text))]
+        with Serve("--spec-method", "ngram", "--num-spec-tokens", "4") as spec, Serve() as plain:
+            clients = [openai.OpenAI(base_url=s.http_base + "/v1", api_key="unused", max_retries=0,
+                                     timeout=60 * time_scale()) for s in (spec, plain)]
+            model = clients[0].models.list().data[0].id
+            drafts = 0
+            for extra, check in cases:
+                greedy = [c.completions.create(model=model, prompt=PROMPT, max_tokens=200, temperature=0,
+                                               extra_body=extra) for c in clients]
+                self.assertEqual(greedy[0].choices[0].text, greedy[1].choices[0].text, extra)
+                sampled = clients[0].completions.create(model=model, prompt=PROMPT, max_tokens=200, temperature=1,
+                                                        seed=9, extra_body=extra)
+                for r in (greedy[0], sampled):
+                    self.assertEqual(r.choices[0].finish_reason, "stop", (extra, r.choices[0].text))
+                    check(r.choices[0].text)
+                    drafts += r.model_extra["metrics"]["speculative_decoding"]["num_draft_tokens"]
+            self.assertGreater(drafts, 0)
+            assert spec.stop() == 0, spec.stderr()
+            assert plain.stop() == 0, plain.stderr()
+
+    def check_json(self, text):
+        jsonschema.validate(json.loads(text), SCHEMA)
 
 
 class ExperimentTest(unittest.TestCase):

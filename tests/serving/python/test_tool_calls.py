@@ -11,6 +11,10 @@ Instruct Q4_1 with the shipped Hermes-style template (models/chat_templates/smol
 - a follow-up turn with the assistant's calls and a `tool` message runs;
 - refusals name the field: tools on /v1/completions, tools beside response_format, a parameter
   schema with a keyword the grammar engine would ignore, a named function not in tools.
+
+Every test runs twice: against a plain server (ToolCallTest) and against one that speculates
+(ToolCallWithSpeculationTest: n-gram drafts, 4 a step, and the grammar's forced drafts), whose
+drafts are cut where they leave the tool-call grammar and verified under its mask.
 """
 import json
 import os
@@ -41,11 +45,13 @@ QUESTIONS = ["Where is my order AB-1234?", "My blender arrived broken, I want so
 
 
 class ToolCallTest(unittest.TestCase):
+    SERVER_FLAGS = ()  # the server's flags beside the model and the template
+
     @classmethod
     def setUpClass(cls):
         if not os.path.exists(SMOLLM2):
             raise AssertionError("%s is missing: run scripts/fetch_models.sh" % SMOLLM2)
-        cls.serve = Serve("--chat-template", TEMPLATE, model=SMOLLM2, tokenizer=None)
+        cls.serve = Serve("--chat-template", TEMPLATE, *cls.SERVER_FLAGS, model=SMOLLM2, tokenizer=None)
         cls.client = openai.OpenAI(base_url=cls.serve.http_base + "/v1", api_key="unused", max_retries=0)
         cls.model = cls.client.models.list().data[0].id
 
@@ -156,6 +162,20 @@ class ToolCallTest(unittest.TestCase):
         with self.assertRaises(openai.BadRequestError) as e:
             self.chat("hi", tools=TOOLS, tool_choice={"type": "function", "function": {"name": "refund"}})
         self.assertIn("tool_choice", str(e.exception))
+
+
+class ToolCallWithSpeculationTest(ToolCallTest):
+    # N-gram drafts come from the request alone, so a seed gives one sample, streamed or whole; suffix
+    # decoding's shared cache makes the drafts, and with them the draws, depend on earlier requests.
+    SERVER_FLAGS = ("--spec-method", "ngram", "--num-spec-tokens", "4")
+
+    def test_calls_are_speculated(self):
+        # The per-request metrics show drafts verified inside the call's grammar.
+        r = self.chat(QUESTIONS[0], tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+        self.assertEqual(r.choices[0].finish_reason, "tool_calls", r.choices[0].message)
+        spec = r.model_extra["metrics"]["speculative_decoding"]
+        self.assertGreater(spec["num_draft_tokens"], 0, spec)
+        self.assertGreater(spec["num_accepted_draft_tokens"], 0, spec)
 
 
 if __name__ == "__main__":
