@@ -39,13 +39,10 @@ class DraftGrammar {
 struct ProposeInput {
   RequestId id = 0;
   ProposerSlot* state = nullptr;  // the request's slot: a proposer that keeps state fills it on first use
-  // The sequence so far; its last token has not been run through the target yet. Its last
-  // num_forced tokens are drafts the grammar forced, not yet verified: a proposer drafts after them
-  // but keeps no state of its own from them (a draft model's KV is rolled back like any draft's).
+  // The sequence so far; its last token has not been run through the target yet.
   absl::Span<const TokenId> tokens;
   int32_t k = 0;  // drafts wanted
   const SamplingParams* sampling = nullptr;
-  int32_t num_forced = 0;
   DraftGrammar* grammar = nullptr;  // null: the request is not constrained
 };
 

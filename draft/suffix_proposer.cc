@@ -21,10 +21,8 @@ SuffixIndex& SuffixProposer::Sync(ProposerSlot& state, absl::Span<const TokenId>
   return own->index;
 }
 
-std::vector<TokenId> SuffixProposer::Draft(ProposerSlot& state, absl::Span<const TokenId> tokens, int32_t k,
-                                           int32_t num_forced) {
-  // The request's index holds its verified tokens only; the forced drafts after them are matched.
-  const SuffixDraft mine = Sync(state, tokens.first(tokens.size() - num_forced)).Speculate(tokens, k, params_);
+std::vector<TokenId> SuffixProposer::Draft(ProposerSlot& state, absl::Span<const TokenId> tokens, int32_t k) {
+  const SuffixDraft mine = Sync(state, tokens).Speculate(tokens, k, params_);
   SuffixDraft shared = cache_.Speculate(tokens, k, params_);
   if (shared.score > mine.score) {
     cache_.Touch(shared);
@@ -35,10 +33,7 @@ std::vector<TokenId> SuffixProposer::Draft(ProposerSlot& state, absl::Span<const
 
 absl::Status SuffixProposer::Propose(absl::Span<const ProposeInput> inputs, std::vector<Proposal>* out) {
   out->assign(inputs.size(), Proposal{});
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const ProposeInput& in = inputs[i];
-    (*out)[i].tokens = Draft(*in.state, in.tokens, in.k, in.num_forced);
-  }
+  for (size_t i = 0; i < inputs.size(); ++i) (*out)[i].tokens = Draft(*inputs[i].state, inputs[i].tokens, inputs[i].k);
   return absl::OkStatus();
 }
 

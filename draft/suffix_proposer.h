@@ -28,8 +28,8 @@ class SuffixProposer final : public Proposer {
   void Finished(ProposerState* state, absl::Span<const TokenId> tokens, int32_t num_prompt) override;
 
   // The drafts for one sequence (exposed for tests): its own index (in `state`) brought up to
-  // `tokens` less their last `num_forced` (ProposeInput), then the better of its draft and the cache's.
-  std::vector<TokenId> Draft(ProposerSlot& state, absl::Span<const TokenId> tokens, int32_t k, int32_t num_forced = 0);
+  // `tokens`, then the better of its draft and the cache's.
+  std::vector<TokenId> Draft(ProposerSlot& state, absl::Span<const TokenId> tokens, int32_t k);
   const SuffixCache& cache() const { return cache_; }
 
  private:

@@ -23,7 +23,8 @@ Engine::Engine(LlamaModel* model, const Tokenizer* tokenizer, const SchedulerCon
                Clock* clock)
     : model_(model), tokenizer_(tokenizer), scheduler_(config),
       kv_(model->config(), {config.block_size, config.num_blocks, model->kv_dtype()}, &model->backend()),
-      outputs_(tokenizer), verifier_(VerifierBackend(model, spec), spec.synthetic_alpha), spec_(spec),
+      outputs_(tokenizer), verifier_(VerifierBackend(model, spec), spec.synthetic_alpha), spellings_(tokenizer),
+      spec_(spec),
       clock_(clock != nullptr ? clock : DefaultClock()), start_s_(clock_->NowSeconds()) {
   stats_.spec_k_histogram.assign(std::max(config.num_spec_tokens, 0) + 1, 0);
   if (!spec_.adaptive || spec_.proposer == nullptr || !model_->status().ok() || !kv_.status().ok()) return;
@@ -116,7 +117,7 @@ absl::Status Engine::AddRequest(Request r) {
   auto record = std::make_unique<RequestRecord>(std::move(r), now);
   if (compiled != nullptr) {
     record->matcher.emplace(std::move(compiled), n.stop_ids);
-    record->forced = record->matcher->ForcedTokens(spec_.grammar_drafts);
+    record->forced = ForcedDrafts(*record);
   }
   if (auto st = scheduler_.Add(std::move(n), record.get()); !st.ok()) return st;
   records_.emplace(id, std::move(record));
@@ -284,6 +285,12 @@ absl::StatusOr<Engine::Verified> Engine::Verify(const StepPlan& plan, const Draf
     int32_t k = 0;
     if (const size_t at = drafts.index[i]; at != SIZE_MAX) {
       k = static_cast<int32_t>(drafts.proposals[at].tokens.size());
+      // What the model chose where a forced draft was refused (greedy requests: ForcedDrafts).
+      const size_t f = drafts.forced[at];
+      if (vr.num_accepted < static_cast<int32_t>(f) && RecordOf(s).request.sampling.temperature == 0.0f) {
+        spellings_.Learn(absl::MakeConstSpan(drafts.proposals[at].tokens).first(f), vr.num_accepted,
+                         vr.tokens[vr.num_accepted]);
+      }
       for (SpecStats* st : {&stats_.spec, &RecordOf(s).output.out.spec}) {
         st->Record(k, vr.num_accepted);
         st->RecordGrammar(drafts.forced[at], vr.num_accepted, drafts.cut[at]);

@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "constrain/forced_spellings.h"
 #include "core/clock.h"
 #include "draft/proposer.h"
 #include "engine/output_processor.h"
@@ -124,7 +125,7 @@ class Engine {
   struct Drafts {
     std::vector<Proposal> proposals;
     std::vector<size_t> index;   // [plan.seqs]
-    std::vector<int32_t> forced;  // [proposals]: how many of its first tokens the grammar forced
+    std::vector<int32_t> forced;  // [proposals]: its tokens are the grammar's forced ones (this many), or the proposer's
     std::vector<int32_t> cut;     // [proposals]: the proposer's drafts cut where they left the grammar
     double seconds = 0;           // in the proposer
   };
@@ -156,6 +157,9 @@ class Engine {
   StepPlan Schedule();
   std::vector<SpecCandidate> Candidates(const StepPlan& plan) const;
   Drafts Propose(const StepPlan& plan);
+  // A constrained sequence's proposal (`at` in d) cut where it leaves the grammar; none left, up to
+  // `slots` of the tokens its grammar forces instead (engine/engine_drafts.cc).
+  void AddForcedDrafts(RequestRecord& r, int32_t slots, size_t at, Drafts* d);
   absl::StatusOr<Ran> Forward(const StepPlan& plan, const Drafts& drafts);
   // Structured output (engine/engine_drafts.cc): masks each constrained sequence's rows, its
   // sampling row and one per draft, by its grammar at each row's position.
@@ -166,6 +170,9 @@ class Engine {
   // Each constrained sequence's matcher follows the step's tokens (after the scheduler's update),
   // and the tokens its grammar forces next become its forced drafts.
   void FollowConstraints(const StepPlan& plan, const StepResult& result);
+  // The tokens r's grammar forces from where its matcher is, as the model spells them (the matcher
+  // walks them and comes back).
+  std::vector<TokenId> ForcedDrafts(RequestRecord& r) const;
   absl::StatusOr<Verified> Verify(const StepPlan& plan, const Drafts& drafts, const Ran& ran);
   StepOutputs Update(const StepPlan& plan, Verified verified, const Drafts& drafts);
   // The outputs' one call: the step's updates after those of requests aborted since the last step;
@@ -205,6 +212,8 @@ class Engine {
   mutable std::once_flag constraints_once_;
   mutable std::unique_ptr<ConstraintCompiler> constraints_;
   std::vector<uint32_t> mask_;
+  // How the model spells forced strings, learned where forced drafts were refused (engine-wide).
+  ForcedSpellings spellings_;
   std::vector<float> spare_logits_;  // capacity only: the last step's logits buffer, for the next Forward
   EngineStats stats_;
   SpecConfig spec_;

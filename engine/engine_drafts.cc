@@ -53,66 +53,36 @@ int32_t AcceptWhileAllowed(ConstraintMatcher& m, absl::Span<const TokenId> token
   return taken;
 }
 
-// A proposal after the forced drafts in `p`: an unconstrained request's as it came; a constrained
-// one's cut where the grammar refuses a draft or after one that ends it, and q one-hot for the
-// forced drafts where the proposer gave q. `m` is past the forced drafts, and stays there.
-void MergeProposal(ConstraintMatcher* m, Proposal proposed, size_t vocab, Proposal* p, int32_t* cut) {
-  if (m == nullptr) {
-    *p = std::move(proposed);
-    return;
-  }
-  const int32_t kept = AcceptWhileAllowed(*m, proposed.tokens);
-  m->Rollback(kept);
-  *cut = static_cast<int32_t>(proposed.tokens.size()) - kept;
-  const size_t f = p->tokens.size();
-  if (!proposed.probs.empty()) {
-    p->probs.assign(f * vocab, 0.0f);
-    for (size_t t = 0; t < f; ++t) p->probs[t * vocab + p->tokens[t]] = 1.0f;
-    p->probs.insert(p->probs.end(), proposed.probs.begin(), proposed.probs.begin() + kept * vocab);
-  }
-  p->tokens.insert(p->tokens.end(), proposed.tokens.begin(), proposed.tokens.begin() + kept);
-}
-
 }  // namespace
 
+// A constrained sequence's drafts: the proposer's, cut at the grammar; where it has none, the
+// tokens the grammar forces. A proposer's match repeats the model's own tokens (suffix, n-gram) or
+// mimics them (a draft model), so it is accepted more often than the grammar's longest-match split
+// of the same string: forced drafts first, or after the proposer's, made steps slower on the FAQ
+// workload (docs/structured_output.md).
 Engine::Drafts Engine::Propose(const StepPlan& plan) {
   Drafts d;
   d.index.assign(plan.seqs.size(), SIZE_MAX);
-  std::vector<ProposeInput> inputs;           // [asked]
-  std::vector<size_t> asked;                  // [asked]: the proposal each input fills
-  std::vector<RequestRecord*> asked_records;  // [asked]
-  std::vector<std::vector<TokenId>> extended;  // [asked]: a sequence with its forced drafts (the inputs' spans)
+  std::vector<ProposeInput> inputs;                       // [asked]
+  std::vector<size_t> asked;                              // [asked]: the proposal each input fills
   std::vector<std::unique_ptr<MatcherGrammar>> grammars;  // [asked]: null for unconstrained requests
-  extended.reserve(plan.seqs.size());
   const int32_t vocab = model_->config().vocab_size;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
     if (s.num_spec == 0) continue;
     RequestRecord& r = RecordOf(s);
-    Proposal forced;
-    if (r.matcher.has_value()) {
-      const size_t n = std::min<size_t>(r.forced.size(), s.num_spec);
-      const int32_t f = AcceptWhileAllowed(*r.matcher, absl::MakeConstSpan(r.forced).first(n));
-      forced.tokens.assign(r.forced.begin(), r.forced.begin() + f);
-    }
     d.index[i] = d.proposals.size();
-    d.forced.push_back(static_cast<int32_t>(forced.tokens.size()));
+    d.proposals.emplace_back();
+    d.forced.push_back(0);
     d.cut.push_back(0);
-    const int32_t k = s.num_spec - d.forced.back();
     const bool ended = r.matcher.has_value() && r.matcher->terminated();
-    if (spec_.proposer != nullptr && k > 0 && !ended) {
-      asked.push_back(d.proposals.size());
-      asked_records.push_back(&r);
-      grammars.push_back(r.matcher.has_value() ? std::make_unique<MatcherGrammar>(&*r.matcher, vocab) : nullptr);
-      absl::Span<const TokenId> tokens = r.tokens;
-      if (!forced.tokens.empty()) {
-        extended.emplace_back(r.tokens.begin(), r.tokens.end());
-        extended.back().insert(extended.back().end(), forced.tokens.begin(), forced.tokens.end());
-        tokens = extended.back();
-      }
-      inputs.push_back({s.id, &r.proposer, tokens, k, &r.request.sampling, d.forced.back(), grammars.back().get()});
-    }
-    d.proposals.push_back(std::move(forced));
+    if (spec_.proposer == nullptr || ended) continue;
+    // Its own k: the slots past it are for the grammar's forced drafts, should it have none.
+    const int32_t k = std::min(s.num_spec, scheduler_.config().num_spec_tokens);
+    if (k == 0) continue;
+    asked.push_back(d.index[i]);
+    grammars.push_back(r.matcher.has_value() ? std::make_unique<MatcherGrammar>(&*r.matcher, vocab) : nullptr);
+    inputs.push_back({s.id, &r.proposer, r.tokens, k, &r.request.sampling, grammars.back().get()});
   }
   if (!inputs.empty()) {
     const double t0 = clock_->NowSeconds();
@@ -121,18 +91,32 @@ Engine::Drafts Engine::Propose(const StepPlan& plan) {
     if (!spec_.proposer->Propose(inputs, &out).ok()) out.assign(inputs.size(), Proposal{});
     for (size_t j = 0; j < inputs.size(); ++j) {
       if (grammars[j] != nullptr) grammars[j]->Undo();
-      ConstraintMatcher* m = asked_records[j]->matcher.has_value() ? &*asked_records[j]->matcher : nullptr;
-      MergeProposal(m, std::move(out[j]), vocab, &d.proposals[asked[j]], &d.cut[asked[j]]);
+      d.proposals[asked[j]] = std::move(out[j]);
     }
     d.seconds = clock_->NowSeconds() - t0;
   }
-  // Each matcher back where its accepted tokens put it.
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    if (d.index[i] == SIZE_MAX) continue;
     RequestRecord& r = RecordOf(plan.seqs[i]);
-    if (r.matcher.has_value()) r.matcher->Rollback(d.forced[d.index[i]]);
+    if (d.index[i] != SIZE_MAX && r.matcher.has_value()) AddForcedDrafts(r, plan.seqs[i].num_spec, d.index[i], &d);
   }
   return d;
+}
+
+void Engine::AddForcedDrafts(RequestRecord& r, int32_t slots, size_t at, Drafts* d) {
+  ConstraintMatcher& m = *r.matcher;
+  Proposal& p = d->proposals[at];
+  const int32_t kept = AcceptWhileAllowed(m, p.tokens);
+  d->cut[at] = static_cast<int32_t>(p.tokens.size()) - kept;
+  p.tokens.resize(kept);
+  if (!p.probs.empty()) p.probs.resize(kept * static_cast<size_t>(model_->config().vocab_size));  // [kept, vocab]
+  int32_t f = 0;
+  if (kept == 0 && !m.terminated()) {  // r.forced starts where the accepted tokens put the matcher
+    const auto forced = absl::MakeConstSpan(r.forced).first(std::min<size_t>(r.forced.size(), slots));
+    f = AcceptWhileAllowed(m, forced);
+    p.tokens.assign(forced.begin(), forced.begin() + f);  // one-hot: no q
+  }
+  d->forced[at] = f;
+  m.Rollback(kept + f);  // back where the accepted tokens put it
 }
 
 absl::StatusOr<absl::Span<float>> Engine::MaskableRows(size_t i, size_t n, Ran* ran) {
@@ -197,8 +181,29 @@ void Engine::FollowConstraints(const StepPlan& plan, const StepResult& result) {
       }
     }
     r.forced.clear();
-    if (r.status != SeqStatus::kFinished) r.forced = r.matcher->ForcedTokens(spec_.grammar_drafts);
+    if (r.status != SeqStatus::kFinished) r.forced = ForcedDrafts(r);
   }
+}
+
+std::vector<TokenId> Engine::ForcedDrafts(RequestRecord& r) const {
+  // The grammar's split of what it forces, re-spelled as the model was seen to split it; where a
+  // re-spelled token ends inside one of the split's, the grammar splits the rest afresh from there.
+  // Greedy requests only: their output is the target's whatever the drafts, while a sampled one's
+  // draws follow its drafts, which then depend on its own tokens alone (a seeded request repeats).
+  ConstraintMatcher& m = *r.matcher;
+  if (r.request.sampling.temperature != 0.0f) return m.ForcedTokens(spec_.grammar_drafts);
+  std::vector<TokenId> out;
+  while (static_cast<int32_t>(out.size()) < spec_.grammar_drafts) {
+    const std::vector<TokenId> split = m.ForcedTokens(spec_.grammar_drafts - static_cast<int32_t>(out.size()));
+    if (split.empty()) break;
+    const std::vector<TokenId> spelled = spellings_.Spell(split);
+    const int32_t taken = AcceptWhileAllowed(m, spelled);
+    out.insert(out.end(), spelled.begin(), spelled.begin() + taken);
+    if (taken == 0 || spelled == split) break;  // the whole forced string, or nothing more to take
+  }
+  m.Rollback(static_cast<int32_t>(out.size()));
+  if (static_cast<int32_t>(out.size()) > spec_.grammar_drafts) out.resize(spec_.grammar_drafts);
+  return out;
 }
 
 }  // namespace specula

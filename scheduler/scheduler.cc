@@ -90,7 +90,8 @@ StepPlan Scheduler::Schedule(double now_ms) {
     SequenceState* s = running_[i];
     const int32_t pending = static_cast<int32_t>(s->tokens.size()) - s->num_computed;
     const bool decoding = pending == 1 && s->num_computed >= s->num_prompt;
-    const int32_t max_spec = config_.num_spec_tokens + static_cast<int32_t>(s->forced.size());
+    // A grammar's forced drafts take the first draft slots; the proposer fills the rest of its k.
+    const int32_t max_spec = std::max(config_.num_spec_tokens, static_cast<int32_t>(s->forced.size()));
     const int32_t spec = decoding ? SpeculationLength(max_spec, *s, config_.max_model_len, budget) : 0;
     const int32_t n = std::min<int32_t>(pending + spec, budget);
     bool self_preempted = false;

@@ -68,7 +68,7 @@ void SpecStats::Record(int32_t num_drafts, int32_t num_accepted) {
 
 void SpecStats::RecordGrammar(int32_t num_forced, int32_t num_accepted, int32_t num_cut) {
   forced_tokens += num_forced;
-  forced_accepted += std::min(num_forced, num_accepted);
+  forced_accepted += std::clamp(num_accepted, 0, num_forced);
   cut_tokens += num_cut;
 }
 

@@ -63,7 +63,8 @@ struct SpecStats {
   int64_t cut_tokens = 0;
 
   void Record(int32_t num_drafts, int32_t num_accepted);
-  // A verification whose first num_forced drafts the grammar forced, num_accepted accepted in all.
+  // A verification whose num_forced drafts the grammar forced (0: the proposer's), num_accepted
+  // accepted, after num_cut of the proposer's were cut.
   void RecordGrammar(int32_t num_forced, int32_t num_accepted, int32_t num_cut);
   void Merge(const SpecStats& o);
   double acceptance_rate() const { return draft_tokens ? static_cast<double>(accepted_tokens) / draft_tokens : 0.0; }

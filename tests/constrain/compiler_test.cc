@@ -3,6 +3,7 @@
 // valid document token by token to its forced stop token, rollback, the cache, and compiling from
 // several threads at once.
 #include "constrain/constraint.h"
+#include "constrain/forced_spellings.h"
 
 #include <cmath>
 #include <random>
@@ -150,6 +151,42 @@ TEST_F(CompilerTest, ForcedTokensSpellTheOneAllowedContinuation) {
   for (TokenId t : Tokens("{\"")) ASSERT_TRUE(loose.Accept(t));
   EXPECT_EQ(spell(loose.ForcedTokens(64)), "answer\"");
   EXPECT_TRUE(loose.ForcedTokens(0).empty());
+}
+
+// Where the model split a forced string otherwise, later forced drafts of that string follow it: a
+// remembered token where it spells what comes, the grammar's split where one of its tokens starts,
+// and an end where neither does (the engine asks the grammar to split the rest afresh).
+TEST_F(CompilerTest, ForcedSpellingsFollowTheModelsSplit) {
+  auto spell = [&](const std::vector<TokenId>& ids) {
+    std::string s;
+    for (TokenId id : ids) s += tok_->TokenBytes(id);
+    return s;
+  };
+  const std::vector<TokenId> forced = Tokens(" the dog");
+  ASSERT_EQ(spell(forced), " the dog");
+  ASSERT_GE(forced.size(), 2u);
+  const std::vector<TokenId> short_t = Tokens(" t"), cat = Tokens(" cat");
+  ASSERT_EQ(short_t.size(), 1u);
+  ForcedSpellings spellings(tok_.get(), 2);
+  EXPECT_EQ(spellings.Spell(forced), forced);  // nothing learned: the grammar's split
+  spellings.Learn(forced, 0, cat[0]);          // not a split of " the dog": ignored
+  EXPECT_EQ(spellings.size(), 0u);
+  spellings.Learn(forced, 0, short_t[0]);
+  EXPECT_EQ(spellings.Spell(forced), short_t);  // " t", then "he dog" starts inside " the": the end
+  // The split's own choice where " dog" starts: remembered all the same.
+  size_t at = 0;
+  while (at < forced.size() && spell(std::vector<TokenId>(forced.begin() + at, forced.end())) != " dog") ++at;
+  ASSERT_LT(at, forced.size());
+  spellings.Learn(forced, at, forced[at]);
+  EXPECT_EQ(spellings.size(), 2u);
+  const std::vector<TokenId> tail(forced.begin() + at, forced.end());
+  EXPECT_EQ(spellings.Spell(tail), tail);
+  spellings.Learn(Tokens(" the cat"), 1, cat[0]);  // a third entry: the bounded table starts over
+  EXPECT_EQ(spellings.size(), 1u);
+  EXPECT_EQ(spellings.Spell(forced), forced);
+  ForcedSpellings without(nullptr);
+  without.Learn(forced, 0, short_t[0]);
+  EXPECT_EQ(without.Spell(forced), forced);
 }
 
 TEST_F(CompilerTest, ARepeatedConstraintComesFromTheCache) {

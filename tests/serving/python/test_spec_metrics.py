@@ -261,10 +261,10 @@ class SpeculatingServerTest(Checks, unittest.TestCase):
         self.assertGreater(got["num_spec_steps"], 0)  # the draft drafted: the sums are not all zeros
         self.assertGreater(got["num_accepted_draft_tokens"], 0)
 
-    def test_constrained_requests_show_forced_drafts(self):
-        # The grammar forces the schema's keys as drafts before the draft model's own (sampled under the
-        # grammar), up to k + --grammar-drafts (8) in a step.
-        positions = K + 8
+    def test_constrained_requests_draft_under_the_grammar(self):
+        # The draft model drafts under the grammar (its rows masked) every step, so the grammar's forced
+        # drafts, which fill the steps where the proposer has none, never come.
+        positions = K
         before = counted(self.serve.http_base, positions)
         objects = []
         for stream in (False, True):
@@ -275,8 +275,8 @@ class SpeculatingServerTest(Checks, unittest.TestCase):
         self.assertTrue(last.HasField("speculative_decoding"))
         objects.append(self.check(from_proto(last.speculative_decoding), "constrained gRPC", constrained=True))
         for sd in objects:
-            self.assertGreater(sd["num_forced_draft_tokens"], 0, sd)
-            self.assertGreater(sd["num_draft_tokens"], sd["num_forced_draft_tokens"], sd)  # the draft's own too
+            self.assertEqual(sd["num_forced_draft_tokens"], 0, sd)
+            self.assertGreater(sd["num_accepted_draft_tokens"], 0, sd)
         self.assertEqual(objects[0], objects[1])  # greedy: the same drafts streamed or not
         self.assert_adds_up(objects, before, counted(self.serve.http_base, positions), positions)
 
@@ -364,7 +364,8 @@ class NoProposerTest(Checks, ExpectNone, unittest.TestCase):
         self.assertEqual(last.spec.num_draft_tokens, objects[-1]["num_draft_tokens"])
         for sd in objects:
             self.assertGreater(sd["num_forced_draft_tokens"], 0, sd)
-        self.assertEqual(objects[0], objects[1])
+        # Not the same object twice: a greedy request's forced drafts follow how the model spelled the
+        # same keys in earlier requests (the engine learns it), while its text is the same.
         after = counted(self.serve.http_base, positions)
         self.assert_adds_up(objects, before, after, positions)
         self.assertGreater(after["num_draft_tokens"], before["num_draft_tokens"])  # the drafts on /metrics
