@@ -44,7 +44,7 @@ struct SpecConfig {
   bool adaptive = false;
   double calibration_seconds = 1.0;
   // Structured output: the most drafts per step that a constrained sequence's grammar forces (its
-  // one allowed continuation), verified before the proposer's, with or without a proposer (0: none).
+  // one allowed continuation), in steps where the proposer has none, or without a proposer (0: none).
   int32_t grammar_drafts = 8;
   // Startup measurements to use instead of measuring (the draft's ignored for proposers without a
   // model), and whether step timings refine them: fixed costs make the choices reproducible, for

@@ -40,8 +40,8 @@ struct SpeculationOptions {
   float suffix_min_prob = 0.1f;             // --suffix-min-prob
   int32_t draft_layers = 0;                 // --draft-layers; 0: a quarter of the target's
   std::string draft_quant_type = "q4_0";    // --draft-quant-type
-  // --grammar-drafts: the most drafts per step a constrained request's grammar forces (SpecConfig),
-  // with any --spec-method, none included; 0: none.
+  // --grammar-drafts: the most drafts per step a constrained request's grammar forces where the
+  // proposer has none (SpecConfig), with any --spec-method, none included; 0: none.
   int32_t grammar_drafts = 8;
   // --cost-cache: the directory where auto's measured step costs are kept across runs
   // (spec/cost_cache.h); empty or "none": measured anew by every engine. The CLI's default is

@@ -87,8 +87,8 @@ greedy, and follows the target's distribution when sampling):
   --draft-layers N      layers of the layer-skip draft (default: a quarter of the target's)
   --draft-quant-type T  q4_0 (default), q4_1 or q8_0: the self-quant draft's weight type
   --grammar-drafts N    structured output: where a request's grammar allows one continuation (a JSON
-                        key, a closing brace), up to N of its tokens are drafts verified before the
-                        proposer's, with any --spec-method, none included (default 8; 0: off)
+                        key, a closing brace) and the proposer has no draft, up to N of its tokens are
+                        drafts, with any --spec-method, none included (default 8; 0: off)
 )";
 
 const char kRequestTableHelp[] = R"(
