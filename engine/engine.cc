@@ -272,7 +272,7 @@ absl::StatusOr<Engine::Verified> Engine::Verify(const StepPlan& plan, const Draf
       chain = {d.tokens, d.probs, d.backend_probs, d.probs_backend};
     }
     rows.push_back({ran.row_of[i], chain, &r.request.sampling, r.tokens, &r.sampler, &r.uniform,
-                    drafts.index[i] != SIZE_MAX, MaskedRows(ran, i, chain.tokens.size() + 1)});
+                    drafts.index[i] != SIZE_MAX, MaskedRows(ran, ran.row_of[i], chain.tokens.size() + 1)});
   }
   ASSIGN_OR_RETURN(std::vector<VerifyResult> verified,
                    verifier_.Run(ran.logits, model_->backend_logits(), ran.timing.rows, model_->config().vocab_size, rows));
@@ -302,10 +302,10 @@ absl::StatusOr<Engine::Verified> Engine::Verify(const StepPlan& plan, const Draf
   return v;
 }
 
-absl::Span<const float> Engine::MaskedRows(const Ran& ran, size_t i, size_t n) const {
-  if (ran.masked_row.empty() || ran.masked_row[ran.row_of[i]] < 0) return {};
+absl::Span<const float> Engine::MaskedRows(const Ran& ran, int32_t row, size_t n) const {
+  if (ran.masked_row.empty() || ran.masked_row[row] < 0) return {};
   const size_t vocab = model_->config().vocab_size;
-  return absl::MakeConstSpan(ran.masked).subspan(static_cast<size_t>(ran.masked_row[ran.row_of[i]]) * vocab, n * vocab);
+  return absl::MakeConstSpan(ran.masked).subspan(static_cast<size_t>(ran.masked_row[row]) * vocab, n * vocab);
 }
 
 bool Engine::ScoresPrompt(const ScheduledSeq& s) {
@@ -318,9 +318,7 @@ bool Engine::ScoresPrompt(const ScheduledSeq& s) {
 absl::StatusOr<absl::Span<const float>> Engine::LogitsRow(const Ran& ran, int32_t row, std::vector<float>* scratch) const {
   const size_t vocab = model_->config().vocab_size;
   if (!verifier_.on_backend()) return absl::MakeConstSpan(ran.logits).subspan(static_cast<size_t>(row) * vocab, vocab);
-  if (!ran.masked_row.empty() && ran.masked_row[row] >= 0) {  // a constrained row, masked on the host
-    return absl::MakeConstSpan(ran.masked).subspan(static_cast<size_t>(ran.masked_row[row]) * vocab, vocab);
-  }
+  if (absl::Span<const float> masked = MaskedRows(ran, row, 1); !masked.empty()) return masked;
   scratch->resize(vocab);
   model_->backend().CopyOut(scratch->data(), model_->backend_logits() + static_cast<size_t>(row) * vocab,
                             vocab * sizeof(float));

@@ -185,9 +185,9 @@ class Engine {
   // One row of the step's logits, wherever they are: [vocab]. `scratch` holds a row copied from the
   // backend.
   absl::StatusOr<absl::Span<const float>> LogitsRow(const Ran& ran, int32_t row, std::vector<float>* scratch) const;
-  // Sequence i's n rows as ConstrainLogits masked them on the host from a backend's logits, or
-  // empty (the verifier reads the logits where they are). [n, vocab].
-  absl::Span<const float> MaskedRows(const Ran& ran, size_t i, size_t n) const;
+  // Rows [row, row + n) as ConstrainLogits masked them on the host from a backend's logits, or
+  // empty (they are read where they are). [n, vocab].
+  absl::Span<const float> MaskedRows(const Ran& ran, int32_t row, size_t n) const;
   // Whether a sequence's chunk scores prompt tokens not yet scored.
   static bool ScoresPrompt(const ScheduledSeq& s);
 
