@@ -13,6 +13,10 @@ APT_PACKAGES=(
   libssl-dev openssl  # TLS files checked at startup (serving/tls_files.cc); test certificates
   libboost-dev  # the HTTP server: Boost.Beast and Asio (header-only)
   libopenmpi-dev openmpi-bin
+  # The shared KV block store (kvstore/): hiredis 0.14's client (only kvstore/redis_store.cc), xxHash
+  # for the stored blocks' checksums, and the redis-server its tests start on their own sockets (never
+  # the system's service).
+  libhiredis-dev libxxhash-dev redis-server
   clang-14 libclang-rt-14-dev llvm-14  # libFuzzer targets (the fuzz preset); llvm-symbolizer
   python3 python3-pip
 )
