@@ -14,6 +14,8 @@
 #   - constrain:   constrain_tests (structured output's compiler from four threads at once: its
 #                  cache, xgrammar instrumented like the rest), and serving.test_structured_output
 #                  above compiles on the HTTP handler threads;
+#   - kvstore:     kvstore_tests (the shared KV store's I/O thread against the engine's calls and a
+#                  statistics reader, through a killed, restarted and paused redis-server);
 #   - experiments: experiment_tests, and of experiments.test_experiment_run
 #                  the two runs with threads (the in-process online run, and an ONLINE spec against
 #                  a real server).
@@ -64,10 +66,10 @@ if [[ $build == 1 ]]; then
   fi
   # Only what the selected tests run (the whole preset would also build the model, kernel and spec tests).
   cmake --build --preset tsan -j "$jobs" --target specula serving_tests http_server_tests loadgen_tests experiment_tests \
-    constrain_tests
+    constrain_tests kvstore_tests
 fi
 [[ $test == 1 ]] || exit 0
-ctest --preset tsan -j "$jobs" -L '^(serving|experiments|constrain)$' \
+ctest --preset tsan -j "$jobs" -L '^(serving|experiments|constrain|kvstore)$' \
   -E '^(serving\.test_grpc|serving\.test_grpc_security|serving\.test_openai_surface|serving\.test_tool_calls|constrain\.structured_spec_equal|experiments\.test_experiment_run|experiments\.test_report)$' "$@"
 # The experiment runner's threaded runs, with the preset's environment (ctest's own entry runs the
 # whole file).
