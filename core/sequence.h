@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/block_hash.h"
 #include "core/step.h"
 
 namespace specula {
@@ -32,8 +33,8 @@ struct SequenceState {
   FinishReason finish = FinishReason::kNone;
   int32_t num_computed = 0;     // tokens whose KV is in the cache
   std::vector<BlockId> blocks;  // block table
-  int32_t num_hashed = 0;       // full blocks registered in the prefix cache
-  uint64_t last_hash = 0;
+  BlockHash salt_root;          // the prefix chain's root (core/block_hash.h): its cache_salt's
+  std::vector<BlockHash> block_hashes;  // [full blocks registered so far]: the prefix chain
   int32_t num_preemptions = 0;
   int32_t num_cached_prompt = 0;  // prompt tokens served from the prefix cache (last admission)
   // The tokens a constrained request's grammar forces next (structured output): the scheduler

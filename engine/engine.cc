@@ -108,7 +108,7 @@ absl::Status Engine::AddRequest(Request r) {
   }
   const double now = NowMs();
   NewSequence n{r.id, r.prompt, r.max_tokens, StopTokenIds(r, model_->config(), tokenizer_), r.priority, now,
-                r.prompt_logprobs >= 0};
+                r.prompt_logprobs >= 0, SaltRoot(r.cache_salt)};
   r.sampling.output_start = static_cast<int32_t>(r.prompt.size());  // penalties count the generated tokens
   const RequestId id = r.id;
   // The matcher keeps the compiled constraint; the record's request does not hold it twice.
@@ -119,7 +119,8 @@ absl::Status Engine::AddRequest(Request r) {
     record->matcher.emplace(std::move(compiled), n.stop_ids);
     record->forced = ForcedDrafts(*record);
   }
-  if (auto st = scheduler_.Add(std::move(n), record.get()); !st.ok()) return st;
+  if (auto st = scheduler_.Check(n); !st.ok()) return st;
+  if (!FetchFirst(*record, n)) RETURN_IF_ERROR(scheduler_.Add(std::move(n), record.get()));
   records_.emplace(id, std::move(record));
   return absl::OkStatus();
 }
@@ -129,15 +130,21 @@ void Engine::Abort(RequestId id) {
   if (it == records_.end() || it->second->aborted) return;
   RequestRecord& r = *it->second;
   scheduler_.Finish(&r, FinishReason::kAborted);
-  if (spec_.proposer != nullptr) spec_.proposer->Finished(r.proposer.get(), r.tokens, r.num_prompt);
+  const bool ran = !r.kv_store.admit.has_value();  // else it waited on a fetch, unseen by the scheduler
+  if (spec_.proposer != nullptr && ran) spec_.proposer->Finished(r.proposer.get(), r.tokens, r.num_prompt);
   r.aborted = true;
   aborted_.push_back(id);
 }
 
 std::vector<RequestDelta> Engine::Step() {
   const double start = clock_->NowSeconds();
+  InstallFetched();
   StepPlan plan = Schedule();
-  if (plan.seqs.empty()) return Publish({});
+  if (plan.seqs.empty()) {
+    // Nothing to run but store work: wait for it a little rather than spin.
+    if (!store_.fetches.empty() || !store_.held.empty()) store_.transfer->Wait(2.0);
+    return Publish({});
+  }
   const std::vector<SpecCandidate> candidates = Candidates(plan);
   if (speculation_ != nullptr) speculation_->Choose(&plan, candidates);
   CountSpeculation(plan, candidates);
@@ -355,7 +362,14 @@ absl::Status Engine::Score(const StepPlan& plan, const Ran& ran, Verified* v) {
 }
 
 Engine::StepOutputs Engine::Update(const StepPlan& plan, Verified verified, const Drafts& drafts) {
-  scheduler_.Update(plan, verified.result);
+  if (store_.transfer != nullptr) {
+    std::vector<std::vector<BlockId>> tables;  // [plan.seqs][blocks]: before finished ones are released
+    for (const ScheduledSeq& s : plan.seqs) tables.push_back(s.seq->blocks);
+    scheduler_.Update(plan, verified.result);
+    StoreCommitted(plan, tables);
+  } else {
+    scheduler_.Update(plan, verified.result);
+  }
   FollowConstraints(plan, verified.result);
   StepOutputs step;
   size_t out = 0;  // the sequence's place in verified.result.outputs
@@ -410,6 +424,7 @@ std::vector<RequestDelta> Engine::Publish(StepOutputs step) {
     if (spec_.proposer != nullptr && !r.aborted) spec_.proposer->Finished(r.proposer.get(), r.tokens, r.num_prompt);
     records_.erase(r.id);  // the request's state, everywhere
   }
+  HoldUntilStored(&deltas);
   return deltas;
 }
 

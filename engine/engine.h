@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "constrain/forced_spellings.h"
 #include "core/clock.h"
@@ -19,6 +20,7 @@
 #include "engine/output_processor.h"
 #include "engine/request.h"
 #include "engine/request_record.h"
+#include "kvstore/kv_transfer.h"
 #include "model/kv_cache.h"
 #include "model/llama_model.h"
 #include "model/sampler.h"
@@ -80,6 +82,11 @@ struct EngineStats {
   // Structured output: rows masked, and the seconds spent filling and applying their masks.
   int64_t constrained_rows = 0;
   double constraint_mask_seconds = 0;
+  // Shared KV (--kv-store): the store's counters (kvstore/kv_transfer.h), and the blocks installed
+  // from it, refused (checksum, tokens or size), and the seconds spent installing them.
+  KvStoreStats kv_store;
+  int64_t kv_installed_blocks = 0, kv_rejected_blocks = 0;
+  double kv_install_seconds = 0;
 };
 
 class Engine {
@@ -102,7 +109,16 @@ class Engine {
   // (an aborted request's last delta comes from the next step).
   std::vector<RequestDelta> Step();
   void Abort(RequestId id);
-  bool HasUnfinished() const { return scheduler_.HasUnfinished() || !aborted_.empty(); }
+  bool HasUnfinished() const {
+    return scheduler_.HasUnfinished() || !aborted_.empty() || !store_.fetches.empty() || !store_.held.empty();
+  }
+  // Shares full KV blocks through a store (--kv-store): a request's prompt blocks missing here are
+  // fetched before it is scheduled, and blocks are written as they are committed, each request's
+  // before its last delta. `replica_salt` holds everything that changes a block's bits (weights,
+  // dtypes, block size and layout, kernels). Errors: a pool the host cannot copy (a device's).
+  absl::Status AttachKvStore(std::unique_ptr<KvTransfer> transfer, const std::string& replica_salt);
+  // Forgets every locally cached prefix block (POST /reset_prefix_cache); returns how many.
+  int32_t ResetPrefixCache();
   const Scheduler& scheduler() const { return scheduler_; }
   const EngineStats& stats() const { return stats_; }
   double NowMs() const;
@@ -195,6 +211,20 @@ class Engine {
   void CountSpeculation(const StepPlan& plan, absl::Span<const SpecCandidate> candidates);
   // The adaptive speculation's measurement counters into stats_.
   void CopyCostStats();
+  // Shared KV (engine/engine_kv_store.cc). AddRequest's: whether `n` waits for a fetch of its
+  // prompt's blocks (then it is kept in r's slot, not given to the scheduler).
+  bool FetchFirst(RequestRecord& r, NewSequence& n);
+  // Each finished fetch's blocks installed in the prefix cache, and its request given to the scheduler.
+  void InstallFetched();
+  int32_t InstallBlocks(RequestRecord& r, absl::Span<const std::string> values);
+  // Blocks the step committed, copied out and queued for the store; `tables` are the sequences'
+  // block tables from before the scheduler's update (a finished sequence's are released by then,
+  // their contents intact until the next schedule). [plan.seqs][blocks]
+  void StoreCommitted(const StepPlan& plan, const std::vector<std::vector<BlockId>>& tables);
+  // A finished request's last delta waits until its writes are done (the next turn must find them).
+  void HoldUntilStored(std::vector<RequestDelta>* deltas);
+  std::string StoreKey(const BlockHash& h) const { return store_.key_prefix + h.Hex(); }
+
   // Fails the step's requests (a forward that failed: a bug or corrupt state), keeping the rest.
   StepOutputs FailStep(const StepPlan& plan, const absl::Status& status);
 
@@ -222,6 +252,15 @@ class Engine {
   Clock* const clock_;
   const double start_s_;  // the clock's time when the engine started
   StepObserver step_observer_;
+  // Shared KV (--kv-store); transfer null: off.
+  struct KvSharing {
+    std::unique_ptr<KvTransfer> transfer;
+    std::string key_prefix;                            // "specula:kv:<replica salt hash>:"
+    absl::flat_hash_map<uint64_t, RequestId> fetches;  // fetch ticket -> the request waiting on it
+    std::vector<RequestDelta> held;                    // last deltas waiting for their writes
+    absl::flat_hash_set<BlockHash> known;              // blocks the store has (written or fetched), bounded
+    int64_t failures_seen = 0;                         // the store's errors + timeouts when `known` was last trusted
+  } store_;
 };
 
 }  // namespace specula

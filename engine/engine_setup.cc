@@ -7,12 +7,16 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/status_macros.h"
 #include "draft/factory.h"
+#include "kernels/cpu/amx.h"
 #include "kernels/make_backend.h"
 #include "model/kv_cache.h"
 #include "model/tensor_parallel.h"
+#include "model/weights_hash.h"
 #include "spec/cost_cache.h"
+#include "xxhash.h"
 
 namespace specula {
 
@@ -243,6 +247,38 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(LoadedEngine& e, const Engine
                                          variant.clock);
   RETURN_IF_ERROR(engine->Validate());
   return engine;
+}
+
+namespace {
+
+// The CPU kernels this build and machine run: the build's instruction set (-march=native) and AMX's
+// int8 tiles where the CPU and Linux allow them.
+std::string CpuKernels() {
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+  std::string v = "avx512-vnni";
+#elif defined(__AVX512F__)
+  std::string v = "avx512";
+#elif defined(__AVX2__)
+  std::string v = "avx2";
+#else
+  std::string v = "generic";
+#endif
+  return cpu::amx::Usable() ? v + "+amx" : v;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> KvReplicaSalt(const LoadedEngine& e, int32_t block_size,
+                                          const std::string& weights_hash_cache, std::string* description) {
+  const TargetOptions& t = e.options.target;
+  ASSIGN_OR_RETURN(std::string weights, WeightsHash(t.model, weights_hash_cache));
+  const Backend& backend = e.model->backend();
+  const std::string d = absl::StrCat(
+      "weights=", weights, " backend=", backend.name(), " kernels=", CpuKernels(), " dtype=", DTypeName(backend.dtype()),
+      " kv=", DTypeName(e.model->kv_dtype()), " block=", block_size, " quantization=", t.quantization,
+      " int8_activations=", t.int8_activations ? 1 : 0, " tp=", t.tensor_parallel_size);
+  if (description != nullptr) *description = d;
+  return absl::StrFormat("%016x", XXH3_64bits(d.data(), d.size()));
 }
 
 }  // namespace specula

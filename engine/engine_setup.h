@@ -85,4 +85,12 @@ struct EngineVariant {
 // it, validated (Engine::Validate).
 absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(LoadedEngine& e, const EngineVariant& variant = {});
 
+// What keys an engine's KV blocks in a shared store (Engine::AttachKvStore): 16 hex digits of a
+// hash of everything that changes a block's bits: the weights (model/weights_hash.h, cached in
+// `weights_hash_cache`), compute and KV dtypes, quantization and activation rounding, block size,
+// the backend and its kernels (AVX-512, AVX2, AMX give different bits). `description` (may be null)
+// gets the readable form. Errors: the model cannot be read.
+absl::StatusOr<std::string> KvReplicaSalt(const LoadedEngine& e, int32_t block_size,
+                                          const std::string& weights_hash_cache, std::string* description);
+
 }  // namespace specula

@@ -56,7 +56,11 @@ struct RequestOutput {
   FinishReason finish = FinishReason::kNone;
   std::string error;
   int32_t prompt_tokens = 0;
-  int32_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
+  int32_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache, local or shared
+  // Shared KV (--kv-store): prompt tokens whose blocks the store gave, and the milliseconds spent
+  // fetching them (off the engine's thread) and installing them (on it) before it was scheduled.
+  int32_t kv_store_tokens = 0;
+  double kv_fetch_ms = 0, kv_install_ms = 0;
   int32_t num_preemptions = 0;
   // Milliseconds since the engine started. scheduled_ms: the step that first scheduled it (it left
   // the waiting queue; 0: never).

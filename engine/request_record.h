@@ -14,10 +14,21 @@
 #include "engine/output_processor.h"
 #include "engine/request.h"
 #include "model/sampler.h"
+#include "scheduler/scheduler.h"
 #include "spec/controller.h"
 #include "verify/rejection_sampler.h"
 
 namespace specula {
+
+// Shared KV (--kv-store): the fetch a request waits on before the scheduler takes it, and how far
+// its blocks have been offered to the store.
+struct KvStoreSlot {
+  std::optional<NewSequence> admit;  // set while a fetch is pending: what Scheduler::Add takes after it
+  std::vector<BlockHash> chain;      // [the prompt's full blocks]: the fetch asks for [from_block, size)
+  int32_t from_block = 0;
+  double fetch_start_ms = 0;
+  int32_t num_offered = 0;           // full blocks written to (or known to be in) the store
+};
 
 struct RequestRecord : SequenceState {
   // `r` validated, with sampling.output_start set.
@@ -32,6 +43,7 @@ struct RequestRecord : SequenceState {
   SpecAcceptance acceptance;  // adaptive speculation's estimate of this request's acceptance
   ProposerSlot proposer;      // the proposer's state (draft KV, suffix index); null until it drafts
   std::optional<ConstraintMatcher> matcher;  // structured output: where the tokens are in the constraint
+  KvStoreSlot kv_store;       // shared KV: the prefix fetched for it, its blocks offered to the store
   bool aborted = false;       // ended between steps; its last delta comes from the next step
 };
 

@@ -1,6 +1,7 @@
 #include "model/kv_cache.h"
 
 #include <atomic>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 
@@ -16,6 +17,7 @@ KvCache::KvCache(const ModelConfig& model, const KvCacheConfig& config, Backend*
       num_blocks_(config.num_blocks > 0
                       ? config.num_blocks
                       : (model.max_seq_len + config.block_size - 1) / config.block_size),
+      num_layers_(model.num_layers),
       num_kv_heads_(model.num_kv_heads),
       head_dim_(model.head_dim),
       backend_(backend),
@@ -40,6 +42,29 @@ KvCache::KvCache(const ModelConfig& model, const KvCacheConfig& config, Backend*
 int64_t KvCache::BlockBytes(const ModelConfig& model, int32_t block_size, DType dtype) {
   return static_cast<int64_t>(block_size) * model.num_kv_heads * model.head_dim * DTypeBytes(dtype) * 2 *
          model.num_layers;
+}
+
+std::vector<absl::string_view> KvCache::BlockPieces(BlockId id) const {
+  const int64_t piece = layer_stride_ / num_blocks_;  // one block of one layer's K (or V)
+  std::vector<absl::string_view> pieces;             // [num_layers * 2]
+  pieces.reserve(2 * num_layers_);
+  for (int64_t kv = 0; kv < 2 * num_layers_; ++kv) {
+    pieces.emplace_back(base_ + kv * layer_stride_ + id * piece, piece);
+  }
+  return pieces;
+}
+
+absl::Status KvCache::WriteBlock(BlockId id, absl::string_view payload) {
+  if (!on_host()) return absl::FailedPreconditionError("the KV pool is in device memory");
+  const int64_t piece = layer_stride_ / num_blocks_;
+  if (static_cast<int64_t>(payload.size()) != piece * 2 * num_layers_) {
+    return absl::InvalidArgumentError(absl::StrCat("a KV block is ", piece * 2 * num_layers_, " bytes, got ",
+                                                   payload.size()));
+  }
+  for (int64_t kv = 0; kv < 2 * num_layers_; ++kv) {
+    std::memcpy(base_ + kv * layer_stride_ + id * piece, payload.data() + kv * piece, piece);
+  }
+  return absl::OkStatus();
 }
 
 PagedKvLayer KvCache::Layer(int32_t layer) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/batch.h"
 #include "model/model_config.h"
 #include "kernels/backend.h"
@@ -48,6 +49,16 @@ class KvCache {
   // Bytes one block takes across all layers (K and V) in `dtype`.
   static int64_t BlockBytes(const ModelConfig& model, int32_t block_size, DType dtype);
 
+  // Whether blocks can be copied in and out by the host (BlockPieces, WriteBlock): a pool in host
+  // memory, not a device's.
+  bool on_host() const { return backend_ == nullptr || !backend_->on_device(); }
+  // Block `id`'s bytes in every layer, K then V per layer: [num_layers * 2] pieces of
+  // block_size * num_kv_heads * head_dim elements each, pointing into the pool. Requires on_host().
+  std::vector<absl::string_view> BlockPieces(BlockId id) const;
+  // Fills block `id` from `payload`, BlockPieces' bytes concatenated in order. Errors: a device
+  // pool, a payload of another size.
+  absl::Status WriteBlock(BlockId id, absl::string_view payload);
+
   // Called with id() when the pool is destroyed (a tensor-parallel target tells the other ranks to
   // drop their share of it).
   void set_on_destroy(std::function<void(uint64_t)> f) { on_destroy_ = std::move(f); }
@@ -57,6 +68,7 @@ class KvCache {
   uint64_t id_;
   int32_t block_size_;
   int32_t num_blocks_;
+  int32_t num_layers_;
   int32_t num_kv_heads_;
   int32_t head_dim_;
   Backend* backend_;

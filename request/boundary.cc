@@ -169,6 +169,9 @@ absl::Status CheckSampling(const SurfaceRules& rules, const RequestContext& c, c
     return Bad(rules, "seed", "not resolved into sampling.seed (NormalizeRequest resolves it)");
   }
   if (absl::Status st = CheckConstraintFields(rules, spec); !st.ok()) return st;
+  if (spec.cache_salt.size() > kMaxCacheSaltBytes) {
+    return Bad(rules, "cache_salt", absl::StrCat(spec.cache_salt.size(), " bytes; at most ", kMaxCacheSaltBytes));
+  }
   for (auto [id, bias] : spec.sampling.logit_bias) {
     if (id < 0 || id >= c.vocab_size) {
       return Bad(rules, "logit_bias",

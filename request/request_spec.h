@@ -35,6 +35,12 @@ struct RequestSpec {
   // Structured output: a JSON schema, regex, choice, grammar or tool-call tag the tokens must follow
   // (constrain/ checks and compiles it).
   ConstraintSpec constraint;
+  // vLLM's cache_salt: roots the request's prefix chain (core/block_hash.h), so that it shares cached
+  // KV blocks, local or in a shared store, only with requests of the same salt. Empty: none.
+  std::string cache_salt;
 };
+
+// The longest cache_salt accepted, in bytes.
+inline constexpr size_t kMaxCacheSaltBytes = 1024;
 
 }  // namespace specula

@@ -11,17 +11,6 @@ BlockManager::BlockManager(int32_t num_blocks, int32_t block_size, bool enable_p
   for (BlockId i = num_blocks - 1; i >= 0; --i) free_.push_back(i);
 }
 
-uint64_t BlockManager::HashBlock(uint64_t parent, absl::Span<const TokenId> tokens) {
-  // splitmix-style mixing of the parent hash and each token.
-  uint64_t h = parent ^ 0x9e3779b97f4a7c15ull;
-  for (TokenId t : tokens) {
-    h ^= static_cast<uint64_t>(static_cast<uint32_t>(t)) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-    h *= 0xbf58476d1ce4e5b9ull;
-    h ^= h >> 31;
-  }
-  return h;
-}
-
 BlockId BlockManager::Allocate() {
   BlockId id;
   if (!free_.empty()) {
@@ -40,29 +29,78 @@ BlockId BlockManager::Allocate() {
   return id;
 }
 
-int32_t BlockManager::MatchPrefix(absl::Span<const TokenId> tokens, int32_t max_tokens,
+void BlockManager::Take(BlockId id) {
+  Block& b = blocks_[id];
+  if (b.ref == 0 && b.in_lru) {
+    lru_.erase(b.lru_pos);
+    b.in_lru = false;
+  }
+  ++b.ref;
+}
+
+void BlockManager::Register(BlockId id, const BlockHash& hash, absl::Span<const TokenId> tokens) {
+  Block& b = blocks_[id];
+  b.cached = true;
+  b.hash = hash;
+  b.tokens.assign(tokens.begin(), tokens.end());
+  by_hash_.emplace(hash, id);
+}
+
+int32_t BlockManager::MatchPrefix(absl::Span<const TokenId> tokens, int32_t max_tokens, const BlockHash& root,
                                   std::vector<BlockId>* table) {
   if (!prefix_caching_) return 0;
   query_tokens_ += static_cast<int64_t>(tokens.size());
-  uint64_t h = 0;
+  BlockHash h = root;
   int32_t matched = 0;
   while (matched + block_size_ <= std::min<int32_t>(max_tokens, static_cast<int32_t>(tokens.size()))) {
     const auto block_tokens = tokens.subspan(matched, block_size_);
-    h = HashBlock(h, block_tokens);
+    h = ChainHash(h, block_tokens);
     auto it = by_hash_.find(h);
     if (it == by_hash_.end()) break;
-    Block& b = blocks_[it->second];
+    const Block& b = blocks_[it->second];
     if (!std::equal(b.tokens.begin(), b.tokens.end(), block_tokens.begin(), block_tokens.end())) break;
-    if (b.ref == 0 && b.in_lru) {
-      lru_.erase(b.lru_pos);
-      b.in_lru = false;
-    }
-    ++b.ref;
+    Take(it->second);
     table->push_back(it->second);
     matched += block_size_;
   }
   hit_tokens_ += matched;
   return matched;
+}
+
+int32_t BlockManager::CachedBlocks(absl::Span<const BlockHash> chain) const {
+  if (!prefix_caching_) return 0;
+  int32_t n = 0;
+  while (n < static_cast<int32_t>(chain.size()) && by_hash_.contains(chain[n])) ++n;
+  return n;
+}
+
+std::optional<BlockId> BlockManager::Install(const BlockHash& hash, absl::Span<const TokenId> tokens,
+                                             std::vector<BlockId>* table) {
+  if (auto it = by_hash_.find(hash); it != by_hash_.end()) {
+    Take(it->second);
+    table->push_back(it->second);
+    return -1;
+  }
+  if (!prefix_caching_ || num_available() == 0) return std::nullopt;
+  const BlockId id = Allocate();
+  Register(id, hash, tokens);
+  table->push_back(id);
+  return id;
+}
+
+int32_t BlockManager::ResetPrefixCache() {
+  const int32_t n = static_cast<int32_t>(by_hash_.size());
+  for (BlockId id : lru_) {
+    blocks_[id].in_lru = false;
+    free_.push_back(id);
+  }
+  lru_.clear();
+  for (Block& b : blocks_) {
+    b.cached = false;
+    b.tokens.clear();
+  }
+  by_hash_.clear();
+  return n;
 }
 
 bool BlockManager::Reserve(std::vector<BlockId>* table, int32_t num_tokens) {
@@ -97,21 +135,15 @@ void BlockManager::Release(std::vector<BlockId>* table) {
 }
 
 void BlockManager::Commit(absl::Span<const TokenId> tokens, int32_t num_committed,
-                          const std::vector<BlockId>& table, int32_t* num_hashed, uint64_t* last_hash) {
+                          const std::vector<BlockId>& table, const BlockHash& root, std::vector<BlockHash>* chain) {
   if (!prefix_caching_) return;
   const int32_t full = std::min<int32_t>(num_committed / block_size_, static_cast<int32_t>(table.size()));
-  for (int32_t i = *num_hashed; i < full; ++i) {
+  for (int32_t i = static_cast<int32_t>(chain->size()); i < full; ++i) {
     const auto block_tokens = tokens.subspan(static_cast<size_t>(i) * block_size_, block_size_);
-    *last_hash = HashBlock(*last_hash, block_tokens);
-    Block& b = blocks_[table[i]];
-    if (!b.cached && by_hash_.find(*last_hash) == by_hash_.end()) {
-      b.cached = true;
-      b.hash = *last_hash;
-      b.tokens.assign(block_tokens.begin(), block_tokens.end());
-      by_hash_.emplace(*last_hash, table[i]);
-    }
+    chain->push_back(ChainHash(chain->empty() ? root : chain->back(), block_tokens));
+    const Block& b = blocks_[table[i]];
+    if (!b.cached && !by_hash_.contains(chain->back())) Register(table[i], chain->back(), block_tokens);
   }
-  *num_hashed = std::max(*num_hashed, full);
 }
 
 absl::Status BlockManager::CheckInvariants() const {

@@ -24,7 +24,7 @@ absl::Status ValidateSchedulerConfig(const SchedulerConfig& c) {
 Scheduler::Scheduler(const SchedulerConfig& config)
     : config_(config), blocks_(config.num_blocks, config.block_size, config.enable_prefix_caching) {}
 
-absl::Status Scheduler::Add(NewSequence n, SequenceState* s) {
+absl::Status Scheduler::Check(const NewSequence& n) const {
   if (n.prompt.empty()) return absl::InvalidArgumentError(absl::StrCat("request ", n.id, ": empty prompt"));
   if (static_cast<int32_t>(n.prompt.size()) >= config_.max_model_len) {
     return absl::InvalidArgumentError(absl::StrCat("request ", n.id, ": prompt of ", n.prompt.size(),
@@ -38,6 +38,11 @@ absl::Status Scheduler::Add(NewSequence n, SequenceState* s) {
         "request ", n.id, ": ", total, " tokens need more KV blocks than the pool has (",
         config_.num_blocks, " blocks of ", config_.block_size, ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::Add(NewSequence n, SequenceState* s) {
+  if (absl::Status st = Check(n); !st.ok()) return st;
   s->id = n.id;
   s->priority = n.priority;
   s->arrival_order = next_arrival_++;
@@ -47,6 +52,7 @@ absl::Status Scheduler::Add(NewSequence n, SequenceState* s) {
   s->max_new_tokens = n.max_new_tokens;
   s->stop_ids = std::move(n.stop_ids);
   s->skip_prefix_cache = n.skip_prefix_cache;
+  s->salt_root = n.salt_root;
   waiting_.push_back(s);
   return absl::OkStatus();
 }
@@ -72,8 +78,7 @@ bool Scheduler::WindowOpen(double now_ms) const {
 void Scheduler::Preempt(SequenceState* s) {
   blocks_.Release(&s->blocks);
   s->num_computed = 0;
-  s->num_hashed = 0;
-  s->last_hash = 0;
+  s->block_hashes.clear();
   s->status = SeqStatus::kWaiting;
   ++s->num_preemptions;
   ++num_preemptions_;
@@ -117,7 +122,7 @@ StepPlan Scheduler::Schedule(double now_ms) {
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
     SequenceState* s = waiting_.front();
     const int32_t len = static_cast<int32_t>(s->tokens.size());
-    s->num_computed = s->skip_prefix_cache ? 0 : blocks_.MatchPrefix(s->tokens, len - 1, &s->blocks);
+    s->num_computed = s->skip_prefix_cache ? 0 : blocks_.MatchPrefix(s->tokens, len - 1, s->salt_root, &s->blocks);
     s->num_cached_prompt = std::min(s->num_computed, s->num_prompt);
     const int32_t n = std::min(len - s->num_computed, budget);
     if (!blocks_.Reserve(&s->blocks, s->num_computed + n)) {
@@ -165,7 +170,7 @@ std::vector<SequenceState*> Scheduler::Update(const StepPlan& plan, const StepRe
       }
     }
     s->num_computed = std::min(s->num_computed, static_cast<int32_t>(s->tokens.size()));
-    blocks_.Commit(s->tokens, s->num_computed, s->blocks, &s->num_hashed, &s->last_hash);
+    blocks_.Commit(s->tokens, s->num_computed, s->blocks, s->salt_root, &s->block_hashes);
     if (reason != FinishReason::kNone) {
       Finish(s, reason);
       finished.push_back(s);

@@ -40,6 +40,7 @@ struct NewSequence {
   int32_t priority = 0;
   double arrival_ms = 0.0;
   bool skip_prefix_cache = false;  // compute every prompt position (prompt logprobs score them all)
+  BlockHash salt_root = {};        // the prefix chain's root: shares blocks only with the same cache_salt
 };
 
 class Scheduler {
@@ -50,6 +51,8 @@ class Scheduler {
   // from `seq` and queues it. Errors: empty prompt, a prompt that leaves no room in max_model_len,
   // or a request that could not fit in the whole KV pool even alone.
   absl::Status Add(NewSequence seq, SequenceState* s);
+  // Add's checks alone: what Add would refuse `seq` with (a caller that adds it later checks first).
+  absl::Status Check(const NewSequence& seq) const;
   StepPlan Schedule(double now_ms);
   // Applies the step: KV computed, new tokens appended, stop conditions. Returns the sequences that
   // finished in this step.
@@ -62,6 +65,8 @@ class Scheduler {
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
   int64_t num_preemptions() const { return num_preemptions_; }
   const BlockManager& blocks() const { return blocks_; }
+  // Between steps only: blocks computed elsewhere installed in the prefix cache, or the cache flushed.
+  BlockManager& mutable_blocks() { return blocks_; }
   const SchedulerConfig& config() const { return config_; }
   // Room for no drafts from the next step on (adaptive speculation that found drafts cannot pay: no
   // lookahead slots reserved and given back every step).

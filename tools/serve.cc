@@ -15,6 +15,7 @@
 #include "engine/engine_setup.h"
 #include "request/boundary.h"
 #include "tools/engine_flags.h"
+#include "tools/kv_store_flags.h"
 
 namespace specula {
 namespace {
@@ -57,8 +58,6 @@ Admission control (refused at once: gRPC RESOURCE_EXHAUSTED, HTTP 429):
   --ttft-slo-ms MS      circuit breaker: while the P99 time to first token of the last 10 s is above
                         MS, requests with priority > 0 are refused (lower is more urgent; default off)
   --drain-timeout-s S   how long SIGTERM waits for requests in flight (default 30)
-
-Engine flags, as for generate:
 )";
 
 
@@ -148,14 +147,16 @@ absl::Status RunServe(int argc, char** argv) {
   known.insert({"host", "grpc-port", "http-port", "served-model-name", "chat-template", "http-threads", "max-request-bytes", "max-queue-len",
                 "max-queue-delay-ms", "ttft-slo-ms", "drain-timeout-s", "api-key", "ssl-certfile", "ssl-keyfile",
                 "ssl-ca-certs", "per-request-spec-decode-metrics"});
+  known.insert(kKvStoreFlags.begin(), kKvStoreFlags.end());
   std::set<std::string> switches = kEngineSwitches;
   switches.insert("help");
   ASSIGN_OR_RETURN(Flags flags, ParseFlags(argc, argv, known, switches));
   if (flags.switches.count("help")) {
-    std::cout << kServeUsage << kEngineFlagsHelp << kRequestTableHelp << SurfaceTableMarkdown();
+    std::cout << kServeUsage << kKvStoreFlagsHelp << "\nEngine flags, as for generate:\n" << kEngineFlagsHelp << kRequestTableHelp << SurfaceTableMarkdown();
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(ServeFlags f, ReadServeFlags(flags));
+  ASSIGN_OR_RETURN(std::optional<KvStoreOptions> kv_store, ReadKvStoreFlags(flags));
   ASSIGN_OR_RETURN(EngineOptions options, EngineOptionsFromFlags(flags));
   // SIGTERM and SIGINT are taken by sigwait: blocked here, before any thread starts, so that every
   // thread inherits the mask and none is interrupted.
@@ -169,6 +170,7 @@ absl::Status RunServe(int argc, char** argv) {
   if (loaded->follower) return absl::OkStatus();  // a tensor-parallel rank other than 0: only rank 0 serves
   LoadedEngine& e = *loaded;
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, MakeEngine(e));
+  if (kv_store.has_value()) RETURN_IF_ERROR(AttachKvStore(e, *kv_store, engine.get()));
   const SchedulerConfig& sc = engine->scheduler().config();
 
   ServeOptions& opt = f.opt;
