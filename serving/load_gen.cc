@@ -88,6 +88,12 @@ std::vector<LoadRequest> SyntheticDataset(int32_t n, int32_t input_len, int32_t 
   return out;
 }
 
+std::string ConversationPrompt(const std::vector<LoadMessage>& messages) {
+  std::string out;
+  for (const LoadMessage& m : messages) absl::StrAppend(&out, out.empty() ? "" : "\n", m.content);
+  return out;
+}
+
 // ---- Statistics (ParseGoodput, Percentile: core/stats.cc).
 
 BenchSummary Summarize(const RunResult& run, const GoodputSlo& slo) {
@@ -265,7 +271,11 @@ class GrpcClient final : public LoadClient {
 
   RequestResult Send(const LoadRequest& r) override {
     v1::GenerateRequest q;
-    if (r.prompt_token_ids.empty()) q.set_prompt(r.prompt);
+    if (!r.messages.empty()) {
+      q.set_prompt(ConversationPrompt(r.messages));
+    } else if (r.prompt_token_ids.empty()) {
+      q.set_prompt(r.prompt);
+    }
     for (int32_t t : r.prompt_token_ids) q.add_prompt_token_ids(t);
     q.mutable_sampling()->set_temperature(static_cast<float>(opt_.temperature));
     q.mutable_sampling()->set_max_tokens(r.max_tokens);
@@ -274,6 +284,7 @@ class GrpcClient final : public LoadClient {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::microseconds(static_cast<int64_t>(opt_.request_timeout_s * 1e6)));
+    if (!r.session.id.empty()) ctx.AddMetadata("x-session-id", r.session.id);
     RequestResult res;
     const Clock::time_point t0 = Clock::now();
     double last = 0;
@@ -287,7 +298,11 @@ class GrpcClient final : public LoadClient {
         last = t;
         res.output_tokens += m.token_ids_size();
       }
-      if (m.has_usage()) res.prompt_tokens = m.usage().prompt_tokens();
+      if (!r.messages.empty()) res.text += m.text();
+      if (m.has_usage()) {
+        res.prompt_tokens = m.usage().prompt_tokens();
+        res.cached_tokens = m.usage().cached_prompt_tokens();
+      }
       aborted = aborted || m.finish_reason() == v1::FINISH_REASON_ABORTED;
     }
     const grpc::Status st = reader->Finish();
@@ -334,6 +349,59 @@ std::string ErrorMessage(const std::string& body) {
   return body.substr(0, 200);
 }
 
+// What one streamed response says, event by event: its timing, usage and text (completions' `text`,
+// chat's `delta.content`).
+struct EventStream {
+  explicit EventStream(bool chat) : chat(chat) {}
+
+  void Usage(const json& u) {
+    if (u.contains("prompt_tokens") && u["prompt_tokens"].is_number_integer()) res.prompt_tokens = u["prompt_tokens"];
+    if (u.contains("completion_tokens") && u["completion_tokens"].is_number_integer()) usage_tokens = u["completion_tokens"];
+    if (u.contains("prompt_tokens_details") && u["prompt_tokens_details"].is_object()) {
+      const json& d = u["prompt_tokens_details"];
+      if (d.contains("cached_tokens") && d["cached_tokens"].is_number_integer()) res.cached_tokens = d["cached_tokens"];
+    }
+  }
+
+  // One `data:` payload, `t` seconds after the send.
+  void Event(std::string_view payload, double t) {
+    if (payload == "[DONE]") {
+      finished = true;
+      return;
+    }
+    const json j = json::parse(payload, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      error = absl::StrCat("bad event data: ", std::string(payload.substr(0, 100)));
+      return;
+    }
+    if (j.contains("error")) error = ErrorMessage(std::string(payload));
+    if (j.contains("usage") && j["usage"].is_object()) Usage(j["usage"]);
+    if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty()) return;
+    const json& c0 = j["choices"][0];
+    if (c0.contains("finish_reason") && c0["finish_reason"] == "abort") error = "finish_reason abort";
+    const json* text = nullptr;
+    if (!chat && c0.contains("text")) text = &c0["text"];
+    const bool delta = chat && c0.contains("delta") && c0["delta"].is_object();
+    if (delta && c0["delta"].contains("content")) text = &c0["delta"]["content"];
+    const bool empty = text == nullptr || !text->is_string() || text->get<std::string>().empty();
+    if (!empty && chat) res.text += text->get<std::string>();
+    // An empty text with a finish_reason only closes the stream, and chat's opening delta with its
+    // role and no content only opens it; other chunks carry tokens (an empty text can be a token
+    // that is not a whole UTF-8 character yet).
+    if (empty && c0.contains("finish_reason") && !c0["finish_reason"].is_null()) return;
+    if (empty && delta && c0["delta"].contains("role")) return;
+    if (messages++ == 0) res.ttft_s = t; else res.itl_s.push_back(t - last);
+    last = t;
+  }
+
+  const bool chat;
+  RequestResult res;
+  int messages = 0, usage_tokens = -1;
+  bool finished = false;
+  std::string error;
+  double last = 0;
+};
+
 class HttpClient final : public LoadClient {
  public:
   HttpClient(std::string host, int port, const ClientOptions& opt) : host_(std::move(host)), port_(port), opt_(opt) {}
@@ -361,18 +429,26 @@ class HttpClient final : public LoadClient {
 
   const ServerInfo& info() const override { return info_; }
 
-  // A streamed /v1/completions request for `r`.
+  // A streamed /v1/completions request for `r`, or /v1/chat/completions for a conversation's.
   httplib::Request CompletionRequest(const LoadRequest& r) const {
     json body = {{"model", info_.model}, {"temperature", opt_.temperature}, {"stream", true},
                  {"stream_options", {{"include_usage", true}}}};
-    if (r.prompt_token_ids.empty()) body["prompt"] = r.prompt; else body["prompt"] = r.prompt_token_ids;
+    if (!r.messages.empty()) {
+      body["messages"] = json::array();
+      for (const LoadMessage& m : r.messages) body["messages"].push_back({{"role", m.role}, {"content", m.content}});
+    } else if (r.prompt_token_ids.empty()) {
+      body["prompt"] = r.prompt;
+    } else {
+      body["prompt"] = r.prompt_token_ids;
+    }
     if (r.max_tokens > 0) body["max_tokens"] = r.max_tokens;
     if (r.ignore_eos) body["ignore_eos"] = true;
     if (r.constraint.active()) body["structured_outputs"] = StructuredOutputs(r.constraint);
     httplib::Request q;
     q.method = "POST";
-    q.path = "/v1/completions";
+    q.path = r.messages.empty() ? "/v1/completions" : "/v1/chat/completions";
     q.headers = {{"Content-Type", "application/json"}, {"Accept", "text/event-stream"}};
+    if (!r.session.id.empty()) q.headers.emplace("X-Session-Id", r.session.id);
     q.body = body.dump();
     return q;
   }
@@ -385,11 +461,9 @@ class HttpClient final : public LoadClient {
     c.set_write_timeout(timeout);
     httplib::Request q = CompletionRequest(r);
 
-    RequestResult res;
-    int status = 0, messages = 0, usage_tokens = -1;
-    bool finished = false;
-    std::string error_body, stream_error;
-    double last = 0;
+    EventStream events(!r.messages.empty());
+    int status = 0;
+    std::string error_body;
     SseParser sse;
     const Clock::time_point t0 = Clock::now();
     q.response_handler = [&](const httplib::Response& h) {
@@ -402,37 +476,13 @@ class HttpClient final : public LoadClient {
         return true;
       }
       const double t = Since(t0);
-      sse.Feed(std::string_view(data, n), [&](std::string_view payload) {
-        if (payload == "[DONE]") {
-          finished = true;
-          return;
-        }
-        const json j = json::parse(payload, nullptr, false);
-        if (j.is_discarded() || !j.is_object()) {
-          stream_error = absl::StrCat("bad event data: ", std::string(payload.substr(0, 100)));
-          return;
-        }
-        if (j.contains("error")) stream_error = ErrorMessage(std::string(payload));
-        if (j.contains("usage") && j["usage"].is_object()) {
-          const json& u = j["usage"];
-          if (u.contains("prompt_tokens") && u["prompt_tokens"].is_number_integer()) res.prompt_tokens = u["prompt_tokens"];
-          if (u.contains("completion_tokens") && u["completion_tokens"].is_number_integer()) usage_tokens = u["completion_tokens"];
-        }
-        if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty()) return;
-        // An empty text with a finish_reason only closes the stream; other chunks carry tokens
-        // (an empty text can be a token that is not a whole UTF-8 character yet).
-        const json& c0 = j["choices"][0];
-        if (c0.contains("finish_reason") && c0["finish_reason"] == "abort") stream_error = "finish_reason abort";
-        const bool empty = !c0.contains("text") || !c0["text"].is_string() || c0["text"].get<std::string>().empty();
-        if (empty && c0.contains("finish_reason") && !c0["finish_reason"].is_null()) return;
-        if (messages++ == 0) res.ttft_s = t; else res.itl_s.push_back(t - last);
-        last = t;
-      });
+      sse.Feed(std::string_view(data, n), [&](std::string_view payload) { events.Event(payload, t); });
       return true;
     };
     const auto result = c.send(q);
+    RequestResult& res = events.res;
     res.e2e_s = Since(t0);
-    res.output_tokens = usage_tokens >= 0 ? usage_tokens : messages;
+    res.output_tokens = events.usage_tokens >= 0 ? events.usage_tokens : events.messages;
     if (res.prompt_tokens == 0) res.prompt_tokens = static_cast<int32_t>(r.prompt_token_ids.size());
     res.outcome = Outcome::kFailed;
     if (!result) {
@@ -440,14 +490,14 @@ class HttpClient final : public LoadClient {
     } else if (status != 200) {
       res.outcome = status == 429 ? Outcome::kRejected : Outcome::kFailed;
       res.error = absl::StrCat("HTTP ", status, ": ", ErrorMessage(error_body.empty() ? result->body : error_body));
-    } else if (!stream_error.empty()) {
-      res.error = stream_error;
-    } else if (!finished) {
+    } else if (!events.error.empty()) {
+      res.error = events.error;
+    } else if (!events.finished) {
       res.error = "the stream ended before data: [DONE]";
     } else {
       res.outcome = Outcome::kOk;
     }
-    return res;
+    return std::move(res);
   }
 
  private:

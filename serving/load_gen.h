@@ -1,7 +1,7 @@
 // The load generator behind `specula bench-serve`, in the manner of `vllm bench serve`, and reused
 // by the experiment harness: an arrival schedule, a dataset of requests, a client per protocol, the
-// run loop and the summary statistics. gRPC and HTTP types stay in load_gen.cc: a client is only
-// the LoadClient interface here.
+// run loop and the summary statistics (multi-turn conversations: serving/conversation.h). gRPC and
+// HTTP types stay in load_gen.cc: a client is only the LoadClient interface here.
 #pragma once
 
 #include <cstdint>
@@ -24,13 +24,33 @@ namespace specula {
 
 // ---- What is sent.
 
+// One message of a conversation's history, with OpenAI's chat roles ("system", "user", "assistant").
+struct LoadMessage {
+  std::string role, content;
+};
+
+// Which conversation a request belongs to (serving/conversation.h); index -1: none.
+struct SessionTurn {
+  std::string id;      // sent as the X-Session-Id header (HTTP) and x-session-id metadata (gRPC)
+  int32_t index = -1;  // the session's number in its run (a trace's "session")
+  int32_t turn = 0;    // 0 for the session's first request
+};
+
 struct LoadRequest {
   std::string prompt;                     // text, tokenized by the server; or
   std::vector<int32_t> prompt_token_ids;  // token ids, used as given (synthetic prompts)
   int32_t max_tokens = 0;                 // 0: the server's default
   bool ignore_eos = false;
   ConstraintSpec constraint;              // structured output, sent as vLLM's structured_outputs
+  // A conversation's turn, instead of a prompt: its history (HTTP /v1/chat/completions; gRPC and
+  // in process: ConversationPrompt) and its session.
+  std::vector<LoadMessage> messages = {};
+  SessionTurn session = {};
 };
+
+// A conversation as one prompt, for surfaces that take a prompt (gRPC, in process): the messages'
+// contents, each on its own line.
+std::string ConversationPrompt(const std::vector<LoadMessage>& messages);
 
 // JSON lines {"prompt": "...", "max_tokens": N, "ignore_eos": B} (the last two optional), with the
 // structured-output fields of the OpenAI surface (serving/openai_constraints.h: response_format,
@@ -57,7 +77,9 @@ struct RequestResult {
   std::vector<double> itl_s;  // the gap before each later message with tokens. With speculation one
                               // message may carry several tokens: this is a gap per message.
   int32_t prompt_tokens = 0;  // as the server counted them (usage), else the ids sent
+  int32_t cached_tokens = 0;  // prompt tokens the server's prefix cache served (usage); 0 where it does not say
   int32_t output_tokens = 0;
+  std::string text;           // the answer, kept for requests with messages (a conversation's next turn sends it)
 };
 
 struct ServerInfo {
@@ -80,8 +102,9 @@ class LoadClient {
 };
 
 // `grpc://HOST:PORT` (specula.v1.Generation/Generate, server streaming) or `http://HOST:PORT`
-// (OpenAI POST /v1/completions with "stream": true). Asks the server for its model first (ModelInfo
-// or GET /v1/models): an unreachable endpoint is an UnavailableError naming it.
+// (OpenAI POST /v1/completions with "stream": true; a request with messages: /v1/chat/completions).
+// Asks the server for its model first (ModelInfo or GET /v1/models): an unreachable endpoint is an
+// UnavailableError naming it.
 absl::StatusOr<std::unique_ptr<LoadClient>> ConnectLoadClient(const std::string& endpoint, const ClientOptions& opt);
 
 // ---- The run.

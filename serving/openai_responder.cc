@@ -258,7 +258,8 @@ std::string OpenAiResponder::StreamEvents(int32_t index, const RequestDelta& d, 
     for (const Sample& x : samples_) completion += static_cast<int32_t>(x.tokens.size());
     json chunk = {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}, {"choices", json::array()},
                   {"usage", {{"prompt_tokens", prompt_tokens_}, {"completion_tokens", completion},
-                             {"total_tokens", prompt_tokens_ + completion}}}};
+                             {"total_tokens", prompt_tokens_ + completion},
+                             {"prompt_tokens_details", {{"cached_tokens", samples_[0].final.cached_prompt_tokens}}}}}};
     std::vector<const Sample*> all;  // [n]
     for (const Sample& x : samples_) all.push_back(&x);
     if (auto m = RootSpecMetrics(all, spec_tokens_)) chunk["metrics"] = *std::move(m);

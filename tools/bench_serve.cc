@@ -1,16 +1,22 @@
 #include "tools/bench_serve.h"
 
 #include <chrono>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
+#include "serving/conversation.h"
 #include "serving/load_gen.h"
 #include "core/flags.h"
 
@@ -21,12 +27,24 @@ using json = nlohmann::json;
 
 struct BenchOptions {
   std::string endpoint, dataset_path, result_json, goodput_spec;
+  std::vector<std::string> endpoints;  // --endpoint's comma-separated list (one unless --multi-turn)
   ClientOptions client;
   ArrivalOptions arrival;
   GoodputSlo slo;
   int32_t max_concurrency = 0, input_len = 128, output_len = 128, vocab_size = 0;
   bool output_len_given = false, progress = true, save_detailed = false;
+  bool multi_turn = false;
+  ConversationOptions conversation;  // --multi-turn
+  std::string user_messages_path;
 };
+
+// The flags of --multi-turn alone, and those of a request schedule that a closed loop has no use for.
+const std::vector<std::string> kMultiTurnFlags = {"num-sessions", "turns", "session-concurrency", "think-time-s",
+                                                  "user-messages", "user-words", "system-prompt", "max-tokens",
+                                                  "turn-routing", "ignore-eos"};
+const std::vector<std::string> kScheduleFlags = {"num-prompts", "request-rate", "burstiness", "max-concurrency",
+                                                 "burst-factor", "burst-start-s", "burst-duration-s", "dataset-path",
+                                                 "input-len", "output-len", "vocab-size"};
 
 // vLLM's `--goodput ttft:500 tpot:50` is several words: join the words after --goodput into one
 // value so that ParseFlags sees --goodput "ttft:500 tpot:50".
@@ -42,38 +60,20 @@ std::vector<std::string> JoinGoodputWords(int argc, char** argv) {
   return args;
 }
 
-absl::Status Parse(int argc, char** argv, BenchOptions* o, bool* help) {
-  std::vector<std::string> args = JoinGoodputWords(argc, argv);
-  std::vector<char*> ptrs;
-  for (std::string& a : args) ptrs.push_back(a.data());
-  auto flags = ParseFlags(static_cast<int>(ptrs.size()), ptrs.data(),
-                          {"endpoint", "model", "num-prompts", "request-rate", "burstiness", "max-concurrency",
-                           "burst-factor", "burst-start-s", "burst-duration-s", "dataset-path", "input-len",
-                           "output-len", "vocab-size", "goodput", "seed", "result-json", "temperature",
-                           "request-timeout-s"},
-                          {"help", "no-progress", "save-detailed"});
-  if (!flags.ok()) return flags.status();
-  *help = flags->switches.count("help") > 0;
-  if (*help) return absl::OkStatus();
-  auto has = [&](const char* name) { return flags->values.count(name) > 0; };
-  auto get = [&](const char* name) { return has(name) ? flags->values.at(name) : std::string(); };
-  auto bad = [&](const char* name, const char* rule) {
-    return absl::InvalidArgumentError(absl::StrCat("--", name, " ", rule, ", got ", get(name)));
-  };
+std::string Value(const Flags& flags, const std::string& name) {
+  const auto it = flags.values.find(name);
+  return it == flags.values.end() ? std::string() : it->second;
+}
+
+absl::Status BadFlag(const Flags& flags, const char* name, const char* rule) {
+  return absl::InvalidArgumentError(absl::StrCat("--", name, " ", rule, ", got ", Value(flags, name)));
+}
+
+// The request schedule's flags (without --multi-turn).
+absl::Status ParseSchedule(const Flags& flags, BenchOptions* o) {
+  auto has = [&](const char* name) { return flags.values.count(name) > 0; };
+  auto bad = [&](const char* name, const char* rule) { return BadFlag(flags, name, rule); };
   ArrivalOptions& a = o->arrival;
-  for (auto st : {GetNumber(*flags, "num-prompts", &a.num_requests), GetNumber(*flags, "request-rate", &a.request_rate),
-                  GetNumber(*flags, "burstiness", &a.burstiness), GetNumber(*flags, "burst-factor", &a.burst_factor),
-                  GetNumber(*flags, "burst-start-s", &a.burst_start_s),
-                  GetNumber(*flags, "burst-duration-s", &a.burst_duration_s), GetNumber(*flags, "seed", &a.seed),
-                  GetNumber(*flags, "max-concurrency", &o->max_concurrency),
-                  GetNumber(*flags, "input-len", &o->input_len), GetNumber(*flags, "output-len", &o->output_len),
-                  GetNumber(*flags, "vocab-size", &o->vocab_size),
-                  GetNumber(*flags, "temperature", &o->client.temperature),
-                  GetNumber(*flags, "request-timeout-s", &o->client.request_timeout_s)}) {
-    if (!st.ok()) return st;
-  }
-  o->endpoint = get("endpoint");
-  if (o->endpoint.empty()) return absl::InvalidArgumentError("--endpoint is required (grpc://HOST:PORT or http://HOST:PORT)");
   if (a.num_requests < 1) return bad("num-prompts", "must be >= 1");
   if (std::isnan(a.request_rate) || a.request_rate <= 0) return bad("request-rate", "must be > 0 or inf");
   if (!std::isfinite(a.burstiness) || a.burstiness <= 0) return bad("burstiness", "must be > 0");
@@ -89,7 +89,7 @@ absl::Status Parse(int argc, char** argv, BenchOptions* o, bool* help) {
       return bad("burst-duration-s", "must be > 0");
     }
   }
-  o->dataset_path = get("dataset-path");
+  o->dataset_path = Value(flags, "dataset-path");
   if (!o->dataset_path.empty() && (has("input-len") || has("vocab-size"))) {
     return absl::InvalidArgumentError("--input-len and --vocab-size are for synthetic prompts, not --dataset-path");
   }
@@ -97,13 +97,58 @@ absl::Status Parse(int argc, char** argv, BenchOptions* o, bool* help) {
   if (o->input_len < 1) return bad("input-len", "must be >= 1");
   if (o->output_len < 1) return bad("output-len", "must be >= 1");
   if (has("vocab-size") && o->vocab_size < 1) return bad("vocab-size", "must be >= 1");
-  if (!std::isfinite(o->client.temperature) || o->client.temperature < 0) {
-    return bad("temperature", "must be >= 0");
+  if (o->endpoints.size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--endpoint: a list of endpoints (", o->endpoint,
+                                                   ") needs --multi-turn"));
   }
-  if (!(o->client.request_timeout_s > 0) || o->client.request_timeout_s > 1e7) {
-    return bad("request-timeout-s", "must be > 0");
+  return absl::OkStatus();
+}
+
+// --multi-turn's flags: closed-loop sessions instead of a schedule.
+absl::Status ParseMultiTurn(const Flags& flags, BenchOptions* o) {
+  auto has = [&](const std::string& name) { return flags.values.count(name) > 0 || flags.switches.count(name) > 0; };
+  auto bad = [&](const char* name, const char* rule) { return BadFlag(flags, name, rule); };
+  for (const std::string& f : kScheduleFlags) {
+    if (!has(f)) continue;
+    const char* instead = f == "dataset-path"                      ? " (user messages: --user-messages)"
+                          : f == "max-concurrency"                 ? " (sessions in flight: --session-concurrency)"
+                          : f == "input-len" || f == "vocab-size"  ? " (a conversation sends text, not token ids)"
+                          : f == "output-len"                      ? " (answers: --max-tokens)"
+                                                                   : " (each session's next turn follows its answer)";
+    return absl::InvalidArgumentError(absl::StrCat("--", f, " does not apply to --multi-turn", instead));
   }
-  if (has("goodput")) {
+  ConversationOptions& c = o->conversation;
+  if (c.num_sessions < 1 || c.num_sessions > 1000000) return bad("num-sessions", "must be in [1, 1000000]");
+  if (c.turns < 1 || c.turns > 10000) return bad("turns", "must be in [1, 10000]");
+  if (has("session-concurrency") && c.session_concurrency < 1) return bad("session-concurrency", "must be >= 1");
+  if (!std::isfinite(c.think_time_s) || c.think_time_s < 0) return bad("think-time-s", "must be >= 0");
+  if (c.user_words < 1 || c.user_words > 100000) return bad("user-words", "must be in [1, 100000]");
+  if (c.max_tokens < 1) return bad("max-tokens", "must be >= 1");
+  if (has("turn-routing")) {
+    auto r = ParseTurnRouting(Value(flags, "turn-routing"));
+    if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat("--turn-routing: ", r.status().message()));
+    c.routing = *r;
+  }
+  o->user_messages_path = Value(flags, "user-messages");
+  if (!o->user_messages_path.empty() && has("user-words")) {
+    return absl::InvalidArgumentError("--user-words is for synthetic user messages, not --user-messages");
+  }
+  c.system_prompt = Value(flags, "system-prompt");
+  c.ignore_eos = flags.switches.count("ignore-eos") > 0;
+  c.seed = o->arrival.seed;
+  return absl::OkStatus();
+}
+
+// The flags every run has: the endpoints, sampling, the timeout, goodput and the outputs.
+absl::Status ParseCommon(const Flags& flags, BenchOptions* o) {
+  auto get = [&](const char* name) { return Value(flags, name); };
+  auto bad = [&](const char* name, const char* rule) { return BadFlag(flags, name, rule); };
+  o->endpoint = get("endpoint");
+  if (o->endpoint.empty()) return absl::InvalidArgumentError("--endpoint is required (grpc://HOST:PORT or http://HOST:PORT)");
+  o->endpoints = absl::StrSplit(o->endpoint, ',');
+  if (!std::isfinite(o->client.temperature) || o->client.temperature < 0) return bad("temperature", "must be >= 0");
+  if (!(o->client.request_timeout_s > 0) || o->client.request_timeout_s > 1e7) return bad("request-timeout-s", "must be > 0");
+  if (flags.values.count("goodput")) {
     o->goodput_spec = get("goodput");
     auto slo = ParseGoodput(o->goodput_spec);
     if (!slo.ok()) return absl::InvalidArgumentError(absl::StrCat("--goodput: ", slo.status().message()));
@@ -111,9 +156,51 @@ absl::Status Parse(int argc, char** argv, BenchOptions* o, bool* help) {
   }
   o->client.model = get("model");
   o->result_json = get("result-json");
-  o->progress = !flags->switches.count("no-progress");
-  o->save_detailed = flags->switches.count("save-detailed") > 0;
+  o->progress = !flags.switches.count("no-progress");
+  o->save_detailed = flags.switches.count("save-detailed") > 0;
   return absl::OkStatus();
+}
+
+absl::Status Parse(int argc, char** argv, BenchOptions* o, bool* help) {
+  std::vector<std::string> args = JoinGoodputWords(argc, argv);
+  std::vector<char*> ptrs;
+  for (std::string& a : args) ptrs.push_back(a.data());
+  std::set<std::string> known = {"endpoint", "model", "goodput", "seed", "result-json", "temperature",
+                                 "request-timeout-s"};
+  known.insert(kScheduleFlags.begin(), kScheduleFlags.end());
+  known.insert(kMultiTurnFlags.begin(), kMultiTurnFlags.end());
+  known.erase("ignore-eos");
+  auto flags = ParseFlags(static_cast<int>(ptrs.size()), ptrs.data(), known,
+                          {"help", "no-progress", "save-detailed", "multi-turn", "ignore-eos"});
+  if (!flags.ok()) return flags.status();
+  *help = flags->switches.count("help") > 0;
+  if (*help) return absl::OkStatus();
+  ArrivalOptions& a = o->arrival;
+  ConversationOptions& c = o->conversation;
+  for (auto st : {GetNumber(*flags, "num-prompts", &a.num_requests), GetNumber(*flags, "request-rate", &a.request_rate),
+                  GetNumber(*flags, "burstiness", &a.burstiness), GetNumber(*flags, "burst-factor", &a.burst_factor),
+                  GetNumber(*flags, "burst-start-s", &a.burst_start_s),
+                  GetNumber(*flags, "burst-duration-s", &a.burst_duration_s), GetNumber(*flags, "seed", &a.seed),
+                  GetNumber(*flags, "max-concurrency", &o->max_concurrency),
+                  GetNumber(*flags, "input-len", &o->input_len), GetNumber(*flags, "output-len", &o->output_len),
+                  GetNumber(*flags, "vocab-size", &o->vocab_size),
+                  GetNumber(*flags, "temperature", &o->client.temperature),
+                  GetNumber(*flags, "request-timeout-s", &o->client.request_timeout_s),
+                  GetNumber(*flags, "num-sessions", &c.num_sessions), GetNumber(*flags, "turns", &c.turns),
+                  GetNumber(*flags, "session-concurrency", &c.session_concurrency),
+                  GetNumber(*flags, "think-time-s", &c.think_time_s), GetNumber(*flags, "user-words", &c.user_words),
+                  GetNumber(*flags, "max-tokens", &c.max_tokens)}) {
+    if (!st.ok()) return st;
+  }
+  if (auto st = ParseCommon(*flags, o); !st.ok()) return st;
+  o->multi_turn = flags->switches.count("multi-turn") > 0;
+  if (o->multi_turn) return ParseMultiTurn(*flags, o);
+  for (const std::string& f : kMultiTurnFlags) {
+    if (flags->values.count(f) || flags->switches.count(f)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", f, " needs --multi-turn"));
+    }
+  }
+  return ParseSchedule(*flags, o);
 }
 
 void PrintTable(const BenchOptions& o, const BenchSummary& s, const RunResult& run) {
@@ -160,26 +247,15 @@ void PrintTable(const BenchOptions& o, const BenchSummary& s, const RunResult& r
   }
 }
 
-json ResultJson(const BenchOptions& o, const std::string& model, const BenchSummary& s, const RunResult& run) {
-  const ArrivalOptions& a = o.arrival;
+// What every run's JSON has: the endpoint, the model, sampling, and the summary's metrics.
+json SummaryJson(const BenchOptions& o, const std::string& model, const BenchSummary& s, const RunResult& run) {
   json j = {{"endpoint", o.endpoint}, {"backend", o.endpoint.substr(0, o.endpoint.find(':'))}, {"model_id", model},
-            {"num_prompts", a.num_requests},
-            {"request_rate", std::isinf(a.request_rate) ? json("inf") : json(a.request_rate)},
-            {"burstiness", a.burstiness}, {"max_concurrency", o.max_concurrency > 0 ? json(o.max_concurrency) : json()},
-            {"dataset", o.dataset_path.empty() ? "synthetic" : o.dataset_path}, {"seed", a.seed},
-            {"temperature", o.client.temperature}, {"duration", s.duration_s}, {"completed", s.completed},
-            {"rejected", s.rejected}, {"failed", s.failed}, {"total_input_tokens", s.total_input_tokens},
-            {"total_output_tokens", s.total_output_tokens}, {"request_throughput", s.request_throughput},
-            {"output_throughput", s.output_throughput}, {"total_token_throughput", s.total_token_throughput},
-            {"tokens_per_message", s.tokens_per_message}, {"max_send_lag_s", run.max_send_lag_s},
-            {"errors", s.first_errors}};
-  if (o.dataset_path.empty()) {
-    j["input_len"] = o.input_len;
-    j["output_len"] = o.output_len;
-  }
-  if (a.burst_duration_s > 0) {
-    j["burst"] = {{"factor", a.burst_factor}, {"start_s", a.burst_start_s}, {"duration_s", a.burst_duration_s}};
-  }
+            {"seed", o.arrival.seed}, {"temperature", o.client.temperature}, {"duration", s.duration_s},
+            {"completed", s.completed}, {"rejected", s.rejected}, {"failed", s.failed},
+            {"total_input_tokens", s.total_input_tokens}, {"total_output_tokens", s.total_output_tokens},
+            {"request_throughput", s.request_throughput}, {"output_throughput", s.output_throughput},
+            {"total_token_throughput", s.total_token_throughput}, {"tokens_per_message", s.tokens_per_message},
+            {"max_send_lag_s", run.max_send_lag_s}, {"errors", s.first_errors}};
   json goodput;  // null without --goodput, as vLLM
   if (o.slo.ttft_ms) goodput["ttft"] = *o.slo.ttft_ms;
   if (o.slo.tpot_ms) goodput["tpot"] = *o.slo.tpot_ms;
@@ -192,6 +268,25 @@ json ResultJson(const BenchOptions& o, const std::string& model, const BenchSumm
     j[absl::StrCat("median_", name, "_ms")] = st->median;
     j[absl::StrCat("p99_", name, "_ms")] = st->p99;
   }
+  return j;
+}
+
+const char* OutcomeName(Outcome o) { return o == Outcome::kOk ? "ok" : o == Outcome::kRejected ? "rejected" : "failed"; }
+
+json ResultJson(const BenchOptions& o, const std::string& model, const BenchSummary& s, const RunResult& run) {
+  const ArrivalOptions& a = o.arrival;
+  json j = SummaryJson(o, model, s, run);
+  j.update({{"num_prompts", a.num_requests},
+            {"request_rate", std::isinf(a.request_rate) ? json("inf") : json(a.request_rate)},
+            {"burstiness", a.burstiness}, {"max_concurrency", o.max_concurrency > 0 ? json(o.max_concurrency) : json()},
+            {"dataset", o.dataset_path.empty() ? "synthetic" : o.dataset_path}});
+  if (o.dataset_path.empty()) {
+    j["input_len"] = o.input_len;
+    j["output_len"] = o.output_len;
+  }
+  if (a.burst_duration_s > 0) {
+    j["burst"] = {{"factor", a.burst_factor}, {"start_s", a.burst_start_s}, {"duration_s", a.burst_duration_s}};
+  }
   if (o.save_detailed) {  // seconds, as vLLM's detailed arrays
     json send = json::array(), ttft = json::array(), e2el = json::array(), itls = json::array(), in = json::array(),
          out = json::array(), outcome = json::array(), errors = json::array();
@@ -202,13 +297,118 @@ json ResultJson(const BenchOptions& o, const std::string& model, const BenchSumm
       itls.push_back(r.itl_s);
       in.push_back(r.prompt_tokens);
       out.push_back(r.output_tokens);
-      outcome.push_back(r.outcome == Outcome::kOk ? "ok" : r.outcome == Outcome::kRejected ? "rejected" : "failed");
+      outcome.push_back(OutcomeName(r.outcome));
       errors.push_back(r.error);
     }
     j.update({{"send_times", send}, {"ttfts", ttft}, {"e2els", e2el}, {"itls", itls}, {"input_lens", in},
               {"output_lens", out}, {"outcomes", outcome}, {"request_errors", errors}});
   }
   return j;
+}
+
+// A progress bar on stderr, redrawn at most every 100 ms; none without `enabled`.
+std::function<void(int32_t, int32_t)> ProgressBar(bool enabled, const char* what) {
+  if (!enabled) return nullptr;
+  auto last_draw = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now() -
+                                                                            std::chrono::seconds(1));
+  return [last_draw, what](int32_t done, int32_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (done < total && now - *last_draw < std::chrono::milliseconds(100)) return;
+    *last_draw = now;
+    const int width = 30, filled = width * done / std::max(total, 1);
+    std::fprintf(stderr, "\r[%.*s%*s] %d/%d %s", filled, "##############################", width - filled, "", done,
+                 total, what);
+    if (done == total) std::fputc('\n', stderr);
+    std::fflush(stderr);
+  };
+}
+
+absl::Status WriteJson(const std::string& path, const json& j) {
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out) return absl::InvalidArgumentError(absl::StrCat("--result-json: cannot write ", path));
+  return absl::OkStatus();
+}
+
+// ---- --multi-turn.
+
+void PrintTurns(const BenchOptions& o, const ConversationRun& conv, const std::vector<TurnSummary>& turns) {
+  auto row = [](const char* name, const std::string& v) { std::printf("%-40s %s\n", name, v.c_str()); };
+  std::printf("=============== Multi-turn Sessions ==============\n");
+  row("Sessions completed:", absl::StrCat(conv.sessions_completed));
+  row("Sessions ended by a failed turn:", absl::StrCat(conv.sessions_failed));
+  row("Turn routing:", absl::StrCat(TurnRoutingName(o.conversation.routing), " over ", o.endpoints.size(),
+                                    o.endpoints.size() == 1 ? " endpoint" : " endpoints"));
+  std::printf("%-5s %6s %6s %6s %10s %10s %10s %10s %10s %10s\n", "turn", "sent", "ok", "failed", "TTFT mean",
+              "TTFT p50", "TTFT p90", "prompt", "cached", "output");
+  for (const TurnSummary& t : turns) {
+    std::printf("%-5d %6d %6d %6d %10.2f %10.2f %10.2f %10.1f %10.1f %10.1f\n", t.turn, t.sent, t.completed, t.failed,
+                t.ttft_ms.mean, t.ttft_ms.median, t.ttft_ms.p90, t.mean_prompt_tokens, t.mean_cached_tokens,
+                t.mean_output_tokens);
+  }
+  std::printf("(TTFT in ms; prompt, cached and output: mean tokens over the turns that completed)\n");
+  std::printf("==================================================\n");
+  std::fflush(stdout);
+}
+
+json MultiTurnJson(const BenchOptions& o, const std::string& model, const BenchSummary& s, const ConversationRun& conv,
+                   const std::vector<TurnSummary>& turns) {
+  const RunResult run = conv.Sent();
+  const ConversationOptions& c = o.conversation;
+  json j = SummaryJson(o, model, s, run);
+  j["multi_turn"] = {{"num_sessions", c.num_sessions}, {"turns", c.turns},
+                     {"session_concurrency", c.session_concurrency > 0 ? json(c.session_concurrency) : json()},
+                     {"think_time_s", c.think_time_s}, {"max_tokens", c.max_tokens}, {"ignore_eos", c.ignore_eos},
+                     {"user_messages", o.user_messages_path.empty() ? json() : json(o.user_messages_path)},
+                     {"user_words", o.user_messages_path.empty() ? json(c.user_words) : json()},
+                     {"turn_routing", TurnRoutingName(c.routing)}, {"endpoints", o.endpoints},
+                     {"sessions_completed", conv.sessions_completed}, {"sessions_failed", conv.sessions_failed}};
+  j["per_turn"] = TurnsJson(turns);
+  if (!o.save_detailed) return j;
+  json requests = json::array();  // in the order sent; seconds, as the detailed arrays
+  for (size_t k : conv.SentOrder()) {
+    const RequestResult& r = conv.results[k];
+    const SessionTurn& t = conv.requests[k].session;
+    requests.push_back({{"session_id", t.id}, {"session", t.index}, {"turn", t.turn},
+                        {"endpoint", o.endpoints[conv.endpoints[k]]}, {"send_s", r.send_s}, {"ttft_s", r.ttft_s},
+                        {"e2e_s", r.e2e_s}, {"prompt_tokens", r.prompt_tokens}, {"cached_tokens", r.cached_tokens},
+                        {"output_tokens", r.output_tokens}, {"outcome", OutcomeName(r.outcome)}, {"error", r.error}});
+  }
+  j["requests"] = requests;
+  return j;
+}
+
+absl::Status RunMultiTurn(BenchOptions& o) {
+  // The user messages are read before connecting so that a bad file fails without a server.
+  if (!o.user_messages_path.empty()) {
+    auto m = LoadUserMessages(o.user_messages_path);
+    if (!m.ok()) return absl::InvalidArgumentError(absl::StrCat("--user-messages: ", m.status().message()));
+    o.conversation.user_messages = std::move(*m);
+  }
+  std::vector<std::unique_ptr<LoadClient>> owned;
+  std::vector<LoadClient*> clients;
+  for (const std::string& e : o.endpoints) {
+    auto c = ConnectLoadClient(e, o.client);
+    if (!c.ok()) return c.status();
+    clients.push_back(c->get());
+    owned.push_back(std::move(*c));
+  }
+  const ConversationOptions& c = o.conversation;
+  const std::string model = clients[0]->info().model;
+  std::fprintf(stderr, "[bench-serve] %s (%s): %d sessions of %d turns, %s at once, routing %s\n", o.endpoint.c_str(),
+               model.c_str(), c.num_sessions, c.turns,
+               c.session_concurrency > 0 ? absl::StrCat(c.session_concurrency).c_str() : "all",
+               TurnRoutingName(c.routing));
+  o.conversation.on_progress = ProgressBar(o.progress, "turns");
+  ConversationRun conv(o.conversation);
+  RunConversations(clients, o.conversation, &conv);
+  const RunResult run = conv.Sent();
+  const BenchSummary s = Summarize(run, o.slo);
+  const std::vector<TurnSummary> turns = SummarizeTurns(conv);
+  PrintTable(o, s, run);
+  PrintTurns(o, conv, turns);
+  if (o.result_json.empty()) return absl::OkStatus();
+  return WriteJson(o.result_json, MultiTurnJson(o, model, s, conv, turns));
 }
 
 }  // namespace
@@ -221,6 +421,7 @@ absl::Status RunBenchServe(int argc, char** argv) {
     std::cout << kBenchServeUsage;
     return absl::OkStatus();
   }
+  if (o.multi_turn) return RunMultiTurn(o);
   // The dataset is read before connecting so that a bad file fails without a server.
   std::vector<LoadRequest> dataset;
   if (!o.dataset_path.empty()) {
@@ -246,28 +447,12 @@ absl::Status RunBenchServe(int argc, char** argv) {
 
   RunOptions run_opt;
   run_opt.max_concurrency = o.max_concurrency;
-  auto last_draw = std::chrono::steady_clock::now() - std::chrono::seconds(1);
-  if (o.progress) {
-    run_opt.on_progress = [&](int32_t done, int32_t total) {
-      const auto now = std::chrono::steady_clock::now();
-      if (done < total && now - last_draw < std::chrono::milliseconds(100)) return;
-      last_draw = now;
-      const int width = 30, filled = width * done / total;
-      std::fprintf(stderr, "\r[%.*s%*s] %d/%d requests", filled, "##############################", width - filled, "",
-                   done, total);
-      if (done == total) std::fputc('\n', stderr);
-      std::fflush(stderr);
-    };
-  }
+  run_opt.on_progress = ProgressBar(o.progress, "requests");
   const RunResult run = RunLoad(**client, requests, arrivals, run_opt);
   const BenchSummary s = Summarize(run, o.slo);
   PrintTable(o, s, run);
-  if (!o.result_json.empty()) {
-    std::ofstream out(o.result_json);
-    out << ResultJson(o, info.model, s, run).dump(2) << "\n";
-    if (!out) return absl::InvalidArgumentError(absl::StrCat("--result-json: cannot write ", o.result_json));
-  }
-  return absl::OkStatus();
+  if (o.result_json.empty()) return absl::OkStatus();
+  return WriteJson(o.result_json, ResultJson(o, info.model, s, run));
 }
 
 }  // namespace specula

@@ -41,6 +41,29 @@ Prompts (synthetic unless --dataset-path):
   --save-detailed         also per-request arrays in --result-json
   --no-progress           no progress bar on stderr
 
+Multi-turn conversations (--multi-turn; docs/multi_turn.md): closed-loop sessions instead of a
+schedule. Each turn sends the whole history, the answer received and a new user message: HTTP as
+POST /v1/chat/completions ("messages", streamed, usage from the last chunk), gRPC as one prompt
+of the messages' contents, one per line. The session id ("s<seed>-<i>") travels in the
+X-Session-Id header (HTTP) or x-session-id metadata (gRPC). A failed turn ends its session only.
+  --multi-turn            run sessions (the schedule's and the prompts' flags above do not apply)
+  --endpoint A,B,...      several endpoints: each turn goes to one, by --turn-routing
+  --num-sessions N        sessions to run (default 8)
+  --turns T               turns per session (default 4)
+  --session-concurrency C sessions in flight at once (default: all of them, 512 at most)
+  --think-time-s S        pause between an answer and the session's next turn (default 0)
+  --user-messages FILE    JSON lines, each a string or {"content": ...} ({"prompt": ...} too):
+                          the new user messages, cycled (turn t of session s takes line s*T+t)
+  --user-words W          without --user-messages: W random common words per user message (default 16)
+  --system-prompt TEXT    a system message first in every session (default: none)
+  --max-tokens N          max_tokens of each answer (default 128)
+  --ignore-eos            every answer runs to --max-tokens
+  --turn-routing R        session: a session stays on endpoint hash(id) mod n (default);
+                          rotate: turn t of session s goes to endpoint (s + t) mod n
+  The summary adds sessions completed and ended, and per turn index the TTFT (mean, p50, p90) and
+  the mean prompt, cached (prefix cache) and output tokens; --save-detailed writes every turn
+  (session id, turn, endpoint, TTFT, E2E, tokens, outcome) under "requests" in --result-json.
+
 Refusals (gRPC RESOURCE_EXHAUSTED, HTTP 429) are counted as rejected, apart from other failures.
 With speculation a message can carry several tokens: ITL is measured per message.
 )";

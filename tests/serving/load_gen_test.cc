@@ -262,23 +262,35 @@ class FakeGeneration final : public v1::Generation::Service {
     r->set_vocab_size(1000);
     return grpc::Status::OK;
   }
-  grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest* q,
+  grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* q,
                         grpc::ServerWriter<v1::GenerateResponse>* w) override {
     max_tokens = q->sampling().max_tokens();
     ignore_eos = q->sampling().ignore_eos();
     for (int32_t t : q->prompt_token_ids()) max_prompt_id = std::max<int>(max_prompt_id, t);
+    {
+      std::lock_guard lock(mu);
+      prompt = q->prompt();
+      const auto id = ctx->client_metadata().find("x-session-id");
+      session_id = id == ctx->client_metadata().end() ? "" : std::string(id->second.data(), id->second.size());
+    }
     if (calls++ % 2 == 1) return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "queue full");
     for (int m = 1; m <= 3; ++m) {
       if (m > 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
       v1::GenerateResponse r;
       for (int i = 0; i < m; ++i) r.add_token_ids(i);
-      if (m == 3) r.mutable_usage()->set_prompt_tokens(q->prompt_token_ids_size() + 1);
+      r.set_text(std::string(m, 'a' + m - 1));  // "a", "bb", "ccc"
+      if (m == 3) {
+        r.mutable_usage()->set_prompt_tokens(q->prompt_token_ids_size() + 1);
+        r.mutable_usage()->set_cached_prompt_tokens(2);
+      }
       w->Write(r);
     }
     return grpc::Status::OK;
   }
   std::atomic<int> calls{0}, max_tokens{0}, max_prompt_id{-1};
   std::atomic<bool> ignore_eos{false};
+  std::mutex mu;
+  std::string prompt, session_id;  // the last call's, guarded by mu
 };
 
 struct GrpcFake {
@@ -307,6 +319,8 @@ struct HttpFake {
       {
         std::lock_guard lock(mu);
         last_body = body;
+        last_path = q.path;
+        session_header = q.get_header_value("X-Session-Id");
       }
       if (body["prompt"] == "reject") {
         res.status = 429;
@@ -327,6 +341,32 @@ struct HttpFake {
         return true;
       });
     });
+    // Chat: an opening delta with the role and no content (as vLLM sends), "Hi", " there", a closing
+    // chunk, then usage with 3 cached prompt tokens.
+    http.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& res) {
+      {
+        std::lock_guard lock(mu);
+        last_body = json::parse(q.body);
+        last_path = q.path;
+        session_header = q.get_header_value("X-Session-Id");
+      }
+      res.set_chunked_content_provider("text/event-stream", [](size_t, httplib::DataSink& sink) {
+        const std::vector<json> deltas = {{{"role", "assistant"}, {"content", ""}}, {{"content", "Hi"}},
+                                          {{"content", " there"}}, json::object()};
+        for (size_t i = 0; i < deltas.size(); ++i) {
+          const bool last = i + 1 == deltas.size();
+          const json choice = {{"index", 0}, {"delta", deltas[i]}, {"finish_reason", last ? json("stop") : json()}};
+          const std::string line = "data: " + json{{"choices", json::array({choice})}}.dump() + "\n\n";
+          sink.write(line.data(), line.size());
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        const std::string tail = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2,"
+                                 "\"prompt_tokens_details\":{\"cached_tokens\":3}}}\n\ndata: [DONE]\n\n";
+        sink.write(tail.data(), tail.size());
+        sink.done();
+        return true;
+      });
+    });
     port = http.bind_to_any_port("127.0.0.1");
     thread = std::thread([this] { http.listen_after_bind(); });
   }
@@ -340,6 +380,7 @@ struct HttpFake {
   int port = 0;
   std::mutex mu;
   json last_body;
+  std::string last_path, session_header;
 };
 
 TEST(Clients, GrpcTimesEachMessageAndCountsRefusals) {
@@ -395,6 +436,57 @@ TEST(Clients, HttpParsesTheEventStreamAndCounts429AsRejected) {
   EXPECT_EQ(fake.last_body["structured_outputs"], json({{"json", R"({"type":"object"})"}}));
 }
 
+// A conversation's turn: over HTTP, chat with the messages and the X-Session-Id header, its answer's
+// text kept and the cached tokens read from usage; over gRPC, one prompt of the contents, line by
+// line, with x-session-id metadata.
+TEST(Clients, ConversationTurnsCarryTheHistoryAndTheSessionId) {
+  LoadRequest turn{.max_tokens = 4};
+  turn.messages = {{"system", "Be brief."}, {"user", "Hello"}, {"assistant", "Hi"}, {"user", "More"}};
+  turn.session = {"s3-1", 1, 1};
+  HttpFake http;
+  auto hc = ConnectLoadClient(http.endpoint(), {});
+  ASSERT_TRUE(hc.ok()) << hc.status();
+  const RequestResult h = (*hc)->Send(turn);
+  ASSERT_EQ(h.outcome, Outcome::kOk) << h.error;
+  EXPECT_EQ(h.text, "Hi there");
+  EXPECT_EQ(h.prompt_tokens, 9);
+  EXPECT_EQ(h.cached_tokens, 3);
+  EXPECT_EQ(h.output_tokens, 2);
+  EXPECT_EQ(h.itl_s.size(), 1u);  // the opening delta carries no token: "Hi" and " there" do
+  EXPECT_GE(h.ttft_s, 0.015);
+  {
+    std::lock_guard lock(http.mu);
+    EXPECT_EQ(http.last_path, "/v1/chat/completions");
+    EXPECT_EQ(http.session_header, "s3-1");
+    EXPECT_EQ(http.last_body["messages"], json::parse(R"([{"role":"system","content":"Be brief."},)"
+                                                      R"({"role":"user","content":"Hello"},)"
+                                                      R"({"role":"assistant","content":"Hi"},)"
+                                                      R"({"role":"user","content":"More"}])"));
+    EXPECT_FALSE(http.last_body.contains("prompt"));
+    EXPECT_EQ(http.last_body["stream_options"]["include_usage"], true);
+    EXPECT_EQ(http.last_body["max_tokens"], 4);
+  }
+  const RequestResult plain = (*hc)->Send(LoadRequest{.prompt = "x"});  // no session: no header
+  ASSERT_EQ(plain.outcome, Outcome::kOk);
+  EXPECT_TRUE(plain.text.empty());  // kept for conversations only
+  {
+    std::lock_guard lock(http.mu);
+    EXPECT_EQ(http.last_path, "/v1/completions");
+    EXPECT_EQ(http.session_header, "");
+  }
+
+  GrpcFake grpc;
+  auto gc = ConnectLoadClient(grpc.endpoint(), {});
+  ASSERT_TRUE(gc.ok()) << gc.status();
+  const RequestResult g = (*gc)->Send(turn);
+  ASSERT_EQ(g.outcome, Outcome::kOk) << g.error;
+  EXPECT_EQ(g.text, "abbccc");
+  EXPECT_EQ(g.cached_tokens, 2);
+  std::lock_guard lock(grpc.service.mu);
+  EXPECT_EQ(grpc.service.prompt, "Be brief.\nHello\nHi\nMore");
+  EXPECT_EQ(grpc.service.session_id, "s3-1");
+}
+
 int ClosedPort() {  // a port that was free a moment ago: connecting is refused
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
@@ -446,6 +538,22 @@ TEST(BenchServe, BadFlagsNameTheFlagAndValue) {
       {with({"--dataset-path", "/nope.jsonl"}), "--dataset-path: /nope.jsonl"},
       {with({"--temperature", "-1"}), "--temperature must be >= 0, got -1"},
       {with({"--bogus", "1"}), "unknown flag --bogus"},
+      {with({"--multi-turn", "--turns", "0"}), "--turns must be in [1, 10000], got 0"},
+      {with({"--multi-turn", "--num-sessions", "-1"}), "--num-sessions must be in [1, 1000000], got -1"},
+      {with({"--multi-turn", "--turn-routing", "bogus"}), "--turn-routing: 'bogus' is not session or rotate"},
+      {with({"--multi-turn", "--session-concurrency", "0"}), "--session-concurrency must be >= 1, got 0"},
+      {with({"--multi-turn", "--think-time-s", "-1"}), "--think-time-s must be >= 0, got -1"},
+      {with({"--multi-turn", "--max-tokens", "0"}), "--max-tokens must be >= 1, got 0"},
+      {with({"--multi-turn", "--input-len", "8"}), "--input-len does not apply to --multi-turn"},
+      {with({"--multi-turn", "--vocab-size", "8"}), "--vocab-size does not apply to --multi-turn"},
+      {with({"--multi-turn", "--request-rate", "8"}), "--request-rate does not apply to --multi-turn"},
+      {with({"--multi-turn", "--dataset-path", "f.jsonl"}), "--dataset-path does not apply to --multi-turn (user messages: --user-messages)"},
+      {with({"--multi-turn", "--user-messages", "f", "--user-words", "3"}), "--user-words is for synthetic user messages"},
+      {with({"--multi-turn", "--user-messages", "/nope.jsonl"}), "--user-messages: /nope.jsonl: cannot open"},
+      {with({"--turns", "3"}), "--turns needs --multi-turn"},
+      {with({"--ignore-eos"}), "--ignore-eos needs --multi-turn"},
+      {{"--endpoint", "grpc://127.0.0.1:1,grpc://127.0.0.1:2"}, "--endpoint: a list of endpoints"},
+      {{"--multi-turn", "--endpoint", "ftp://h:2,grpc://127.0.0.1:1"}, "--endpoint: 'ftp://h:2' is not grpc://HOST:PORT"},
   };
   for (const auto& [args, want] : cases) {
     const absl::Status st = Bench(args);
