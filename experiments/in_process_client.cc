@@ -16,7 +16,7 @@ RequestResult InProcessClient::Send(const LoadRequest& request) {
   auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - sent).count(); };
   ServeRequest r;  // the table's in-process row: the server's default max_tokens, capped to the room
   r.surface = Surface::kInProcess;
-  r.prompt = request.prompt;
+  r.prompt = request.messages.empty() ? request.prompt : ConversationPrompt(request.messages);
   r.prompt_token_ids = request.prompt_token_ids;
   r.sampling.temperature = static_cast<float>(temperature_);
   r.seed = seed_ + index;
@@ -50,8 +50,10 @@ RequestResult InProcessClient::Send(const LoadRequest& request) {
       last = now;
       tokens.insert(tokens.end(), d->tokens.begin(), d->tokens.end());
     }
+    if (!request.messages.empty()) out.text += d->text;  // a conversation's next turn sends it
     if (d->finished) {
       out.e2e_s = seconds();
+      out.cached_tokens = d->final.cached_prompt_tokens;
       if (!d->error.ok()) {
         out.error = std::string(d->error.message());
       } else if (!d->final.error.empty()) {

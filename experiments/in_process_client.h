@@ -1,5 +1,6 @@
 // A load client that submits straight to the serving core (no sockets): in-process ONLINE runs,
-// and a calibration's served traffic, go through the same client and load generator.
+// and a calibration's served traffic, go through the same client and load generator. A
+// conversation's turn is submitted as one prompt (ConversationPrompt), as gRPC sends it.
 #pragma once
 
 #include <mutex>
@@ -18,7 +19,7 @@ class InProcessClient : public LoadClient {
   }
   const ServerInfo& info() const override { return info_; }
 
-  // RunLoad passes the dataset's own elements: `request` must be one of *requests.
+  // RunLoad (and RunConversations) pass the elements of *requests: `request` must be one of them.
   RequestResult Send(const LoadRequest& request) override;
 
   std::vector<std::vector<TokenId>> tokens();  // [requests]: each one's output tokens

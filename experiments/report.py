@@ -82,7 +82,14 @@ def describe_workload(w):
     if not isinstance(w, dict) or not w:
         return "unknown workload"
     synthetic, count = _key(w, "synthetic"), _key(w, "num_requests")
-    if isinstance(synthetic, dict):
+    conversation = _key(w, "conversation")
+    if isinstance(conversation, dict):
+        users = _key(conversation, "user_messages_file")
+        text = (f"{fmt_value(_key(conversation, 'sessions'))} conversations of {fmt_value(_key(conversation, 'turns'))} "
+                f"turns, {fmt_value(_key(conversation, 'session_concurrency') or 'all')} at a time, each turn sending "
+                "the history, the answer received and a new user message "
+                + (f"from `{users}`" if users else f"of {fmt_value(_key(conversation, 'user_words'))} random words"))
+    elif isinstance(synthetic, dict):
         text = (f"synthetic prompts of {fmt_value(_key(synthetic, 'input_len'))} tokens generating "
                 f"{fmt_value(_key(synthetic, 'output_len'))} tokens each")
     else:
@@ -113,7 +120,9 @@ def assumptions(run, points, mode, slo, cost_per_hour):
     text = (f"Measured on {get('cpu')} ({get('threads')} threads, SIMD {get('simd')}, GPU {get('gpu', 'none')}), "
             f"{get('build_type')} build of commit `{get('git_commit')}`, on {get('date')}. "
             f"Mode {mode}: ")
-    if mode == "ONLINE":
+    if mode == "ONLINE" and isinstance(_key(run.get("workload"), "conversation"), dict):
+        text += "closed-loop conversations through the serving stack, each turn sent once the one before it is answered. "
+    elif mode == "ONLINE":
         text += "requests arrive at each point's request_rate through the serving stack. "
     else:
         text += ("every request is added at t = 0, so TTFT measures the wait in the queue, not the service. ")

@@ -11,10 +11,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "core/status_macros.h"
 #include "engine/engine_setup.h"
 #include "engine/run.h"
 #include "request/boundary.h"
+#include "serving/conversation.h"
 #include "serving/load_gen.h"
 #include "serving/server.h"
 #include "draft/ngram_proposer.h"
@@ -53,9 +55,10 @@ EngineOptions PointOptions(const Experiment& s, const Point& p) {
 }
 
 // The spec's requests: its prompts file (read when the spec loaded) cycled to num_requests, or
-// synthetic token ids.
+// synthetic token ids; none for a conversation, whose turns are made as it runs.
 std::vector<LoadRequest> Workload(const LoadedSpec& s, int32_t vocab_size) {
   const v1::Workload& w = s.spec.workload();
+  if (w.has_conversation()) return {};  // made turn by turn (OnlineLoad)
   if (w.has_synthetic()) {
     return SyntheticDataset(w.num_requests(), w.synthetic().input_len(), w.synthetic().output_len(), vocab_size, w.seed());
   }
@@ -285,11 +288,6 @@ absl::Status WriteWhole(const std::string& path, const std::string& data) {
   return absl::OkStatus();
 }
 
-// The trace of an online run, where the hooks ask for one.
-absl::Status MaybeWriteTrace(const RunHooks& hooks, const RunResult& run, const std::vector<LoadRequest>& requests) {
-  return hooks.trace_path.empty() ? absl::OkStatus() : WriteWhole(hooks.trace_path, TraceJsonl(run, requests));
-}
-
 // An n-gram engine's drafts at each decode step of each request (DraftProfile), from the prompt as the
 // server tokenized it and the tokens it streamed; empty for other engines.
 std::vector<DraftProfile> NgramDraftProfiles(const LoadedEngine& e, int32_t max_k,
@@ -301,12 +299,95 @@ std::vector<DraftProfile> NgramDraftProfiles(const LoadedEngine& e, int32_t max_
   std::vector<DraftProfile> out(requests.size());
   for (size_t i = 0; i < requests.size() && i < outputs.size(); ++i) {
     const LoadRequest& r = requests[i];
-    const std::vector<TokenId> prompt =
-        r.prompt_token_ids.empty() ? e.tokenizer->Encode(r.prompt, e.add_bos) : r.prompt_token_ids;
+    const std::string text = r.messages.empty() ? r.prompt : ConversationPrompt(r.messages);
+    const std::vector<TokenId> prompt = r.prompt_token_ids.empty() ? e.tokenizer->Encode(text, e.add_bos) : r.prompt_token_ids;
     out[i] = NgramDraftProfile(lookup, prompt, outputs[i], max_k);
   }
   return out;
 }
+
+// A conversation workload as the load generator's options.
+ConversationOptions ConversationOf(const LoadedSpec& s) {
+  const v1::Workload& w = s.spec.workload();
+  const v1::Conversation& c = w.conversation();
+  ConversationOptions o;
+  o.num_sessions = c.sessions();
+  o.turns = c.turns();
+  o.session_concurrency = c.session_concurrency();
+  o.think_time_s = c.think_time_s();
+  o.system_prompt = c.system_prompt();
+  o.user_messages = s.user_messages;
+  o.user_words = c.user_words();
+  o.max_tokens = w.max_tokens();
+  o.ignore_eos = w.ignore_eos();
+  o.seed = w.seed();
+  o.routing = ParseTurnRouting(c.turn_routing()).value_or(TurnRouting::kSession);
+  return o;
+}
+
+// What an ONLINE run sends: the workload's requests at the point's arrivals, or its conversations
+// (closed loop). A client that knows a request by its place (InProcessClient) is made over slots().
+class OnlineLoad {
+ public:
+  OnlineLoad(const LoadedSpec& s, const Point& p, std::vector<LoadRequest> requests)
+      : spec_(s), point_(p), requests_(std::move(requests)) {
+    if (s.spec.workload().has_conversation()) {
+      options_ = ConversationOf(s);
+      conv_ = std::make_unique<ConversationRun>(options_);
+    }
+  }
+
+  const std::vector<LoadRequest>* slots() const { return conv_ ? &conv_->requests : &requests_; }
+
+  // Through clients[0], or a conversation's turns through the client of each one's endpoint;
+  // the results in the order sent.
+  RunResult Run(const std::vector<LoadClient*>& clients, const RunHooks& hooks) {
+    if (!conv_) {
+      RunOptions ro;
+      ro.on_progress = hooks.on_progress;
+      return RunLoad(*clients[0], requests_, ArrivalTimes(Arrivals(spec_.spec.workload(), point_)), ro);
+    }
+    options_.on_progress = hooks.on_progress;
+    options_.stop = hooks.stop;
+    RunConversations(clients, options_, conv_.get());
+    return conv_->Sent();
+  }
+
+  // The slots sent, in the order of Run's results.
+  std::vector<size_t> SentSlots() const {
+    if (conv_) return conv_->SentOrder();
+    std::vector<size_t> all(requests_.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    return all;
+  }
+  template <typename T>
+  std::vector<T> InSentOrder(const std::vector<T>& by_slot) const {
+    std::vector<T> out;
+    for (size_t k : SentSlots()) out.push_back(k < by_slot.size() ? by_slot[k] : T());
+    return out;
+  }
+  // The endpoint of each request sent, in Run's order, where a conversation has several; else empty.
+  std::vector<std::string> SentEndpoints(const std::vector<std::string>& endpoints) const {
+    std::vector<std::string> out;
+    if (!conv_ || endpoints.size() < 2) return out;
+    for (size_t k : SentSlots()) out.push_back(endpoints[conv_->endpoints[k]]);
+    return out;
+  }
+
+  // A conversation's sessions and per-turn statistics for the results line; nothing otherwise.
+  void AddTo(nlohmann::json* m) const {
+    if (!conv_) return;
+    (*m)["sessions"] = {{"completed", conv_->sessions_completed}, {"failed", conv_->sessions_failed}};
+    (*m)["per_turn"] = TurnsJson(SummarizeTurns(*conv_));
+  }
+
+ private:
+  const LoadedSpec& spec_;
+  const Point point_;
+  std::vector<LoadRequest> requests_;  // [num_requests]; empty for a conversation
+  ConversationOptions options_;
+  std::unique_ptr<ConversationRun> conv_;  // a conversation's requests and results, by slot
+};
 
 // An online run's steps as the engine ran them (record_trace): one JSON line each, {"start_s" (from
 // the load generator's start, the zero of the trace's arrival_s), "seconds" (its period,
@@ -344,32 +425,37 @@ std::string StepsPath(const std::string& trace_path) {
   return (has ? trace_path.substr(0, trace_path.size() - ext.size()) : trace_path) + ".steps.jsonl";
 }
 
+// The in-process server's options: the workload's default max_tokens and the spec's admission.
+ServeOptions InProcessServeOptions(const LoadedEngine& e, const Experiment& spec) {
+  ServeOptions so;
+  so.model_name = "experiment";
+  so.default_max_tokens = spec.workload().max_tokens();  // the in-process row's configured default
+  so.add_bos = e.add_bos;
+  so.admission.max_queue_len = spec.admission().max_queue_len();
+  so.admission.max_queue_delay_ms = spec.admission().max_queue_delay_ms();
+  so.admission.ttft_slo_ms = spec.admission().ttft_slo_ms();
+  return so;
+}
+
 // Online in process: the serving core over the point's engine, loaded by the load generator.
 absl::StatusOr<nlohmann::json> RunOnline(LoadedEngine& e, const SchedulerConfig& sc, const SpecConfig& spec_cfg,
-                                         const std::vector<LoadRequest>& requests, const Experiment& spec,
-                                         const Point& p, const RunHooks& hooks) {
+                                         OnlineLoad& load, const Experiment& spec, const Point& p,
+                                         const RunHooks& hooks) {
   const v1::Workload& w = spec.workload();
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> made, MakeEngine(e, PointEngine(sc, spec_cfg)));
   Engine& engine = *made;
   if (auto st = WarmUp(e, engine, sc.block_size); !st.ok()) return st;  // before the loop thread owns it
   const EngineStats warm = engine.stats();
   const int64_t warm_preemptions = engine.scheduler().num_preemptions();
-  ServeOptions so;
-  so.model_name = "experiment";
-  so.default_max_tokens = w.max_tokens();  // the in-process row's configured default
-  so.add_bos = e.add_bos;
-  so.admission.max_queue_len = spec.admission().max_queue_len();
-  so.admission.max_queue_delay_ms = spec.admission().max_queue_delay_ms();
-  so.admission.ttft_slo_ms = spec.admission().ttft_slo_ms();
   RunResult run;
   EngineSnapshot snap;
-  std::vector<std::vector<TokenId>> tokens;
+  std::vector<std::vector<TokenId>> tokens;  // [slots]
   StepLog steps;
   if (!hooks.trace_path.empty()) steps.Attach(engine);
   {
-    Server server(&engine, e.tokenizer.get(), e.model->config(), so);
-    InProcessClient client(&server, &requests, p.temperature, w.seed());
-    // Ctrl-C: abort what runs, so that RunLoad returns soon.
+    Server server(&engine, e.tokenizer.get(), e.model->config(), InProcessServeOptions(e, spec));
+    InProcessClient client(&server, load.slots(), p.temperature, w.seed());
+    // Ctrl-C: abort what runs, so that the load returns soon.
     std::atomic<bool> finished{false};
     std::thread watcher([&] {
       while (!finished.load()) {
@@ -380,9 +466,7 @@ absl::StatusOr<nlohmann::json> RunOnline(LoadedEngine& e, const SchedulerConfig&
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     });
-    RunOptions ro;
-    ro.on_progress = hooks.on_progress;
-    run = RunLoad(client, requests, ArrivalTimes(Arrivals(w, p)), ro);
+    run = load.Run({&client}, hooks);
     finished = true;
     watcher.join();
     if (hooks.stop && hooks.stop->load()) return absl::CancelledError("interrupted");
@@ -394,28 +478,44 @@ absl::StatusOr<nlohmann::json> RunOnline(LoadedEngine& e, const SchedulerConfig&
   const EngineStats stats = Since(warm, snap.stats);
   steps.periods.Finish();
   if (!hooks.trace_path.empty()) {
-    const std::vector<DraftProfile> drafts = NgramDraftProfiles(e, sc.num_spec_tokens, requests, tokens);
-    RETURN_IF_ERROR(WriteWhole(hooks.trace_path, TraceJsonl(run, requests, drafts)));
+    const std::vector<LoadRequest> sent = load.InSentOrder(*load.slots());
+    const std::vector<DraftProfile> drafts = NgramDraftProfiles(e, sc.num_spec_tokens, sent, load.InSentOrder(tokens));
+    RETURN_IF_ERROR(WriteWhole(hooks.trace_path, TraceJsonl(run, sent, drafts)));
     RETURN_IF_ERROR(WriteWhole(StepsPath(hooks.trace_path), steps.Lines(run.start_s)));
   }
-  return Measurements(Summarize(run, SpecSlo(spec.slo())), w.num_requests(), &stats, spec_cfg.adaptive, peak,
-                      snap.num_preemptions - warm_preemptions, &tokens);
+  nlohmann::json m = Measurements(Summarize(run, SpecSlo(spec.slo())), w.num_requests(), &stats, spec_cfg.adaptive,
+                                  peak, snap.num_preemptions - warm_preemptions, &tokens);
+  load.AddTo(&m);
+  return m;
 }
 
-// Online against the spec's endpoint: the server's engine, seen only through its streams.
+// Online against the spec's endpoints (several for a conversation): the servers' engines, seen only
+// through their streams.
 absl::StatusOr<nlohmann::json> RunRemote(const LoadedSpec& s, const Point& p, const RunHooks& hooks) {
   const v1::Workload& w = s.spec.workload();
   ClientOptions co;
   co.temperature = p.temperature;
-  auto client = ConnectLoadClient(s.spec.endpoint(), co);
-  if (!client.ok()) return client.status();
-  const std::vector<LoadRequest> requests = Workload(s, (*client)->info().vocab_size > 0 ? (*client)->info().vocab_size : 256);
-  RunOptions ro;
-  ro.on_progress = hooks.on_progress;
-  const RunResult run = RunLoad(**client, requests, ArrivalTimes(Arrivals(w, p)), ro);
+  const std::vector<std::string> endpoints = absl::StrSplit(s.spec.endpoint(), ',');
+  std::vector<std::unique_ptr<LoadClient>> owned;
+  std::vector<LoadClient*> clients;
+  for (const std::string& endpoint : endpoints) {
+    auto client = ConnectLoadClient(endpoint, co);
+    if (!client.ok()) return client.status();
+    clients.push_back(client->get());
+    owned.push_back(std::move(*client));
+  }
+  const int32_t vocab = clients[0]->info().vocab_size > 0 ? clients[0]->info().vocab_size : 256;
+  OnlineLoad load(s, p, Workload(s, vocab));
+  const RunResult run = load.Run(clients, hooks);
   if (hooks.stop && hooks.stop->load()) return absl::CancelledError("interrupted");
-  RETURN_IF_ERROR(MaybeWriteTrace(hooks, run, requests));
-  return Measurements(Summarize(run, SpecSlo(s.spec.slo())), w.num_requests(), nullptr, false, 0, 0, nullptr);
+  if (!hooks.trace_path.empty()) {
+    RETURN_IF_ERROR(WriteWhole(hooks.trace_path,
+                               TraceJsonl(run, load.InSentOrder(*load.slots()), {}, load.SentEndpoints(endpoints))));
+  }
+  nlohmann::json m =
+      Measurements(Summarize(run, SpecSlo(s.spec.slo())), w.num_requests(), nullptr, false, 0, 0, nullptr);
+  load.AddTo(&m);
+  return m;
 }
 
 }  // namespace
@@ -431,9 +531,14 @@ absl::StatusOr<nlohmann::json> RunPoint(const LoadedSpec& s, const Point& p, con
   auto sc = BatchSchedulerConfig(e);
   if (!sc.ok()) return sc.status();
   const SpecConfig spec_cfg = e.spec_config();
-  const std::vector<LoadRequest> requests = Workload(s, e.model->config().vocab_size);
-  auto m = p.online ? RunOnline(e, *sc, spec_cfg, requests, s.spec, p, hooks)
-                    : RunOffline(e, *sc, spec_cfg, requests, s.spec, hooks);
+  std::vector<LoadRequest> requests = Workload(s, e.model->config().vocab_size);
+  absl::StatusOr<nlohmann::json> m;
+  if (p.online) {
+    OnlineLoad load(s, p, std::move(requests));
+    m = RunOnline(e, *sc, spec_cfg, load, s.spec, p, hooks);
+  } else {
+    m = RunOffline(e, *sc, spec_cfg, requests, s.spec, hooks);
+  }
   // The replica as it ran (the KV pool is sized from this machine's memory): what a simulator
   // replaying the run needs (specula simulate --validate).
   if (m.ok()) {
@@ -445,20 +550,29 @@ absl::StatusOr<nlohmann::json> RunPoint(const LoadedSpec& s, const Point& p, con
 }
 
 std::string TraceJsonl(const RunResult& run, const std::vector<LoadRequest>& requests,
-                       absl::Span<const DraftProfile> drafts) {
+                       absl::Span<const DraftProfile> drafts, absl::Span<const std::string> endpoints) {
   using Line = nlohmann::ordered_json;  // keys in the order written: arrival first
   std::map<std::pair<std::string, std::vector<int32_t>>, size_t> first;  // a prompt's first request
   std::string out;
   for (size_t i = 0; i < run.requests.size(); ++i) {
     const RequestResult& r = run.requests[i];
+    const LoadRequest* q = i < requests.size() ? &requests[i] : nullptr;
     const bool ok = r.outcome == Outcome::kOk;
     Line j;
     j["arrival_s"] = r.send_s;
-    if (i < requests.size()) {
-      j["prompt_id"] = first.try_emplace({requests[i].prompt, requests[i].prompt_token_ids}, i).first->second;
+    if (q != nullptr && q->session.index >= 0) {  // a conversation's turn: the simulator's "session"
+      j["session"] = q->session.index;
+      j["session_id"] = q->session.id;
+      j["turn"] = q->session.turn;
+    }
+    if (i < endpoints.size()) j["endpoint"] = endpoints[i];
+    if (q != nullptr) {
+      const std::string text = q->messages.empty() ? q->prompt : ConversationPrompt(q->messages);
+      j["prompt_id"] = first.try_emplace({text, q->prompt_token_ids}, i).first->second;
     }
     j["prompt_tokens"] = r.prompt_tokens;
-    if (i < requests.size()) j["prompt_text"] = !requests[i].prompt.empty();
+    if (q != nullptr && q->session.index >= 0) j["cached_tokens"] = r.cached_tokens;
+    if (q != nullptr) j["prompt_text"] = q->prompt_token_ids.empty();
     j["output_tokens"] = r.output_tokens;
     j["ttft_ms"] = r.output_tokens > 0 ? Line(r.ttft_s * 1e3) : Line();
     j["e2e_ms"] = ok ? Line(r.e2e_s * 1e3) : Line();

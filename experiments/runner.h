@@ -1,7 +1,8 @@
 // One run of one point of an experiment: the engine the point describes, the spec's workload
 // through it (offline: every request at t = 0 straight into the engine; online: at the point's
 // request rate through the serving core and bench-serve's load generator, or against the spec's
-// endpoint), and the measurements as one results.jsonl object.
+// endpoint; a conversation workload: its sessions, closed loop), and the measurements as one
+// results.jsonl object.
 #pragma once
 
 #include <atomic>
@@ -45,7 +46,8 @@ struct RunHooks {
 // in order, equal for equal outputs (null against an endpoint, whose tokens are not seen here);
 // goodput (the share of num_requests that completed within every bound of the spec's slo, each
 // request on its own; with no bound, the completed share; OFFLINE, TTFT includes the wait in the
-// queue) and request_goodput (those per second).
+// queue) and request_goodput (those per second); a conversation adds sessions {completed, failed}
+// and per_turn (serving/conversation.h's TurnsJson).
 absl::StatusOr<nlohmann::json> RunPoint(const LoadedSpec& spec, const Point& point, const RunHooks& hooks);
 
 // A run's trace, one JSON line per request in arrival order: {"arrival_s": the send time from the
@@ -54,9 +56,12 @@ absl::StatusOr<nlohmann::json> RunPoint(const LoadedSpec& spec, const Point& poi
 // "output_tokens", "ttft_ms" (null when no token came), "e2e_ms" and "finish_s" = arrival_s + e2e
 // (null unless it completed), "ok"}, plus "error" when not ok; and for an n-gram point,
 // "drafts_found" and "drafts_matched": what the lookup found at each decode step and how many of
-// those the output matched (experiments/draft_profile.h), which `specula simulate` replays.
-// `requests`: what was sent, in the same order; `drafts`: [requests] or empty.
+// those the output matched (experiments/draft_profile.h), which `specula simulate` replays. A
+// conversation's turn adds "session" (its session's number: the simulator's session affinity),
+// "session_id" and "turn" after "arrival_s", and "cached_tokens" (the prefix cache's, as the server
+// said) after "prompt_tokens"; "endpoint" where `endpoints` is given.
+// `requests`: what was sent, in the same order; `drafts`, `endpoints`: [requests] or empty.
 std::string TraceJsonl(const RunResult& run, const std::vector<LoadRequest>& requests,
-                       absl::Span<const DraftProfile> drafts = {});
+                       absl::Span<const DraftProfile> drafts = {}, absl::Span<const std::string> endpoints = {});
 
 }  // namespace specula::experiments

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "core/dtype.h"
 #include "core/mapped_file.h"
 #include "request/boundary.h"
@@ -208,7 +209,7 @@ absl::Status ValidateInputs(const Locator& at, const Experiment& s, const std::s
   // Workload.
   const v1::Workload& w = s.workload();
   if (w.source_case() == v1::Workload::SOURCE_NOT_SET) {
-    return bad({"workload"}, "workload needs prompts_file or synthetic { input_len output_len }");
+    return bad({"workload"}, "workload needs prompts_file, synthetic { input_len output_len } or conversation { ... }");
   }
   if (w.has_synthetic() && (w.synthetic().input_len() <= 0 || w.synthetic().output_len() <= 0)) {
     return bad({"workload", "synthetic"}, absl::StrCat("workload.synthetic: input_len and output_len must be positive, got ",
@@ -260,7 +261,9 @@ absl::Status ValidateSweep(const Locator& at, const Experiment& s) {
       }
     }
   }
-  if (online && sw.request_rate_size() == 0) return bad({"sweep"}, "mode: ONLINE needs sweep.request_rate: [...]");
+  if (online && sw.request_rate_size() == 0 && !s.workload().has_conversation()) {
+    return bad({"sweep"}, "mode: ONLINE needs sweep.request_rate: [...]");
+  }
   if (!online) {
     for (auto [field, n] : {std::pair{"request_rate", sw.request_rate_size()}, {"burstiness", sw.burstiness_size()}}) {
       if (n > 0) return bad({"sweep", field}, absl::StrCat("sweep.", field, " applies to mode: ONLINE only"));
@@ -344,8 +347,83 @@ absl::Status ValidateAdmission(const Locator& at, const Experiment& s) {
   return absl::OkStatus();
 }
 
-absl::Status Validate(const Locator& at, Experiment& s, const std::string& spec_path, std::vector<LoadRequest>* prompts) {
-  if (auto st = ValidateInputs(at, s, spec_path, prompts); !st.ok()) return st;
+// Each endpoint of the spec's comma-separated list: a list needs a conversation to spread over it.
+absl::Status ValidateEndpoints(const Locator& at, const Experiment& s) {
+  if (s.endpoint().empty()) return absl::OkStatus();
+  const std::vector<std::string> endpoints = absl::StrSplit(s.endpoint(), ',');
+  if (endpoints.size() > 1 && !s.workload().has_conversation()) {
+    return Bad(at, {"endpoint"}, "endpoint: a list of endpoints needs workload.conversation (its turns go to them)");
+  }
+  for (const std::string& e : endpoints) {
+    if (e.rfind("grpc://", 0) != 0 && e.rfind("http://", 0) != 0) {
+      return Bad(at, {"endpoint"}, absl::StrCat("endpoint: \"", e, "\" is not grpc://HOST:PORT or http://HOST:PORT"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A conversation workload: ONLINE, closed loop (no arrival sweep), its bounds, and its user
+// messages file, read into *messages.
+absl::Status ValidateConversation(const Locator& at, const Experiment& s, const std::string& spec_path,
+                                  std::vector<std::string>* messages) {
+  const v1::Workload& w = s.workload();
+  if (!w.has_conversation()) return absl::OkStatus();
+  const v1::Conversation& c = w.conversation();
+  auto bad = [&](std::initializer_list<const char*> fields, const std::string& msg) { return Bad(at, fields, msg); };
+  if (s.mode() != v1::ONLINE) {
+    return bad({"workload", "conversation"}, "workload.conversation needs mode: ONLINE (a turn sends the answer to the "
+                                             "one before it, which an OFFLINE run, every request at t = 0, cannot)");
+  }
+  if (w.num_requests() != 0) {
+    return bad({"workload", "num_requests"}, "workload.num_requests: a conversation sends sessions * turns requests; "
+                                             "leave it out");
+  }
+  const v1::Sweep& sw = s.sweep();
+  for (auto [field, n] : {std::pair{"request_rate", sw.request_rate_size()}, {"burstiness", sw.burstiness_size()},
+                          {"burst_factor", sw.burst_factor_size()}}) {
+    if (n > 0) {
+      return bad({"sweep", field}, absl::StrCat("sweep.", field, ": a conversation is closed loop (a session's next turn "
+                                                "follows its answer); its load is sessions and session_concurrency"));
+    }
+  }
+  struct Bound {
+    const char* field;
+    double value, hi;
+  };
+  for (const Bound& b : {Bound{"sessions", static_cast<double>(c.sessions()), 1e6}, {"turns", static_cast<double>(c.turns()), 1e4},
+                         {"session_concurrency", static_cast<double>(c.session_concurrency()), 1e6},
+                         {"user_words", static_cast<double>(c.user_words()), 1e5}, {"think_time_s", c.think_time_s(), 3600}}) {
+    if (!(b.value >= 0 && b.value <= b.hi)) {
+      return bad({"workload", "conversation", b.field},
+                 absl::StrCat("workload.conversation.", b.field, ": ", Num(b.value), " is not in [0, ", Num(b.hi), "]"));
+    }
+  }
+  const ConversationOptions d;
+  if (static_cast<int64_t>(c.sessions() ? c.sessions() : d.num_sessions) * (c.turns() ? c.turns() : d.turns) > 1000000) {
+    return bad({"workload", "conversation"}, "workload.conversation: sessions * turns is over 1000000 requests");
+  }
+  if (!c.turn_routing().empty() && !ParseTurnRouting(c.turn_routing()).ok()) {
+    return bad({"workload", "conversation", "turn_routing"},
+               absl::StrCat("workload.conversation.turn_routing: \"", c.turn_routing(), "\" is not session or rotate"));
+  }
+  if (c.user_messages_file().empty()) return absl::OkStatus();
+  if (c.user_words() > 0) {
+    return bad({"workload", "conversation", "user_words"},
+               "workload.conversation.user_words is for synthetic user messages, not with user_messages_file");
+  }
+  auto loaded = LoadUserMessages(Resolve(spec_path, c.user_messages_file()));
+  if (!loaded.ok()) {
+    return bad({"workload", "conversation", "user_messages_file"},
+               absl::StrCat("workload.conversation.user_messages_file: ", loaded.status().message()));
+  }
+  *messages = std::move(loaded).value();
+  return absl::OkStatus();
+}
+
+absl::Status Validate(const Locator& at, Experiment& s, const std::string& spec_path, LoadedSpec* out) {
+  if (auto st = ValidateInputs(at, s, spec_path, &out->prompts); !st.ok()) return st;
+  if (auto st = ValidateConversation(at, s, spec_path, &out->user_messages); !st.ok()) return st;
+  if (auto st = ValidateEndpoints(at, s); !st.ok()) return st;
   if (auto st = ValidateSweep(at, s); !st.ok()) return st;
   if (auto st = ValidateAdmission(at, s); !st.ok()) return st;
   return ValidateBursts(at, s);
@@ -358,6 +436,15 @@ void FillDefaults(Experiment& s, const std::string& spec_path) {
   }
   if (s.mode() == v1::MODE_UNSPECIFIED) s.set_mode(v1::OFFLINE);
   v1::Workload& w = *s.mutable_workload();
+  if (w.has_conversation()) {
+    v1::Conversation& c = *w.mutable_conversation();
+    const ConversationOptions d;
+    if (c.sessions() == 0) c.set_sessions(d.num_sessions);
+    if (c.turns() == 0) c.set_turns(d.turns);
+    if (c.user_messages_file().empty() && c.user_words() == 0) c.set_user_words(d.user_words);
+    if (c.turn_routing().empty()) c.set_turn_routing(TurnRoutingName(d.routing));
+    w.set_num_requests(c.sessions() * c.turns());
+  }
   if (w.num_requests() == 0) w.set_num_requests(64);
   if (w.max_tokens() == 0) w.set_max_tokens(kWorkloadMaxTokensDefault);  // the table's experiment row
   if (s.repeats() == 0) s.set_repeats(1);
@@ -388,7 +475,7 @@ absl::StatusOr<LoadedSpec> ParseSpec(const std::string& path, const std::string&
     return absl::InvalidArgumentError(absl::StrCat(path, ":", errors.message().empty() ? "1:1: not a valid spec" : errors.message()));
   }
   const Locator at(path, &tree, out.text);
-  if (auto st = Validate(at, out.spec, path, &out.prompts); !st.ok()) return st;
+  if (auto st = Validate(at, out.spec, path, &out); !st.ok()) return st;
   FillDefaults(out.spec, path);
   // The hash of the spec as written (paths unresolved), so that running it from another directory
   // is still the same spec.
@@ -403,6 +490,10 @@ absl::StatusOr<LoadedSpec> ParseSpec(const std::string& path, const std::string&
   }
   if (out.spec.workload().has_prompts_file()) {
     out.spec.mutable_workload()->set_prompts_file(Resolve(path, out.spec.workload().prompts_file()));
+  }
+  if (out.spec.workload().has_conversation()) {
+    v1::Conversation& c = *out.spec.mutable_workload()->mutable_conversation();
+    c.set_user_messages_file(Resolve(path, c.user_messages_file()));
   }
   return out;
 }
@@ -487,7 +578,7 @@ std::vector<Point> ExpandSweep(const Experiment& spec) {
   cross(sw.max_num_batched_tokens(), [](Point& p, int32_t v) { p.max_num_batched_tokens = v; });
   cross(sw.kv_cache_dtype(), [](Point& p, const std::string& v) { p.kv_cache_dtype = v; });
   cross(sw.quantization(), [](Point& p, const std::string& v) { p.quantization = v; });
-  if (base.online) {
+  if (base.online && !spec.workload().has_conversation()) {  // a conversation is closed loop: no arrivals
     cross(sw.request_rate(), [](Point& p, double v) { p.request_rate = v; });
     google::protobuf::RepeatedField<double> one;  // Poisson gaps; no burst
     one.Add(1.0);

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "experiments/experiment.pb.h"
 #include "nlohmann/json.hpp"
+#include "serving/conversation.h"
 #include "serving/load_gen.h"
 
 namespace specula::experiments {
@@ -23,6 +24,7 @@ struct LoadedSpec {
   Experiment spec;   // resolved, defaults filled
   std::string hash;  // of `spec`: a changed spec has another (comments and layout do not count)
   std::vector<LoadRequest> prompts;  // the prompts file's lines, read once (empty: synthetic)
+  std::vector<std::string> user_messages;  // a conversation's user_messages_file, read once
 };
 
 // Errors name the spec's file, line and column (1-based): "spec.textproto:7:3: sweep.max_num_seqs[1]:
@@ -54,8 +56,9 @@ struct Point {
   std::string Label() const;
 };
 
-// The cartesian product of the sweep, each combination once: spec_method "none" ignores k, and a
-// spec with an endpoint varies only temperature, request_rate, burstiness and burst_factor.
+// The cartesian product of the sweep, each combination once: spec_method "none" ignores k, a spec
+// with an endpoint varies only temperature, request_rate, burstiness and burst_factor, and a
+// conversation's points have no arrival parameters (closed loop).
 std::vector<Point> ExpandSweep(const Experiment& spec);
 
 // The spec as JSON, with the proto's field names (for run.json).

@@ -4,10 +4,13 @@
 #include "experiments/runner.h"
 #include "experiments/draft_profile.h"
 #include "experiments/step_periods.h"
+#include "sim/fleet.h"
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -155,6 +158,87 @@ TEST_F(RunnerTest, WithoutAnSloGoodputIsTheCompletedShare) {
   EXPECT_EQ((*m)["completed"], kRequests);
   EXPECT_EQ((*m)["goodput"], 1.0);
   EXPECT_FALSE(m->contains("trace"));
+}
+
+// A conversation in process: each turn's prompt holds the one before it and its answer, the prefix
+// cache serves what the conversation sent before, the trace's lines carry "session" and "turn"
+// (which the simulator reads), and the results line the statistics by turn.
+TEST_F(RunnerTest, AConversationSendsEachAnswerBackAndTracesItsTurns) {
+  auto spec = ParseSpec(dir_ + "/spec.textproto",
+                        "model { path: \"" + kModels + "/stories260K.bin\" tokenizer: \"" + kModels + "/tok512.bin\" }\n"
+                        "workload { conversation { sessions: 3 turns: 3 session_concurrency: 2 user_words: 20 } "
+                        "max_tokens: 6 seed: 2 ignore_eos: true }\nmode: ONLINE\nrecord_trace: true\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const std::vector<Point> points = ExpandSweep(spec->spec);
+  ASSERT_EQ(points.size(), 1u);
+  RunHooks hooks;
+  hooks.trace_path = dir_ + "/trace.jsonl";
+  auto m = RunPoint(*spec, points[0], hooks);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)["completed"], 9) << m->dump();
+  EXPECT_EQ((*m)["sessions"]["completed"], 3);
+  EXPECT_EQ((*m)["sessions"]["failed"], 0);
+  EXPECT_EQ((*m)["output_tokens"], 9 * 6);
+  ASSERT_EQ((*m)["per_turn"].size(), 3u);
+
+  const std::vector<nlohmann::json> trace = ReadLines(hooks.trace_path);
+  ASSERT_EQ(trace.size(), 9u);
+  std::map<int, std::vector<nlohmann::json>> by_session;
+  double last_arrival = 0;
+  for (const nlohmann::json& t : trace) {
+    SCOPED_TRACE(t.dump());
+    EXPECT_GE(t["arrival_s"].get<double>(), last_arrival);  // in the order sent
+    last_arrival = t["arrival_s"];
+    EXPECT_EQ(t["session_id"], "s2-" + std::to_string(t["session"].get<int>()));
+    EXPECT_TRUE(t["ok"].get<bool>());
+    EXPECT_TRUE(t["prompt_text"].get<bool>());
+    by_session[t["session"].get<int>()].push_back(t);
+  }
+  ASSERT_EQ(by_session.size(), 3u);
+  for (auto& [session, turns] : by_session) {
+    ASSERT_EQ(turns.size(), 3u);
+    for (int t = 0; t < 3; ++t) {
+      SCOPED_TRACE(turns[t].dump());
+      EXPECT_EQ(turns[t]["turn"], t);
+      EXPECT_EQ(turns[t]["output_tokens"], 6);
+      if (t == 0) continue;
+      // The history, the answer (6 tokens) and 20 new words: a prompt longer by more than the answer.
+      const int before = turns[t - 1]["prompt_tokens"], now = turns[t]["prompt_tokens"];
+      EXPECT_GT(now, before + 6 + 10);
+      // The previous turn's prompt and answer are in the prefix cache, in whole blocks of 16.
+      EXPECT_GE(turns[t]["cached_tokens"].get<int>(), (before + 6) / 16 * 16 - 16);
+      EXPECT_GT(turns[t]["cached_tokens"].get<int>(), 0);
+    }
+  }
+  const nlohmann::json& turn2 = (*m)["per_turn"][2];
+  EXPECT_EQ(turn2["completed"], 3);
+  EXPECT_GT(turn2["mean_cached_tokens"].get<double>(), 0);
+  EXPECT_GT(turn2["mean_prompt_tokens"].get<double>(), (*m)["per_turn"][1]["mean_prompt_tokens"].get<double>());
+
+  // The simulator reads the trace, each line with its session.
+  auto replay = LoadTrace(hooks.trace_path);
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  ASSERT_EQ(replay->size(), 9u);
+  std::set<int64_t> sessions;
+  for (const SimRequest& r : *replay) sessions.insert(r.session);
+  EXPECT_EQ(sessions, (std::set<int64_t>{0, 1, 2}));
+}
+
+// A turn the server refuses (its prompt has outgrown the model's 512-token context) ends its
+// conversation, and the run goes on to the end.
+TEST_F(RunnerTest, AConversationThatOutgrowsTheContextEndsAloneNotTheRun) {
+  auto spec = ParseSpec(dir_ + "/spec.textproto",
+                        "model { path: \"" + kModels + "/stories260K.bin\" tokenizer: \"" + kModels + "/tok512.bin\" }\n"
+                        "workload { conversation { sessions: 2 turns: 30 user_words: 40 } max_tokens: 4 }\nmode: ONLINE\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto m = RunPoint(*spec, ExpandSweep(spec->spec)[0], RunHooks{});
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)["sessions"]["failed"], 2) << m->dump();
+  EXPECT_EQ((*m)["failed"], 2);  // one turn each: the one refused
+  EXPECT_GT((*m)["completed"].get<int>(), 4);
+  EXPECT_LT((*m)["completed"].get<int>(), 60);
+  ASSERT_FALSE((*m)["errors"].empty());
+  EXPECT_NE((*m)["errors"][0].get<std::string>().find("longer than the context"), std::string::npos) << m->dump();
 }
 
 TEST_F(RunnerTest, AnOfflineRunRefusesATrace) {

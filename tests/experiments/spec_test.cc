@@ -170,6 +170,76 @@ TEST_F(SpecTest, TheOnlineBurstsSpecParses) {
   EXPECT_EQ(factors, (std::set<double>{1, 5}));
 }
 
+// A conversation workload: ONLINE and closed loop, so its points have no arrival parameters; its
+// defaults fill in, its run sends sessions * turns requests, and its user messages are read once.
+TEST_F(SpecTest, AConversationWorkloadParsesWithItsDefaults) {
+  std::ofstream(dir_ + "/users.jsonl") << "\"hello\"\n{\"content\": \"tell me more\"}\n";
+  auto s = Parse(Spec("").substr(0, Spec("").find("workload")) +
+                 "workload { conversation { sessions: 3 turns: 2 user_messages_file: \"users.jsonl\" } max_tokens: 8 }\n"
+                 "mode: ONLINE\nsweep { temperature: [0, 0.5] }\nrecord_trace: true\n");
+  ASSERT_TRUE(s.ok()) << s.status();
+  const v1::Conversation& c = s->spec.workload().conversation();
+  EXPECT_EQ(s->spec.workload().num_requests(), 6);
+  EXPECT_EQ(c.turn_routing(), "session");
+  EXPECT_EQ(c.user_words(), 0);  // the file's messages, not synthetic ones
+  EXPECT_EQ(c.user_messages_file(), dir_ + "/users.jsonl");
+  EXPECT_EQ(s->user_messages, (std::vector<std::string>{"hello", "tell me more"}));
+  const std::vector<Point> points = ExpandSweep(s->spec);
+  ASSERT_EQ(points.size(), 2u);
+  for (const Point& p : points) {
+    EXPECT_TRUE(p.online);
+    EXPECT_FALSE(p.request_rate.has_value());
+    EXPECT_FALSE(p.burstiness.has_value());
+    EXPECT_EQ(p.Key().find("request_rate"), std::string::npos) << p.Key();
+    EXPECT_TRUE(p.Json()["request_rate"].is_null());
+  }
+  auto d = Parse(Spec("").substr(0, Spec("").find("workload")) +
+                 "workload { conversation {} }\nmode: ONLINE\nendpoint: \"http://127.0.0.1:1,grpc://127.0.0.1:2\"\n");
+  ASSERT_TRUE(d.ok()) << d.status();
+  const ConversationOptions defaults;
+  EXPECT_EQ(d->spec.workload().conversation().sessions(), defaults.num_sessions);
+  EXPECT_EQ(d->spec.workload().conversation().turns(), defaults.turns);
+  EXPECT_EQ(d->spec.workload().conversation().user_words(), defaults.user_words);
+  EXPECT_EQ(d->spec.workload().num_requests(), defaults.num_sessions * defaults.turns);
+  EXPECT_EQ(ExpandSweep(d->spec).size(), 1u);
+  auto example = LoadSpec(std::string(SPECULA_SOURCE_DIR) + "/experiments/specs/multi-turn.textproto");
+  ASSERT_TRUE(example.ok()) << example.status();
+  EXPECT_EQ(example->spec.workload().num_requests(), 32);
+}
+
+// A conversation's errors, each at its field: OFFLINE, an arrival sweep, num_requests, the bounds,
+// the routing, the user messages, and endpoint lists.
+TEST_F(SpecTest, ConversationErrorsNameTheirField) {
+  const std::string head = Spec("").substr(0, Spec("").find("workload"));  // lines 1-3
+  auto conv = [&](const std::string& fields, const std::string& rest) {
+    return head + "workload { conversation { " + fields + " } }\n" + rest;
+  };
+  auto col = [](const std::string& line, const std::string& at) { return static_cast<int>(line.find(at)) + 1; };
+  ExpectError(conv("", "mode: OFFLINE\n"), 4, col("workload { conversation", "conversation"),
+              "workload.conversation needs mode: ONLINE");
+  ExpectError(conv("", "mode: ONLINE\nsweep { request_rate: [4] }\n"), 6, 9,
+              "sweep.request_rate: a conversation is closed loop");
+  ExpectError(conv("", "mode: ONLINE\nsweep { burst_factor: [2] }\n"), 6, 9, "sweep.burst_factor: a conversation");
+  const std::string requests = "workload { conversation {} num_requests: 5 }";
+  ExpectError(head + requests + "\nmode: ONLINE\n", 4, col(requests, "num_requests"),
+              "workload.num_requests: a conversation sends sessions * turns requests");
+  const std::string turns = "workload { conversation { turns: -1 } }";
+  ExpectError(conv("turns: -1", "mode: ONLINE\n"), 4, col(turns, "turns"),
+              "workload.conversation.turns: -1 is not in [0, 10000]");
+  ExpectError(conv("think_time_s: nan", "mode: ONLINE\n"), 4, 27, "workload.conversation.think_time_s: nan");
+  ExpectError(conv("sessions: 1000 turns: 10000", "mode: ONLINE\n"), 4, 12, "sessions * turns is over 1000000");
+  ExpectError(conv("turn_routing: \"bogus\"", "mode: ONLINE\n"), 4, 27,
+              "workload.conversation.turn_routing: \"bogus\" is not session or rotate");
+  ExpectError(conv("user_messages_file: \"bad.jsonl\"", "mode: ONLINE\n"), 4, 27,
+              "workload.conversation.user_messages_file: " + dir_ + "/bad.jsonl:2: not a user message");
+  const std::string words = "workload { conversation { user_messages_file: \"prompts.jsonl\" user_words: 4 } }";
+  ExpectError(conv("user_messages_file: \"prompts.jsonl\" user_words: 4", "mode: ONLINE\n"), 4, col(words, "user_words"),
+              "user_words is for synthetic user messages");
+  ExpectError(Spec("mode: ONLINE\nendpoint: \"http://a:1,http://b:2\"\nsweep { request_rate: [4] }\n"), 6, 1,
+              "endpoint: a list of endpoints needs workload.conversation");
+  ExpectError(conv("", "mode: ONLINE\nendpoint: \"http://a:1,tcp://b:2\"\n"), 6, 1, "endpoint: \"tcp://b:2\" is not grpc://");
+}
+
 TEST_F(SpecTest, TraceFileNamesAreSafeAndDeterministic) {
   EXPECT_EQ(TraceFileName("temperature=0,request_rate=4,burstiness=1", 2), "temperature=0,request_rate=4,burstiness=1-r2.jsonl");
   EXPECT_EQ(TraceFileName("a/b c", 0), "a_b_c-r0.jsonl");
@@ -213,7 +283,8 @@ TEST_F(SpecTest, FilesMustExistAndPromptsMustParse) {
   ExpectError("model { path: \"nope.bin\" }\n", 1, 9, "model.path: " + dir_ + "/nope.bin does not exist");
   ExpectError("workload { num_requests: 4 }\n", 1, 1, "model.path is required");
   const std::string model = "model { path: \"" + kModels + "/stories260K.bin\" }\n";
-  ExpectError(model + "workload { num_requests: 4 }\n", 2, 1, "workload needs prompts_file or synthetic");
+  ExpectError(model + "workload { num_requests: 4 }\n", 2, 1,
+              "workload needs prompts_file, synthetic { input_len output_len } or conversation");
   ExpectError(model + "workload {\n  prompts_file: \"bad.jsonl\"\n}\n", 3, 3, "bad.jsonl:2");
   ExpectError(model + "workload { synthetic { input_len: 0 output_len: 4 } }\n", 2, 12, "input_len and output_len");
   auto missing = LoadSpec(dir_ + "/absent.textproto");
