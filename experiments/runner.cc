@@ -496,8 +496,8 @@ absl::StatusOr<nlohmann::json> RunRemote(const LoadedSpec& s, const Point& p, co
   ClientOptions co;
   co.temperature = p.temperature;
   const std::vector<std::string> endpoints = absl::StrSplit(s.spec.endpoint(), ',');
-  std::vector<std::unique_ptr<LoadClient>> owned;
-  std::vector<LoadClient*> clients;
+  std::vector<std::unique_ptr<LoadClient>> owned;  // [endpoints]
+  std::vector<LoadClient*> clients;                 // [endpoints], into owned
   for (const std::string& endpoint : endpoints) {
     auto client = ConnectLoadClient(endpoint, co);
     if (!client.ok()) return client.status();

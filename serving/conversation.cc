@@ -91,7 +91,7 @@ ConversationRun::ConversationRun(const ConversationOptions& opt) : turns(opt.tur
 }
 
 std::vector<size_t> ConversationRun::SentOrder() const {
-  std::vector<size_t> order;
+  std::vector<size_t> order;  // [turns sent]: slots
   for (size_t k = 0; k < endpoints.size(); ++k) {
     if (endpoints[k] >= 0) order.push_back(k);
   }
@@ -133,7 +133,7 @@ struct Driver {
   // Session `index`, turn by turn, closed loop.
   void Session(int32_t index) {
     const std::string id = SessionId(opt.seed, index);
-    std::vector<LoadMessage> history;
+    std::vector<LoadMessage> history;  // [messages so far]
     if (!opt.system_prompt.empty()) history.push_back({"system", opt.system_prompt});
     for (int32_t t = 0; t < opt.turns; ++t) {
       if (t > 0 && opt.think_time_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(opt.think_time_s));
@@ -176,7 +176,7 @@ void RunConversations(const std::vector<LoadClient*>& clients, const Conversatio
   const int32_t workers = std::min(opt.num_sessions, limit);
   std::atomic<int32_t> next{0};
   run->start_s = std::chrono::duration<double>(d.t0.time_since_epoch()).count();
-  std::vector<std::thread> pool;
+  std::vector<std::thread> pool;  // [workers]
   for (int32_t w = 0; w < workers; ++w) {
     pool.emplace_back([&] {
       for (int32_t s; (s = next++) < opt.num_sessions;) d.Session(s);
@@ -186,11 +186,11 @@ void RunConversations(const std::vector<LoadClient*>& clients, const Conversatio
 }
 
 std::vector<TurnSummary> SummarizeTurns(const ConversationRun& run) {
-  std::vector<TurnSummary> out(std::max(run.turns, 0));
+  std::vector<TurnSummary> out(std::max(run.turns, 0));  // [turns]
   for (int32_t t = 0; t < run.turns; ++t) {
     TurnSummary& s = out[t];
     s.turn = t;
-    std::vector<double> ttft;
+    std::vector<double> ttft;  // [completed turns of this index], ms
     double prompt = 0, cached = 0, output = 0;
     for (size_t k = t; k < run.results.size(); k += run.turns) {
       if (run.endpoints[k] < 0) continue;

@@ -385,8 +385,8 @@ absl::Status RunMultiTurn(BenchOptions& o) {
     if (!m.ok()) return absl::InvalidArgumentError(absl::StrCat("--user-messages: ", m.status().message()));
     o.conversation.user_messages = std::move(*m);
   }
-  std::vector<std::unique_ptr<LoadClient>> owned;
-  std::vector<LoadClient*> clients;
+  std::vector<std::unique_ptr<LoadClient>> owned;  // [endpoints]
+  std::vector<LoadClient*> clients;                 // [endpoints], into owned
   for (const std::string& e : o.endpoints) {
     auto c = ConnectLoadClient(e, o.client);
     if (!c.ok()) return c.status();
