@@ -74,6 +74,7 @@ ServeRequest FromProto(const v1::GenerateRequest& req) {
   r.n = s.n() == 0 ? 1 : s.n();
   r.priority = req.priority();
   r.constraint = FromProto(req.constraint());
+  r.cache_salt = req.cache_salt();  // proto3's empty string: none
   return r;
 }
 

@@ -72,6 +72,17 @@ absl::Status ParseLogitBias(const json& j, SamplingParams* s) {
   return absl::OkStatus();
 }
 
+// vLLM's cache_salt: a non-empty string when given (the request boundary bounds its length). Samples
+// of the request share it with the spec they copy.
+absl::Status ParseCacheSalt(const json& j, RequestSpec* r) {
+  if (!Present(j, "cache_salt")) return absl::OkStatus();
+  const json& salt = j["cache_salt"];
+  if (!salt.is_string()) return Bad("cache_salt", absl::StrCat("must be a non-empty string, got ", salt.type_name()));
+  if (salt.get_ref<const std::string&>().empty()) return Bad("cache_salt", "must be a non-empty string, got \"\"");
+  r->cache_salt = salt.get<std::string>();
+  return absl::OkStatus();
+}
+
 // logprobs: completions' `logprobs: N`; chat's `logprobs: true` and `top_logprobs: N`. Refused here,
 // before the request reaches the server, as OpenAI's API refuses them: a bound out of the table.
 absl::Status ParseLogprobs(const json& j, bool chat, HttpRequestBody* b) {
@@ -140,7 +151,7 @@ absl::Status ParseCommon(const json& j, HttpRequestBody* b) {
                   Number(j, "presence_penalty", &s.presence_penalty),
                   Number(j, "frequency_penalty", &s.frequency_penalty), Integer(j, "top_k", &s.top_k),
                   Integer(j, "max_tokens", &r->max_tokens), Integer(j, "max_completion_tokens", &r->max_tokens),
-                  Integer(j, "priority", &r->priority), ParseLogitBias(j, &s)}) {
+                  Integer(j, "priority", &r->priority), ParseLogitBias(j, &s), ParseCacheSalt(j, r)}) {
     if (!st.ok()) return st;
   }
   if (s.top_k < 0) s.top_k = 0;  // vLLM: -1 is off

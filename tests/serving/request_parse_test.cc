@@ -192,6 +192,37 @@ TEST_F(HttpBodyTest, LogprobsSamplesPenaltiesAndBiases) {
 namespace specula {
 namespace {
 
+// vLLM's cache_salt: a non-empty string on both routes (null: none), a proto3 string on gRPC (empty:
+// none); the spec carries it, and Generate's samples copy the spec.
+TEST_F(HttpBodyTest, CacheSaltIsANonEmptyString) {
+  for (bool chat : {false, true}) {
+    const std::string prompt = chat ? R"("messages": [{"role": "user", "content": "a"}])" : R"("prompt": "a")";
+    auto given = Parse(absl::StrCat("{", prompt, R"(, "cache_salt": "tenant-7", "n": 2})"), chat);
+    ASSERT_TRUE(given.ok()) << given.status();
+    EXPECT_EQ(given->request.cache_salt, "tenant-7");
+    for (const char* absent : {"", R"(, "cache_salt": null)"}) {
+      auto none = Parse(absl::StrCat("{", prompt, absent, "}"), chat);
+      ASSERT_TRUE(none.ok()) << none.status();
+      EXPECT_EQ(none->request.cache_salt, "");
+    }
+    for (const char* bad : {R"("")", "7", R"(["a"])", R"({"s": 1})", "true"}) {
+      auto refused = Parse(absl::StrCat("{", prompt, R"(, "cache_salt": )", bad, "}"), chat);
+      ASSERT_FALSE(refused.ok()) << bad;
+      EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_EQ(refused.status().message().rfind("cache_salt: ", 0), 0u) << refused.status();
+    }
+  }
+  v1::GenerateRequest g;
+  g.set_prompt("a");
+  auto none = ParseGenerateRequest(g.SerializeAsString());
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->cache_salt, "");
+  g.set_cache_salt("tenant-7");
+  auto salted = ParseGenerateRequest(g.SerializeAsString());
+  ASSERT_TRUE(salted.ok()) << salted.status();
+  EXPECT_EQ(salted->cache_salt, "tenant-7");
+}
+
 // The server's own checks (the request boundary under the request's row): the ranges of the new
 // fields, by name, and a text prompt too long to fit the context refused from its length, before
 // tokenizing.
@@ -213,13 +244,17 @@ TEST(ServeRequestBoundaryTest, RangesAndPromptBytes) {
            {"n", [](ServeRequest& q) { q.n = 0; }},
            {"logit_bias", [](ServeRequest& q) { q.sampling.logit_bias = {{512, 1.0f}}; }},
            {"frequency_penalty", [](ServeRequest& q) { q.sampling.frequency_penalty = 2.5f; }},
-           {"logit_bias[3]", [](ServeRequest& q) { q.sampling.logit_bias = {{3, 101.0f}}; }}}) {
+           {"logit_bias[3]", [](ServeRequest& q) { q.sampling.logit_bias = {{3, 101.0f}}; }},
+           {"cache_salt", [](ServeRequest& q) { q.cache_salt.assign(kMaxCacheSaltBytes + 1, 's'); }}}) {
     ServeRequest bad = r;
     set(bad);
     const absl::Status st = check(bad);
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << field;
     EXPECT_EQ(st.message().rfind(field, 0), 0u) << field << ": " << st;
   }
+  ServeRequest longest = r;
+  longest.cache_salt.assign(kMaxCacheSaltBytes, 's');
+  EXPECT_TRUE(check(longest).ok());
   const size_t limit = MaxPromptBytes(**tok, 256);
   EXPECT_GE(limit, 2u * 256);
   ServeRequest huge = r;
