@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace specula {
 std::optional<RequestDelta> RequestStream::Next(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
@@ -49,6 +51,9 @@ void EngineLoop::Stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  stopped_ = true;  // a reset asked during the last iteration may have missed it: its caller wakes
+  reset_cv_.notify_all();
 }
 
 std::shared_ptr<RequestStream> EngineLoop::Submit(Request r) {
@@ -78,6 +83,33 @@ void EngineLoop::CancelAll() {
   cv_.notify_all();
 }
 
+absl::StatusOr<int32_t> EngineLoop::ResetPrefixCache(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stop_) return absl::UnavailableError("the engine loop has stopped");
+  const int64_t ticket = ++resets_asked_;
+  cv_.notify_all();
+  if (!reset_cv_.wait_for(lock, timeout, [&] { return resets_done_ >= ticket || stopped_; })) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the engine's step did not end within ", timeout.count(), " ms; the reset runs after it"));
+  }
+  if (resets_done_ < ticket) return absl::UnavailableError("the engine loop stopped before the reset");
+  return reset_blocks_;
+}
+
+void EngineLoop::ApplyResets() {
+  int64_t asked;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    asked = resets_asked_;
+    if (asked == resets_done_) return;
+  }
+  const int32_t blocks = engine_->ResetPrefixCache();
+  std::lock_guard<std::mutex> lock(mu_);
+  resets_done_ = asked;
+  reset_blocks_ = blocks;
+  reset_cv_.notify_all();
+}
+
 EngineSnapshot EngineLoop::Snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
   return snapshot_;
@@ -92,7 +124,8 @@ void EngineLoop::Run() {
       std::unique_lock<std::mutex> lock(mu_);
       // Idle: sleep until there is work. Busy: take what arrived during the last step.
       cv_.wait(lock, [&] {
-        return stop_ || cancel_all_ || !adds_.empty() || !cancels_.empty() || engine_->HasUnfinished();
+        return stop_ || cancel_all_ || !adds_.empty() || !cancels_.empty() || resets_asked_ > resets_done_ ||
+               engine_->HasUnfinished();
       });
       adds.swap(adds_);
       cancels.swap(cancels_);
@@ -100,6 +133,7 @@ void EngineLoop::Run() {
       cancel_all = stop_ || cancel_all_;
       cancel_all_ = false;
     }
+    ApplyResets();  // before the adds: a request added in this iteration matches only what the reset left
     for (Add& add : adds) {
       const RequestId id = add.request.id;
       if (absl::Status st = engine_->AddRequest(std::move(add.request)); !st.ok()) {

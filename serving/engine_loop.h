@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "engine/engine.h"
 
 namespace specula {
@@ -93,6 +94,11 @@ class EngineLoop {
   void Cancel(RequestId id);
   // Aborts every request admitted so far (the end of a drain that ran out of time).
   void CancelAll();
+  // Empties the engine's local prefix cache (Engine::ResetPrefixCache) on the loop's thread before
+  // its next step, and waits for it at most `timeout`. Returns the blocks forgotten; calls that
+  // overlap share one reset. UNAVAILABLE when the loop has stopped, DEADLINE_EXCEEDED when the
+  // step in progress outlasts `timeout` (the reset still runs after it).
+  absl::StatusOr<int32_t> ResetPrefixCache(std::chrono::milliseconds timeout);
   EngineSnapshot Snapshot() const;
   // What admission control reads on every request, as of the end of the last step: lock-free, so
   // that a refusal never waits for the loop's thread.
@@ -101,6 +107,8 @@ class EngineLoop {
 
  private:
   void Run();
+  // Applies the resets asked so far (before a step's requests are added) and wakes their callers.
+  void ApplyResets();
   // Pushes the step's deltas to their streams. Loop thread only.
   void PublishDeltas(std::vector<RequestDelta> deltas);
 
@@ -118,6 +126,12 @@ class EngineLoop {
   std::vector<Add> adds_;                                                // guarded by mu_
   std::vector<RequestId> cancels_;                                       // guarded by mu_
   bool stop_ = false, cancel_all_ = false;                                // guarded by mu_
+  // Prefix-cache resets: asked counts the calls, done the last one applied (the loop applies every
+  // call asked by then at once, and reset_cv_ wakes their callers), blocks what it forgot.
+  int64_t resets_asked_ = 0, resets_done_ = 0;                            // guarded by mu_
+  int32_t reset_blocks_ = 0;                                             // guarded by mu_
+  bool stopped_ = false;  // the thread has ended: no reset will run; guarded by mu_
+  std::condition_variable reset_cv_;
   EngineSnapshot snapshot_;                                              // guarded by mu_
 
   // Loop thread only: the streams of admitted requests.

@@ -118,8 +118,16 @@ std::vector<HttpRoute> HttpFrontend::Impl::Routes() {
   auto metrics = [this](HttpRequest, std::shared_ptr<HttpExchange> ex) {
     ex->Respond(200, "text/plain; version=0.0.4; charset=utf-8", server->MetricsText());
   };
+  // vLLM's route: the API key guards it as it does /v1/*. On a handler thread, which waits for the
+  // step in progress to end (bounded by Server::kResetTimeout).
+  auto reset = [this](HttpRequest, std::shared_ptr<HttpExchange> ex) {
+    absl::StatusOr<int32_t> blocks = server->ResetPrefixCache();
+    if (!blocks.ok()) return SendError(*ex, absl::UnavailableError(blocks.status().message()));
+    ex->Respond(200, "application/json", json{{"reset", true}, {"blocks", *blocks}}.dump());
+  };
   return {{"POST", "/v1/completions", handle(false)}, {"POST", "/v1/chat/completions", handle(true)},
-          {"GET", "/v1/models", models}, {"GET", "/health", health}, {"GET", "/metrics", metrics}};
+          {"GET", "/v1/models", models}, {"GET", "/health", health}, {"GET", "/metrics", metrics},
+          {"POST", "/reset_prefix_cache", reset}};
 }
 
 HttpFrontend::HttpFrontend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

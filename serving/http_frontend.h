@@ -1,7 +1,8 @@
 // The OpenAI-compatible HTTP front end of `specula serve` (on HttpServer, serving/http_server.h:
 // connections cost no thread): POST /v1/completions and /v1/chat/completions (server-sent events with
 // "stream": true, ending in `data: [DONE]`), GET /v1/models, /health (503 while draining) and
-// /metrics (Prometheus text). Errors use OpenAI's JSON error shape: 400 bad input, 401 without the
+// /metrics (Prometheus text), POST /reset_prefix_cache (vLLM's: the local prefix cache emptied,
+// {"reset": true, "blocks": N}). Errors use OpenAI's JSON error shape: 400 bad input, 401 without the
 // API key, 404 unknown model or route, 413 too large a body, 429 overload, 503 draining.
 #pragma once
 

@@ -130,6 +130,11 @@ class Server {
   // Aborts an admitted request; its KV blocks are free after the next step.
   void Cancel(RequestId id);
   void CancelAll() { loop_->CancelAll(); }
+  // Empties the local prefix cache between two steps (EngineLoop::ResetPrefixCache), waiting at most
+  // kResetTimeout; returns the blocks forgotten. Requests running keep their blocks; the shared
+  // store (--kv-store) keeps its own.
+  static constexpr std::chrono::milliseconds kResetTimeout{10000};
+  absl::StatusOr<int32_t> ResetPrefixCache() { return loop_->ResetPrefixCache(kResetTimeout); }
 
   // Drain: from now on Submit answers UNAVAILABLE. WaitIdle returns true once no admitted request
   // is unfinished, false if `timeout` passed first.

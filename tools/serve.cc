@@ -24,7 +24,8 @@ constexpr char kServeUsage[] = R"(usage: specula serve --model PATH [flags]
 
 Serves one model over gRPC (specula.v1.Generation, proto/specula/v1/generation.proto, with
 grpc.health.v1.Health and reflection) and OpenAI-compatible HTTP (/v1/completions,
-/v1/chat/completions, /v1/models, /health, /metrics), until SIGTERM or SIGINT, which drain: health
+/v1/chat/completions, /v1/models, /health, /metrics, POST /reset_prefix_cache, which empties the
+local prefix cache), until SIGTERM or SIGINT, which drain: health
 turns NOT_SERVING (HTTP 503), new requests get UNAVAILABLE (503), and requests in flight finish
 within --drain-timeout-s; then the process exits 0. One line on stderr says when it is ready.
 
@@ -44,8 +45,8 @@ within --drain-timeout-s; then the process exits 0. One line on stderr says when
                         (OpenAI: metrics.speculative_decoding; gRPC: speculative_decoding), as vLLM's
                         flag of that name; default summary (on), none turns them off
 
-Security (the key guards /v1/* and specula.v1.Generation; /health, /metrics, gRPC health and
-reflection stay open for probes and scrapers: keep them private with the network):
+Security (the key guards /v1/*, /reset_prefix_cache and specula.v1.Generation; /health, /metrics,
+gRPC health and reflection stay open for probes and scrapers: keep them private with the network):
   --api-key KEY         require `Authorization: Bearer KEY` on HTTP and the same `authorization`
                         metadata on gRPC (401 / UNAUTHENTICATED otherwise); default $SPECULA_API_KEY
   --ssl-certfile PEM    TLS on both ports with this certificate chain ...

@@ -1,7 +1,7 @@
 // The serving step loop (serving/engine_loop.h) with the real tinystories target: requests
 // submitted from several threads at once stream exactly the tokens the engine gives offline;
 // a cancelled request ends aborted with its KV blocks free; a bad request is refused on its
-// stream; stopping the loop ends what is still running.
+// stream; stopping the loop ends what is still running; a prefix-cache reset runs between steps.
 #include "serving/engine_loop.h"
 
 #include <algorithm>
@@ -243,6 +243,46 @@ TEST_F(EngineLoopTest, StoppingEndsRunningRequests) {
   }
   EXPECT_FALSE(engine.HasUnfinished());
   EXPECT_EQ(engine.scheduler().blocks().num_available(), engine.scheduler().blocks().num_blocks());
+}
+
+// POST /reset_prefix_cache's side of the loop: the reset runs between two steps and forgets the
+// finished requests' cached blocks, so the same prompt is computed again; a request running through
+// it keeps its blocks and goes on; calls from several threads at once all return; after Stop, a call
+// is refused at once.
+TEST_F(EngineLoopTest, ResetPrefixCacheRunsBetweenSteps) {
+  Engine engine(model_, tok_, Config());
+  EngineLoop loop(&engine);
+  auto run = [&](RequestId id, int32_t max_tokens) {
+    Request r = Make(id, max_tokens);
+    r.prompt = tok_->Encode("Once upon a time there was a little girl named Lily. She loved to play in the park "
+                            "with her dog and her friends every day.", true);
+    std::vector<TokenId> tokens;
+    std::string text;
+    return Drain(*loop.Submit(std::move(r)), &tokens, &text).final;
+  };
+  EXPECT_EQ(run(1, 4).cached_prompt_tokens, 0);
+  const RequestOutput hit = run(2, 4);
+  ASSERT_GE(hit.cached_prompt_tokens, 32);
+  auto running = loop.Submit(Make(3, 400));
+  ASSERT_TRUE(running->Next(milliseconds(10000)).has_value());
+  absl::StatusOr<int32_t> blocks = loop.ResetPrefixCache(milliseconds(10000));
+  ASSERT_TRUE(blocks.ok()) << blocks.status();
+  EXPECT_GE(*blocks, hit.cached_prompt_tokens / 16);
+  EXPECT_EQ(run(4, 4).cached_prompt_tokens, 0);
+  std::vector<std::thread> callers;
+  std::vector<absl::Status> results(4);
+  for (size_t i = 0; i < results.size(); ++i) {
+    callers.emplace_back([&, i] { results[i] = loop.ResetPrefixCache(milliseconds(10000)).status(); });
+  }
+  for (std::thread& t : callers) t.join();
+  for (const absl::Status& st : results) EXPECT_TRUE(st.ok()) << st;
+  std::vector<TokenId> tokens;
+  std::string text;
+  const RequestDelta end = Drain(*running, &tokens, &text);
+  EXPECT_EQ(end.final.finish, FinishReason::kMaxTokens);
+  EXPECT_EQ(end.final.tokens.size(), 400u);
+  loop.Stop();
+  EXPECT_EQ(loop.ResetPrefixCache(milliseconds(10000)).status().code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace
