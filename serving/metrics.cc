@@ -111,6 +111,39 @@ class Writer {
   std::string out_;
 };
 
+// The shared KV store's counters (--kv-store; all zero without one): the store's, as the I/O thread
+// counts them (kvstore/kv_transfer.h), and the engine's installs of what it fetched.
+void WriteKvStore(const EngineStats& e, Writer& w) {
+  const KvStoreStats& k = e.kv_store;
+  w.Counter("kv_store_fetches", "Fetches of a request's missing prompt blocks from the shared KV store.",
+            static_cast<double>(k.fetches));
+  w.Counter("kv_store_hit_blocks", "Blocks the shared KV store had, in the run from each fetch's first key.",
+            static_cast<double>(k.hit_blocks));
+  w.Counter("kv_store_miss_blocks",
+            "Blocks fetched and not found: each answered fetch's first missing block and those after it.",
+            static_cast<double>(k.miss_blocks));
+  w.Counter("kv_store_read_bytes", "Bytes of block values read from the shared KV store.",
+            static_cast<double>(k.read_bytes));
+  w.Counter("kv_store_written_bytes", "Bytes of block values written to the shared KV store.",
+            static_cast<double>(k.written_bytes));
+  w.Counter("kv_store_writes", "Blocks written to the shared KV store.", static_cast<double>(k.writes));
+  w.Counter("kv_store_dropped_writes",
+            "Block writes dropped: past --kv-store-max-pending-mb, or lost to a failed round trip.",
+            static_cast<double>(k.dropped_writes));
+  w.Counter("kv_store_timeouts", "Shared KV store commands that passed --kv-store-timeout-ms.",
+            static_cast<double>(k.timeouts));
+  w.Counter("kv_store_errors", "Shared KV store failures other than timeouts (connection, error replies).",
+            static_cast<double>(k.errors));
+  w.Counter("kv_store_fetch_seconds", "Seconds from each fetch's request to its result, summed.", k.fetch_seconds);
+  w.Counter("kv_store_installed_blocks", "Fetched blocks installed into the local KV pool as cached blocks.",
+            static_cast<double>(e.kv_installed_blocks));
+  w.Counter("kv_store_rejected_blocks",
+            "Fetched blocks refused (a bad checksum, header or tokens) and computed instead.",
+            static_cast<double>(e.kv_rejected_blocks));
+  w.Counter("kv_store_install_seconds", "Seconds the engine's thread spent installing fetched blocks.",
+            e.kv_install_seconds);
+}
+
 }  // namespace
 
 void ServingMetrics::Histogram::Observe(double v) {
@@ -206,6 +239,8 @@ std::string ServingMetrics::RenderFrom(const std::function<EngineSnapshot()>& sn
     w.Sample("spec_decode_num_accepted_tokens_per_pos_total", static_cast<double>(n),
              ",position=" + Quote(std::to_string(pos)));
   }
+
+  WriteKvStore(s.stats, w);
 
   w.Counter("prompt_tokens", "Number of prefill tokens processed.", static_cast<double>(prompt_tokens_));
   w.Counter("generation_tokens", "Number of generation tokens processed.", static_cast<double>(generation_tokens_));

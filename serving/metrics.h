@@ -11,8 +11,11 @@
 //
 // Ours, not vLLM's: specula:admission_rejected_total{reason}; structured output's drafts,
 // specula:spec_decode_num_forced_draft_tokens_total, spec_decode_num_accepted_forced_tokens_total
-// and spec_decode_num_grammar_cut_tokens_total. The spec-decode counters are exported whether or not
-// the server has a proposer: a constrained request's grammar forces drafts without one.
+// and spec_decode_num_grammar_cut_tokens_total; the shared KV store's specula:kv_store_*_total
+// (fetches, hit and miss blocks, read and written bytes, writes, dropped writes, timeouts, errors,
+// fetch seconds, installed and rejected blocks, install seconds; zero without --kv-store). The
+// spec-decode counters are exported whether or not the server has a proposer: a constrained
+// request's grammar forces drafts without one.
 // No gRPC or HTTP types here: the front end serves RenderFrom()'s text.
 #pragma once
 

@@ -247,6 +247,40 @@ TEST(MetricsTest, GaugesAndEngineCountersComeFromTheSnapshot) {
   EXPECT_TRUE(Has(ServingMetrics("m", {}).Render({}), "specula:kv_cache_usage_perc{" + kLabels + "} 0.0"));
 }
 
+// The shared KV store's counters: the store's (KvStoreStats) and the engine's installs, each from its
+// own field of the snapshot, with HELP and TYPE; all there at 0 on a server without a store.
+TEST(MetricsTest, KvStoreCountersComeFromTheSnapshot) {
+  EngineSnapshot s;
+  KvStoreStats& k = s.stats.kv_store;
+  k.fetches = 3;
+  k.hit_blocks = 5;
+  k.miss_blocks = 7;
+  k.read_bytes = 11;
+  k.written_bytes = 13;
+  k.writes = 17;
+  k.dropped_writes = 19;
+  k.timeouts = 23;
+  k.errors = 29;
+  k.fetch_seconds = 0.25;
+  s.stats.kv_installed_blocks = 31;
+  s.stats.kv_rejected_blocks = 37;
+  s.stats.kv_install_seconds = 0.5;
+  const std::vector<std::pair<std::string, std::string>> want = {
+      {"fetches", "3.0"}, {"hit_blocks", "5.0"}, {"miss_blocks", "7.0"}, {"read_bytes", "11.0"},
+      {"written_bytes", "13.0"}, {"writes", "17.0"}, {"dropped_writes", "19.0"}, {"timeouts", "23.0"},
+      {"errors", "29.0"}, {"fetch_seconds", "0.25"}, {"installed_blocks", "31.0"}, {"rejected_blocks", "37.0"},
+      {"install_seconds", "0.5"}};
+  const std::string t = ServingMetrics("m", {}).Render(s);
+  const std::string none = ServingMetrics("m", {}).Render({});
+  for (const auto& [name, value] : want) {
+    const std::string family = "specula:kv_store_" + name + "_total";
+    EXPECT_TRUE(Has(t, "# TYPE " + family + " counter")) << name;
+    EXPECT_NE(t.find("\n# HELP " + family + " "), std::string::npos) << name;
+    EXPECT_TRUE(Has(t, family + "{" + kLabels + "} " + value)) << name;
+    EXPECT_TRUE(Has(none, family + "{" + kLabels + "} 0.0")) << name;
+  }
+}
+
 TEST(MetricsTest, RejectionReasonsArePreRegisteredAndCounted) {
   ServingMetrics m("m", {"queue_len", "draining"});
   std::string t = m.Render({});
@@ -308,7 +342,7 @@ TEST(MetricsTest, EveryLineIsACommentOrASample) {
       }
     }
   }
-  EXPECT_EQ(typed.size(), 26u);  // 3 gauges, 14 counters, 9 histograms
+  EXPECT_EQ(typed.size(), 39u);  // 3 gauges, 27 counters (13 of the KV store), 9 histograms
 }
 
 TEST(MetricsTest, RecordingFromManyThreadsWhileRendering) {
