@@ -108,7 +108,8 @@ void SetSpeculativeDecoding(const SpecStats& s, int32_t num_spec_tokens, v1::Spe
 }
 
 // `spec_tokens`: Server::spec_metrics_tokens; the speculative_decoding message where ShowsSpecDecoding.
-void SetLast(const RequestOutput& out, int32_t spec_tokens, v1::GenerateResponse* r) {
+// `kv_store`: the server has a shared KV store, whose use by the sample goes in kv_store.
+void SetLast(const RequestOutput& out, int32_t spec_tokens, bool kv_store, v1::GenerateResponse* r) {
   v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
   v1::FinishReason_Parse(GrpcFinishName(out.finish), &reason);  // the table names the value
   r->set_finish_reason(reason);
@@ -121,6 +122,11 @@ void SetLast(const RequestOutput& out, int32_t spec_tokens, v1::GenerateResponse
   if (ShowsSpecDecoding(out.spec, spec_tokens)) {
     SetSpeculativeDecoding(out.spec, spec_tokens, r->mutable_speculative_decoding());
   }
+  if (kv_store) {
+    r->mutable_kv_store()->set_fetched_tokens(out.kv_store_tokens);
+    r->mutable_kv_store()->set_fetch_ms(out.kv_fetch_ms);
+    r->mutable_kv_store()->set_install_ms(out.kv_install_ms);
+  }
 }
 
 // One Generate call. Event driven: the engine loop's push of a delta (the generation's listener) or
@@ -129,7 +135,7 @@ void SetLast(const RequestOutput& out, int32_t spec_tokens, v1::GenerateResponse
 class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   GenerateReactor(Server* server, grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req)
-      : ctx_(ctx), spec_tokens_(server->spec_metrics_tokens()) {
+      : ctx_(ctx), spec_tokens_(server->spec_metrics_tokens()), kv_store_(server->options().kv_store) {
     auto started = server->Generate(FromProto(req));
     if (!started.ok()) {
       Finish(ToGrpc(started.status()));
@@ -200,7 +206,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       AddLogprobs(d.logprobs, response_.mutable_logprobs());
       AddLogprobs(d.prompt_logprobs, response_.mutable_prompt_logprobs());
       if (!d.finished) continue;
-      SetLast(d.final, spec_tokens_, &response_);
+      SetLast(d.final, spec_tokens_, kv_store_, &response_);
       ++samples_done_;
       if (!d.error.ok() || d.final.finish == FinishReason::kAborted) {
         finished_ = true;
@@ -241,6 +247,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
 
   grpc::CallbackServerContext* const ctx_;
   const int32_t spec_tokens_;  // Server::spec_metrics_tokens
+  const bool kv_store_;        // ServeOptions::kv_store
   std::shared_ptr<Generation> gen_;
   std::atomic<Generation*> cancel_target_{nullptr};  // gen_, for OnCancel
   std::string request_id_;

@@ -91,6 +91,9 @@ class OpenAiResponder {
   // stream's usage chunk) for one choice; with n > 1 null there and one per choice (streamed: on
   // the choice's last chunk). Without a proposer only choices that had drafts carry them.
   int32_t spec_tokens_ = -1;
+  // A server with a shared KV store: `metrics.kv_store` at the root ({fetched_tokens, fetch_ms,
+  // install_ms}) beside speculative decoding's, in the body or the stream's usage chunk.
+  bool kv_store_ = false;
   bool first_event_sent_ = false;
 };
 

@@ -114,6 +114,27 @@ std::optional<json> RootSpecMetrics(const std::vector<const Sample*>& choices, i
   return SpecMetrics(choices.size() == 1 ? &choices[0]->final.spec : nullptr, num_spec_tokens);
 }
 
+// The root's `metrics`: RootSpecMetrics' and, on a server with a shared KV store, the request's store
+// timings as `kv_store`. Those are sample 0's, as the usage's cached tokens: it runs first and fetches
+// what the other samples then find in the local prefix cache.
+std::optional<json> RootMetrics(const std::vector<const Sample*>& choices, const Sample& first, int32_t num_spec_tokens,
+                                bool kv_store) {
+  std::optional<json> m = RootSpecMetrics(choices, num_spec_tokens);
+  if (!kv_store) return m;
+  if (!m.has_value()) m = json::object();
+  (*m)["kv_store"] = {{"fetched_tokens", first.final.kv_store_tokens}, {"fetch_ms", first.final.kv_fetch_ms},
+                      {"install_ms", first.final.kv_install_ms}};
+  return m;
+}
+
+// OpenAI's usage object: the prompt's tokens served from a prefix cache (local or the shared store's)
+// in prompt_tokens_details, sample 0's (the others reuse its blocks).
+json Usage(int32_t prompt_tokens, int32_t completion_tokens, const Sample& first) {
+  return {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", first.final.cached_prompt_tokens}}}};
+}
+
 // A finish reason as OpenAI gives it: "tool_calls" (the older API: "function_call") when the output
 // ended by its grammar after calling tools.
 std::string FinishName(FinishReason f, int calls, bool legacy) {
@@ -187,7 +208,7 @@ OpenAiResponder::OpenAiResponder(const HttpRequestBody& call, std::string model,
                                  const Generation& generation, const Tokenizer* tokenizer, std::time_t created)
     : call_(call), model_(std::move(model)), id_(std::move(id)), created_(created), tokenizer_(tokenizer),
       prompt_(generation.prompt()), samples_(generation.n()), prompt_tokens_(static_cast<int32_t>(prompt_.size())),
-      spec_tokens_(generation.spec_metrics_tokens()) {}
+      spec_tokens_(generation.spec_metrics_tokens()), kv_store_(generation.kv_store_metrics()) {}
 
 std::string OpenAiResponder::EchoText() const {
   if (!call_.echo) return "";
@@ -257,12 +278,10 @@ std::string OpenAiResponder::StreamEvents(int32_t index, const RequestDelta& d, 
     int32_t completion = 0;
     for (const Sample& x : samples_) completion += static_cast<int32_t>(x.tokens.size());
     json chunk = {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}, {"choices", json::array()},
-                  {"usage", {{"prompt_tokens", prompt_tokens_}, {"completion_tokens", completion},
-                             {"total_tokens", prompt_tokens_ + completion},
-                             {"prompt_tokens_details", {{"cached_tokens", samples_[0].final.cached_prompt_tokens}}}}}};
+                  {"usage", Usage(prompt_tokens_, completion, samples_[0])}};
     std::vector<const Sample*> all;  // [n]
     for (const Sample& x : samples_) all.push_back(&x);
-    if (auto m = RootSpecMetrics(all, spec_tokens_)) chunk["metrics"] = *std::move(m);
+    if (auto m = RootMetrics(all, samples_[0], spec_tokens_, kv_store_)) chunk["metrics"] = *std::move(m);
     out += Event(chunk);
   }
   return out + "data: [DONE]\n\n";
@@ -278,7 +297,7 @@ std::string OpenAiResponder::Body() const {
     order.resize(call_.n);
   }
   json choices = json::array();
-  int32_t completion = 0, cached = samples_[0].final.cached_prompt_tokens;
+  int32_t completion = 0;
   for (const Sample& x : samples_) completion += static_cast<int32_t>(x.tokens.size());
   for (size_t c = 0; c < order.size(); ++c) {
     const Sample& s = samples_[order[c]];
@@ -305,14 +324,12 @@ std::string OpenAiResponder::Body() const {
     }
     choices.push_back(std::move(choice));
   }
-  json usage = {{"prompt_tokens", prompt_tokens_}, {"completion_tokens", completion},
-                {"total_tokens", prompt_tokens_ + completion}, {"prompt_tokens_details", {{"cached_tokens", cached}}}};
   json body = {{"id", id_}, {"object", call_.chat ? "chat.completion" : "text_completion"}, {"created", created_},
-               {"model", model_}, {"choices", choices}, {"usage", usage}};
+               {"model", model_}, {"choices", choices}, {"usage", Usage(prompt_tokens_, completion, samples_[0])}};
   if (call_.return_token_ids) body["prompt_token_ids"] = prompt_;
   std::vector<const Sample*> chosen;  // [n]
   for (size_t i : order) chosen.push_back(&samples_[i]);
-  if (auto m = RootSpecMetrics(chosen, spec_tokens_)) body["metrics"] = *std::move(m);
+  if (auto m = RootMetrics(chosen, samples_[0], spec_tokens_, kv_store_)) body["metrics"] = *std::move(m);
   return Dump(body);
 }
 

@@ -158,6 +158,8 @@ Generation::~Generation() { Cancel(); }
 
 int32_t Generation::spec_metrics_tokens() const { return server_->spec_metrics_tokens(); }
 
+bool Generation::kv_store_metrics() const { return server_->options().kv_store; }
+
 // On the loop's thread (or Generate's, for a delta already waiting), never inside a reader's Next:
 // a reader may call Next from its listener while holding its own lock, so Next must not start
 // listeners. Sample 0's first delta submits the other samples here: its prompt's full blocks are

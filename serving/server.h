@@ -36,6 +36,9 @@ struct ServeOptions {
   // --per-request-spec-decode-metrics none; nothing for a request without drafts on a server without
   // a proposer).
   bool spec_metrics = true;
+  // The server shares KV through a store (--kv-store): each response carries its request's fetch and
+  // install times (OpenAI: metrics.kv_store; gRPC: kv_store).
+  bool kv_store = false;
 };
 
 // One request as a front end parsed it: its spec (max_tokens 0: the surface's default; seed unset:
@@ -76,6 +79,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   RequestId id() const { return ids_[0]; }  // sample 0's
   const std::vector<TokenId>& prompt() const { return prompt_; }
   int32_t spec_metrics_tokens() const;  // Server::spec_metrics_tokens
+  bool kv_store_metrics() const;        // ServeOptions::kv_store
 
  private:
   friend class Server;

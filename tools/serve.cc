@@ -180,6 +180,7 @@ absl::Status RunServe(int argc, char** argv) {
   opt.add_bos = e.add_bos;
   opt.spec_method = options.speculation.method;
   opt.num_spec_tokens = e.proposer == nullptr ? "0" : e.adaptive() ? "auto" : absl::StrCat(e.num_spec());
+  opt.kv_store = kv_store.has_value();
   Server server(engine.get(), e.tokenizer.get(), e.model->config(), opt);
   ASSIGN_OR_RETURN(auto grpc, GrpcFrontend::Start(&server, f.host, f.grpc_port, f.security));
   std::unique_ptr<HttpFrontend> http;

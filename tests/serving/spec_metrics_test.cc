@@ -4,7 +4,7 @@
 // and one per choice for n > 1 (streamed: on each choice's last chunk), nothing for a request without
 // drafts on a server without a proposer or with the metrics turned off; structured output's forced
 // and cut drafts beside the counts, and a server without a proposer answering with them where its
-// grammar forced drafts.
+// grammar forced drafts. Beside them, a shared KV store's per-request timings.
 #include "serving/spec_metrics.h"
 
 #include <memory>
@@ -146,7 +146,7 @@ class ResponderSpecMetricsTest : public ::testing::Test {
     ASSERT_NE(model_, nullptr);
     ASSERT_NE(tok_, nullptr);
   }
-  void Start(int32_t k, bool metrics_on) {
+  void Start(int32_t k, bool metrics_on, bool kv_store = false) {
     SchedulerConfig c;
     c.max_num_seqs = 4;
     c.block_size = 16;
@@ -159,6 +159,7 @@ class ResponderSpecMetricsTest : public ::testing::Test {
     ServeOptions opt;
     opt.model_name = "m";
     opt.spec_metrics = metrics_on;
+    opt.kv_store = kv_store;
     server_ = std::make_unique<Server>(engine_.get(), tok_, model_->config(), opt);
   }
   void TearDown() override {
@@ -325,6 +326,42 @@ TEST_F(ResponderSpecMetricsTest, ForcedDraftsWithoutAProposerShowTheirs) {
   ASSERT_EQ(rest.size(), 2u);
   EXPECT_EQ(rest[0]["choices"][0]["metrics"]["speculative_decoding"], SpecDecodingJson(ForcedOnly(), 0));
   EXPECT_TRUE(rest[1]["metrics"]["speculative_decoding"].is_null()) << rest[1].dump();
+}
+
+// On a server with a shared KV store, `metrics.kv_store` beside speculative decoding's at the root (the
+// body, the stream's usage chunk), from sample 0's output as the usage's cached tokens; nothing on a
+// server without one.
+TEST_F(ResponderSpecMetricsTest, KvStoreTimingsRideTheRootBesideSpeculativeDecoding) {
+  auto with_store = [](RequestDelta d, int32_t fetched) {
+    d.final.prompt_tokens = 40;
+    d.final.cached_prompt_tokens = fetched + 16;
+    d.final.kv_store_tokens = fetched;
+    d.final.kv_fetch_ms = 1.5;
+    d.final.kv_install_ms = 0.25;
+    return d;
+  };
+  const json want = {{"fetched_tokens", 32}, {"fetch_ms", 1.5}, {"install_ms", 0.25}};
+  Start(3, true, true);
+  const json one = json::parse(*Responder(1, false, false)->Add(0, with_store(Last(FourSteps()), 32)));
+  EXPECT_EQ(one["metrics"]["kv_store"], want) << one.dump();
+  EXPECT_EQ(one["metrics"]["speculative_decoding"], SpecDecodingJson(FourSteps(), 3));
+  EXPECT_EQ(one["usage"]["prompt_tokens_details"]["cached_tokens"], 48);
+  auto two = Responder(2, false, false);
+  EXPECT_EQ(*two->Add(1, with_store(Last(FourSteps()), 0)), "");
+  const json both = json::parse(*two->Add(0, with_store(Last(FourSteps()), 32)));
+  EXPECT_TRUE(both["metrics"]["speculative_decoding"].is_null()) << both.dump();
+  EXPECT_EQ(both["metrics"]["kv_store"], want);
+  EXPECT_FALSE(both["choices"][0]["metrics"].contains("kv_store"));
+  const std::vector<json> events = Events(*Responder(1, true, true)->Add(0, with_store(Last(FourSteps()), 32)));
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_FALSE(events[0].contains("metrics"));
+  EXPECT_EQ(events[1]["metrics"]["kv_store"], want) << events[1].dump();
+  EXPECT_EQ(events[1]["usage"]["prompt_tokens_details"]["cached_tokens"], 48);
+  TearDown();
+  Start(0, true, false);  // no store, no drafts: no metrics at all
+  const json plain = json::parse(*Responder(1, false, false)->Add(0, with_store(Last(SpecStats{}), 0)));
+  EXPECT_FALSE(plain.contains("metrics")) << plain.dump();
+  EXPECT_EQ(plain["usage"]["prompt_tokens_details"]["cached_tokens"], 16);
 }
 
 }  // namespace
