@@ -170,7 +170,9 @@ absl::Status CheckSampling(const SurfaceRules& rules, const RequestContext& c, c
   }
   if (absl::Status st = CheckConstraintFields(rules, spec); !st.ok()) return st;
   if (spec.cache_salt.size() > kMaxCacheSaltBytes) {
-    return Bad(rules, "cache_salt", absl::StrCat(spec.cache_salt.size(), " bytes; at most ", kMaxCacheSaltBytes));
+    // A request's own field on every surface (gRPC's too, beside its sampling message): no prefix.
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache_salt: ", spec.cache_salt.size(), " bytes; at most ", kMaxCacheSaltBytes));
   }
   for (auto [id, bias] : spec.sampling.logit_bias) {
     if (id < 0 || id >= c.vocab_size) {

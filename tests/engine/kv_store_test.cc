@@ -2,10 +2,14 @@
 // KV pool) reuses the blocks the first computed and gives the tokens it would give alone; salts
 // keep blocks apart, a corrupted value is refused, and a store that is gone fails no request.
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <thread>
 
 #include "engine/engine.h"
+#include "engine/engine_setup.h"
+#include "model/weights_hash.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kvstore/kv_transfer.h"
@@ -207,6 +211,56 @@ TEST_F(KvStoreEngineTest, AStoreThatIsGoneFailsNoRequestAndReuseResumesWhenItIsB
   EXPECT_EQ(again.finish, FinishReason::kMaxTokens);
   auto c = Replica("salt-1");
   EXPECT_GE(Run(*c, Turn(5, second)).kv_store_tokens, static_cast<int32_t>(first.size() - 1) / kBlock * kBlock);
+}
+
+// What keys a replica's blocks changes with every property that changes their bits (one at a time),
+// and with nothing else.
+TEST(KvReplicaSaltTest, EachSaltedPropertyChangesTheSalt) {
+  const std::string dir = testing::TinyStoriesDir();
+  auto salt = [&](const std::string& kv_dtype, const std::string& quantization, int32_t block) {
+    EngineOptions o;
+    o.target.model = dir + "/stories260K.bin";
+    o.target.tokenizer = dir + "/tok512.bin";
+    o.target.kv_cache_dtype = kv_dtype;
+    o.target.quantization = quantization;
+    auto e = LoadEngine(o);
+    EXPECT_TRUE(e.ok()) << e.status();
+    std::string description;
+    auto s = KvReplicaSalt(**e, block, "", &description);
+    EXPECT_TRUE(s.ok()) << s.status();
+    EXPECT_NE(description.find("kv=" + (kv_dtype.empty() ? std::string("bf16") : kv_dtype)), std::string::npos);
+    return *s;
+  };
+  const std::string base = salt("bf16", "none", 16);
+  EXPECT_EQ(base.size(), 16u);
+  EXPECT_EQ(salt("bf16", "none", 16), base);
+  EXPECT_EQ(salt("", "none", 16), base);  // bf16 is the CPU's default
+  EXPECT_NE(salt("f32", "none", 16), base);
+  EXPECT_NE(salt("bf16", "int8", 16), base);
+  EXPECT_NE(salt("bf16", "none", 32), base);
+}
+
+// The weights' hash follows their bytes, and its cache is keyed by the file's identity.
+TEST(WeightsHashTest, FollowsTheBytesAndIsCached) {
+  const std::string dir = ::testing::TempDir() + "/weights_hash_test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string model = dir + "/m.bin", cache = dir + "/cache";
+  auto write = [&](const std::string& bytes) {
+    std::ofstream(model, std::ios::binary) << bytes;
+  };
+  write("weights one");
+  auto first = WeightsHash(model, cache);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->size(), 16u);
+  EXPECT_EQ(*WeightsHash(model, ""), *first);  // the same without the cache
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(cache), {}), 1);
+  EXPECT_EQ(*WeightsHash(model, cache), *first);  // from the cache
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  write("weights two");  // another size and time: another identity
+  EXPECT_NE(*WeightsHash(model, cache), *first);
+  EXPECT_FALSE(WeightsHash(dir + "/missing.bin", cache).ok());
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
