@@ -153,6 +153,7 @@ void KvTransfer::DoFetch(PendingFetch fetch) {
     stats_.miss_blocks += static_cast<int64_t>(keys.size() - result.values.size());
     stats_.read_bytes += read_bytes;
   } else {
+    stats_.miss_blocks += static_cast<int64_t>(keys.size());  // none came: each block asked for is recomputed
     CountFailure(status);
   }
   done_.push_back(std::move(result));

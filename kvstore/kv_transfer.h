@@ -29,7 +29,8 @@ struct KvFetchResult {
 };
 
 struct KvStoreStats {  // cumulative, a copy
-  // miss: the first missing key of each answered fetch and those past it (a failed fetch counts neither)
+  // miss: the first missing key of each answered fetch and those past it, and every key of a failed
+  // fetch (each is a block the engine recomputes)
   int64_t fetches = 0, hit_blocks = 0, miss_blocks = 0;
   // bytes: the values'; dropped: writes refused at max_pending_bytes or lost to a failed round trip
   int64_t read_bytes = 0, written_bytes = 0, writes = 0, dropped_writes = 0;

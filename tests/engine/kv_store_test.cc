@@ -7,6 +7,7 @@
 #include <map>
 #include <thread>
 
+#include "draft/draft_model_proposer.h"
 #include "engine/engine.h"
 #include "engine/engine_setup.h"
 #include "model/weights_hash.h"
@@ -43,15 +44,19 @@ class KvStoreEngineTest : public ::testing::Test {
     return o;
   }
 
-  // A replica: its own pool, prefix cache on, the store attached under `salt` (empty: no store).
-  std::unique_ptr<Engine> Replica(const std::string& salt) {
+  // A replica: its own pool, prefix cache on, the store attached under `salt` (empty: no store),
+  // speculating with `proposer` (null: none).
+  std::unique_ptr<Engine> Replica(const std::string& salt, Proposer* proposer = nullptr) {
     SchedulerConfig c;
     c.max_num_seqs = 8;
     c.max_num_batched_tokens = 64;  // prefills in chunks: blocks are committed over several steps
     c.block_size = kBlock;
     c.num_blocks = 128;
     c.max_model_len = model_->config().max_seq_len;
-    auto e = std::make_unique<Engine>(model_.get(), tok_.get(), c);
+    SpecConfig spec;
+    spec.proposer = proposer;
+    c.num_spec_tokens = proposer != nullptr ? 4 : 0;
+    auto e = std::make_unique<Engine>(model_.get(), tok_.get(), c, spec);
     if (!salt.empty()) EXPECT_TRUE(e->AttachKvStore(std::make_unique<KvTransfer>(Options()), salt).ok());
     return e;
   }
@@ -129,6 +134,25 @@ TEST_F(KvStoreEngineTest, AnotherReplicaReusesTheBlocksAndGivesTheSameTokens) {
   const RequestOutput computed = Run(*alone, Turn(3, second));
   EXPECT_EQ(computed.cached_prompt_tokens, 0);
   EXPECT_EQ(reused.tokens, computed.tokens);
+}
+
+// A draft model catches up on a history whose target KV came from the store (its own KV is
+// computed), and speculation stays lossless: the same greedy tokens.
+TEST_F(KvStoreEngineTest, ADraftModelCatchesUpOnAFetchedHistory) {
+  auto a = Replica("salt-1");
+  const std::vector<TokenId> first = FirstPrompt();
+  const RequestOutput answer = Run(*a, Turn(1, first));
+  const std::vector<TokenId> second = SecondPrompt(first, answer);
+  auto draft_weights = LoadModel(testing::TinyStoriesDir() + "/stories260K-draft.bin");
+  ASSERT_TRUE(draft_weights.ok()) << draft_weights.status();
+  LlamaModel draft(std::move(draft_weights).value(), MakeCpuBackend());
+  DraftModelProposer proposer(&draft, kBlock, 256);
+  auto b = Replica("salt-1", &proposer);
+  const RequestOutput reused = Run(*b, Turn(2, second));
+  EXPECT_EQ(reused.kv_store_tokens, ReusableTokens(first, answer, second));
+  EXPECT_GT(reused.spec.draft_tokens, 0);
+  auto alone = Replica("");
+  EXPECT_EQ(reused.tokens, Run(*alone, Turn(3, second)).tokens);
 }
 
 // The last delta goes out after the request's blocks are in the store: the next turn finds them

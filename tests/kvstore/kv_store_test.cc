@@ -436,6 +436,7 @@ TEST_F(RedisTest, KilledStoreFailsFastAndRestartRecovers) {
   ASSERT_TRUE(AwaitWrites(transfer, 2));
   KvStoreStats down = transfer.Stats();
   EXPECT_EQ(down.errors, 4);  // three fetches, one write
+  EXPECT_EQ(down.miss_blocks, 3);  // each failed fetch's one key: recomputed
   EXPECT_EQ(down.timeouts, 0);
   EXPECT_EQ(down.dropped_writes, 1);
   EXPECT_EQ(down.writes, 1);
