@@ -61,11 +61,11 @@ void Engine::InstallFetched() {
     out.kv_store_tokens = InstallBlocks(r, f.values) * scheduler_.config().block_size;
     out.kv_install_ms = (clock_->NowSeconds() - start) * 1000.0;
     stats_.kv_install_seconds += out.kv_install_ms / 1000.0;
-    NewSequence n = std::move(*r.kv_store.admit);
+    r.kv_store.admit->arrival_ms = NowMs();
+    // Checked when it was added (Scheduler::Check): the pool and the context have not changed. While
+    // `admit` is set, Abort knows the scheduler never ran it.
+    if (absl::Status st = scheduler_.Add(std::move(*r.kv_store.admit), &r); !st.ok()) Abort(id);
     r.kv_store.admit.reset();
-    n.arrival_ms = NowMs();
-    // Checked when it was added (Scheduler::Check): the pool and the context have not changed.
-    if (absl::Status st = scheduler_.Add(std::move(n), &r); !st.ok()) Abort(id);
   }
 }
 
