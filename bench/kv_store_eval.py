@@ -29,8 +29,6 @@ import json
 import os
 import platform
 import re
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -40,6 +38,7 @@ import urllib.request
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests/serving/python"))
+import redis_util  # noqa: E402
 import serving_util  # noqa: E402
 
 SMOLLM2 = os.path.join(os.environ.get("SPECULA_GGUF_CACHE", os.path.expanduser("~/.cache/specula")),
@@ -102,45 +101,6 @@ def machine():
             model = line.split(":", 1)[1].strip()
             break
     return f"{model}, {os.cpu_count()} cores, {platform.node()}"
-
-
-class Redis:
-    """redis-server on a unix socket in a temporary directory, as the tests start it."""
-
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="specula_redis_")
-        self.sock = os.path.join(self.dir, "redis.sock")
-        self.proc = None
-        self.start()
-
-    def start(self):
-        self.proc = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", self.sock, "--save", "",
-                                      "--appendonly", "no", "--maxmemory", "2gb", "--maxmemory-policy", "allkeys-lru"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(100):
-            if subprocess.run(["redis-cli", "-s", self.sock, "ping"], capture_output=True, text=True).stdout.strip() == "PONG":
-                return
-            time.sleep(0.05)
-        raise RuntimeError("redis-server did not answer")
-
-    def kill(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-    def url(self):
-        return "unix://" + self.sock
-
-    def close(self):
-        self.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def post(base, path, body, timeout=600):
-    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return r
 
 
 def chat_turn(base, messages, max_tokens, session):
@@ -224,14 +184,9 @@ def serve(binary, model, *extra):
                               ready_timeout=120)
 
 
-def pct(values, q):
-    v = sorted(values)
-    return v[min(len(v) - 1, int(round(q * (len(v) - 1))))]
-
-
 def run_reuse(args, redis):
     """Per conversation and turn: the store replicas' row, the no-store replicas' row, equal answers."""
-    on = [serve(args.binary, args.model, "--kv-store", redis.url()) for _ in range(3)]
+    on = [serve(args.binary, args.model, "--kv-store", redis.url) for _ in range(3)]
     off = [serve(args.binary, args.model) for _ in range(3)]
     single = serve(args.binary, args.model)
     results = []
@@ -286,7 +241,7 @@ def reuse_table(results, turns):
 
 
 def run_chaos(args, redis):
-    on = [serve(args.binary, args.model, "--kv-store", redis.url(), "--kv-store-timeout-ms", "200") for _ in range(3)]
+    on = [serve(args.binary, args.model, "--kv-store", redis.url, "--kv-store-timeout-ms", "200") for _ in range(3)]
     rows, failed = [], 0
     try:
         conv = Conversation("chaos", on, True, DETAILS[0], args.max_tokens)
@@ -335,7 +290,7 @@ def bench_serve(args, base):
 
 
 def run_cost(args, redis):
-    on = serve(args.binary, args.model, "--kv-store", redis.url())
+    on = serve(args.binary, args.model, "--kv-store", redis.url)
     off = serve(args.binary, args.model)
     ratios, rows = [], []
     try:
@@ -374,9 +329,9 @@ def main():
     ap.add_argument("--cost-prompts", type=int, default=24)
     args = ap.parse_args()
     print(f"machine: {machine()}; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
-    redis = Redis()
+    # 2 GB: the cost run writes about 1 GiB, and a conversation's blocks must not be evicted.
     ok = True
-    try:
+    with redis_util.RedisServer(maxmemory="2gb") as redis:
         if args.what in ("reuse", "all"):
             table, good = reuse_table(run_reuse(args, redis), args.turns)
             print("\n## Reuse across replicas\n\n" + table)
@@ -389,8 +344,6 @@ def main():
             table, good = run_cost(args, redis)
             print("\n## Traffic that never repeats\n\n" + table)
             ok &= good
-    finally:
-        redis.close()
     print("\nall goals met" if ok else "\nA GOAL IS NOT MET")
     return 0 if ok else 1
 

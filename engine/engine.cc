@@ -362,14 +362,12 @@ absl::Status Engine::Score(const StepPlan& plan, const Ran& ran, Verified* v) {
 }
 
 Engine::StepOutputs Engine::Update(const StepPlan& plan, Verified verified, const Drafts& drafts) {
+  std::vector<std::vector<BlockId>> tables;  // [plan.seqs][blocks] with a store: before finished ones are released
   if (store_.transfer != nullptr) {
-    std::vector<std::vector<BlockId>> tables;  // [plan.seqs][blocks]: before finished ones are released
     for (const ScheduledSeq& s : plan.seqs) tables.push_back(s.seq->blocks);
-    scheduler_.Update(plan, verified.result);
-    StoreCommitted(plan, tables);
-  } else {
-    scheduler_.Update(plan, verified.result);
   }
+  scheduler_.Update(plan, verified.result);
+  if (store_.transfer != nullptr) StoreCommitted(plan, tables);
   FollowConstraints(plan, verified.result);
   StepOutputs step;
   size_t out = 0;  // the sequence's place in verified.result.outputs

@@ -113,11 +113,13 @@ void Engine::StoreCommitted(const StepPlan& plan, const std::vector<std::vector<
     }
     r.kv_store.num_offered = std::max(r.kv_store.num_offered, full);
   }
-  stats_.kv_store = store_.transfer->Stats();
 }
 
 void Engine::HoldUntilStored(std::vector<RequestDelta>* deltas) {
   if (store_.transfer == nullptr) return;
+  stats_.kv_store = store_.transfer->Stats();  // every step publishes: the one place they are copied
+  const bool any_last = std::any_of(deltas->begin(), deltas->end(), [](const RequestDelta& d) { return d.finished; });
+  if (store_.held.empty() && !any_last) return;
   std::vector<RequestDelta> out;
   std::vector<RequestDelta> still;
   for (RequestDelta& d : store_.held) {
@@ -128,7 +130,6 @@ void Engine::HoldUntilStored(std::vector<RequestDelta>* deltas) {
   }
   store_.held = std::move(still);
   *deltas = std::move(out);
-  stats_.kv_store = store_.transfer->Stats();
 }
 
 }  // namespace specula

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <map>
+#include <tuple>
 #include <thread>
 
 #include "draft/draft_model_proposer.h"
@@ -17,6 +17,7 @@
 #include "request/finish.h"
 #include "tests/kvstore/redis_fixture.h"
 #include "tests/test_util.h"
+#include "tests/tiny_stories.h"
 
 namespace specula {
 namespace {
@@ -27,13 +28,9 @@ class KvStoreEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!testing::RedisServer::Available()) GTEST_SKIP() << testing::RedisServer::kSkipReason;
-    const std::string dir = testing::TinyStoriesDir();
-    auto w = LoadModel(dir + "/stories260K.bin");
-    ASSERT_TRUE(w.ok()) << w.status();
-    auto tok = LoadTokenizer(dir + "/tok512.bin", 512);
-    ASSERT_TRUE(tok.ok());
-    tok_ = std::move(tok).value();
-    model_ = std::make_unique<LlamaModel>(std::move(w).value(), MakeCpuBackend());
+    std::tie(model_, tok_) = testing::TinyStoriesTarget();
+    ASSERT_NE(model_, nullptr);
+    ASSERT_NE(tok_, nullptr);
     ASSERT_TRUE(redis_.Start().ok());
   }
 
@@ -56,10 +53,13 @@ class KvStoreEngineTest : public ::testing::Test {
     SpecConfig spec;
     spec.proposer = proposer;
     c.num_spec_tokens = proposer != nullptr ? 4 : 0;
-    auto e = std::make_unique<Engine>(model_.get(), tok_.get(), c, spec);
+    auto e = std::make_unique<Engine>(model_, tok_, c, spec);
     if (!salt.empty()) EXPECT_TRUE(e->AttachKvStore(std::make_unique<KvTransfer>(Options()), salt).ok());
     return e;
   }
+
+  // The key a block of replica salt "salt-1" has in the store (Engine::StoreKey's form).
+  static std::string Key(const BlockHash& h) { return "specula:kv:v1:salt-1:" + h.Hex(); }
 
   static RequestOutput Run(Engine& e, Request r) {
     EXPECT_TRUE(e.AddRequest(std::move(r)).ok());
@@ -106,8 +106,8 @@ class KvStoreEngineTest : public ::testing::Test {
     return std::min(computed, static_cast<int32_t>(second.size()) - 1) / kBlock * kBlock;
   }
 
-  std::unique_ptr<Tokenizer> tok_;
-  std::unique_ptr<LlamaModel> model_;
+  LlamaModel* model_ = nullptr;  // loaded once per test program (tests/tiny_stories.h)
+  Tokenizer* tok_ = nullptr;
   testing::RedisServer redis_;
 };
 
@@ -165,7 +165,7 @@ TEST_F(KvStoreEngineTest, TheLastDeltaFollowsTheWrites) {
   all.insert(all.end(), answer.tokens.begin(), answer.tokens.end());
   const std::vector<BlockHash> chain = ChainHashes({}, all, static_cast<int32_t>(all.size()) - 1, kBlock);
   std::vector<std::string> keys;
-  for (const BlockHash& h : chain) keys.push_back("specula:kv:v1:salt-1:" + h.Hex());
+  for (const BlockHash& h : chain) keys.push_back(Key(h));
   auto store = KvStore::Connect(Options());
   ASSERT_TRUE(store.ok()) << store.status();
   auto got = (*store)->Get(keys);
@@ -196,7 +196,7 @@ TEST_F(KvStoreEngineTest, ACorruptedValueIsRefusedAndRecomputed) {
   const RequestOutput answer = Run(*a, Turn(1, first));
   const std::vector<TokenId> second = SecondPrompt(first, answer);
   // Flip one byte in the middle of the third block's value.
-  const std::string key = "specula:kv:v1:salt-1:" + ChainHashes({}, first, 3 * kBlock, kBlock)[2].Hex();
+  const std::string key = Key(ChainHashes({}, first, 3 * kBlock, kBlock)[2]);
   auto store = KvStore::Connect(Options());
   ASSERT_TRUE(store.ok());
   auto got = (*store)->Get({key});

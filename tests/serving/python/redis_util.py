@@ -24,14 +24,21 @@ def available():
 
 
 class RedisServer:
-    def __init__(self):
+    """`maxmemory`: the store's budget (LRU eviction past it)."""
+
+    def __init__(self, maxmemory="64mb"):
         # Short: a socket's path has at most 107 bytes.
         self.dir = tempfile.mkdtemp(prefix="specula_redis_", dir="/tmp")
         self.socket_path = os.path.join(self.dir, "redis.sock")
         self.url = "unix://" + self.socket_path
+        self.maxmemory = maxmemory
+        self.start()
+
+    def start(self):
+        """Starts it (again, empty, after kill())."""
         self.proc = subprocess.Popen(
             ["redis-server", "--port", "0", "--unixsocket", self.socket_path, "--unixsocketperm", "700",
-             "--save", "", "--appendonly", "no", "--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru",
+             "--save", "", "--appendonly", "no", "--maxmemory", self.maxmemory, "--maxmemory-policy", "allkeys-lru",
              "--dir", self.dir, "--logfile", os.path.join(self.dir, "redis.log"), "--daemonize", "no"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 5 * time_scale()
