@@ -304,11 +304,15 @@ TEST_F(HttpServerTest, OnCloseFiresWhenTheClientLeavesMidStream) {
   std::shared_ptr<HttpExchange> kept;
   std::mutex mu;
   Serve({}, {{"GET", "/stream", [&](HttpRequest, std::shared_ptr<HttpExchange> ex) {
+                {
+                  // Kept before the first byte goes out: the client may read it, leave, and the
+                  // test check `kept` before this handler returns.
+                  std::lock_guard<std::mutex> l(mu);
+                  kept = ex;  // never ended: the client leaves first
+                }
                 ex->OnClose([&] { closed.set_value(); });
                 ex->StartStream(200, "text/event-stream");
                 ex->Write("data: first\n\n");
-                std::lock_guard<std::mutex> l(mu);
-                kept = ex;  // never ended: the client leaves first
               }}});
   const int fd = Connect(port());
   ASSERT_TRUE(SendAll(fd, Get("/stream")));
