@@ -27,7 +27,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -92,15 +91,6 @@ USER_TURNS = [
 DETAILS = ["My order number is NW-20431 and I live in Denver, Colorado.",
            "The order is NW-88817, shipped to Portland, Oregon.",
            "It was order NW-55102, delivered to Austin, Texas."]
-
-
-def machine():
-    model = "unknown"
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
-    return f"{model}, {os.cpu_count()} cores, {platform.node()}"
 
 
 def chat_turn(base, messages, max_tokens, session):
@@ -328,7 +318,7 @@ def main():
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--cost-prompts", type=int, default=24)
     args = ap.parse_args()
-    print(f"machine: {machine()}; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+    print(f"machine: {serving_util.machine()}; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
     # 2 GB: the cost run writes about 1 GiB, and a conversation's blocks must not be evicted.
     ok = True
     with redis_util.RedisServer(maxmemory="2gb") as redis:

@@ -17,6 +17,9 @@ APT_PACKAGES=(
   # for the stored blocks' checksums, and the redis-server its tests start on their own sockets (never
   # the system's service).
   libhiredis-dev libxxhash-dev redis-server
+  # The fleet behind a load balancer (scripts/fleet.sh, deploy/nginx/): Debian's open-source nginx. Where
+  # the machine runs services, the package may start its own on port 80; the fleet leaves it alone.
+  nginx
   clang-14 libclang-rt-14-dev llvm-14  # libFuzzer targets (the fuzz preset); llvm-symbolizer
   python3 python3-pip
 )

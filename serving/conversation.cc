@@ -7,6 +7,7 @@
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -212,6 +213,20 @@ std::vector<TurnSummary> SummarizeTurns(const ConversationRun& run) {
       s.mean_output_tokens = output / s.completed;
     }
     s.ttft_ms = Summarize(std::move(ttft));
+  }
+  return out;
+}
+
+SessionReplicas SummarizeSessionReplicas(const ConversationRun& run) {
+  SessionReplicas out;
+  for (size_t first = 0; run.turns > 0 && first < run.results.size(); first += run.turns) {
+    if (run.endpoints[first] >= 0 && !run.results[first].replica.empty()) ++out.first_turns[run.results[first].replica];
+    std::set<std::string> answered;  // the replicas named by the session's completed turns
+    for (size_t k = first; k < first + run.turns; ++k) {
+      const RequestResult& r = run.results[k];
+      if (run.endpoints[k] >= 0 && r.outcome == Outcome::kOk && !r.replica.empty()) answered.insert(r.replica);
+    }
+    if (answered.size() > 1) ++out.moved;
   }
   return out;
 }

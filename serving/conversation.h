@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,18 @@ struct TurnSummary {
   double mean_prompt_tokens = 0, mean_cached_tokens = 0, mean_output_tokens = 0;  // over completed turns
 };
 std::vector<TurnSummary> SummarizeTurns(const ConversationRun& run);  // [turns]
+
+// Where the sessions' turns landed, by the replica each answer named (RequestResult::replica).
+struct SessionReplicas {
+  std::map<std::string, int32_t> first_turns;  // by replica: the sessions whose turn 0 it answered
+  int32_t moved = 0;  // sessions whose completed turns named more than one replica
+  int32_t FirstTurnsOf(const std::string& replica) const {  // 0 for a replica that answered no turn 0
+    const auto it = first_turns.find(replica);
+    return it == first_turns.end() ? 0 : it->second;
+  }
+};
+SessionReplicas SummarizeSessionReplicas(const ConversationRun& run);
+
 // [turns] objects {"turn", "sent", "completed", "failed", "mean_ttft_ms", "median_ttft_ms",
 // "p90_ttft_ms", "mean_prompt_tokens", "mean_cached_tokens", "mean_output_tokens"}: bench-serve's
 // "per_turn" and an experiment's results line's.

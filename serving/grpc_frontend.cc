@@ -296,12 +296,14 @@ class GenerationService final : public v1::Generation::CallbackService {
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
                                                            const v1::GenerateRequest* req) override {
+    NameReplica(ctx);
     if (grpc::Status auth = Authorize(*ctx, api_key_); !auth.ok()) return new RefusedGenerate(auth);
     return new GenerateReactor(server_, ctx, *req);
   }
 
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx, const v1::TokenizeRequest* req,
                                      v1::TokenizeResponse* resp) override {
+    NameReplica(ctx);
     if (grpc::Status auth = Authorize(*ctx, api_key_); !auth.ok()) return FinishUnary(ctx, auth);
     const Tokenizer& tok = server_->tokenizer();
     const std::vector<TokenId> ids =
@@ -317,6 +319,7 @@ class GenerationService final : public v1::Generation::CallbackService {
 
   grpc::ServerUnaryReactor* ModelInfo(grpc::CallbackServerContext* ctx, const v1::ModelInfoRequest*,
                                       v1::ModelInfoResponse* resp) override {
+    NameReplica(ctx);
     if (grpc::Status auth = Authorize(*ctx, api_key_); !auth.ok()) return FinishUnary(ctx, auth);
     const ModelConfig& m = server_->model_config();
     const SchedulerConfig& sc = server_->scheduler_config();
@@ -334,6 +337,14 @@ class GenerationService final : public v1::Generation::CallbackService {
   }
 
  private:
+  // The replica's id in the call's initial metadata, before anything is sent: a call refused at once
+  // (UNAUTHENTICATED, RESOURCE_EXHAUSTED, INVALID_ARGUMENT, UNAVAILABLE) carries it too, and custom
+  // metadata keeps such a call from being sent as trailers only.
+  void NameReplica(grpc::CallbackServerContext* ctx) const {
+    const std::string& id = server_->options().replica_id;
+    if (!id.empty()) ctx->AddInitialMetadata(kReplicaMetadata, id);
+  }
+
   Server* const server_;
   const std::string api_key_;  // empty: no key
 };

@@ -1,6 +1,7 @@
 // The gRPC front end of `specula serve`: specula.v1.Generation (proto/specula/v1/generation.proto),
-// grpc.health.v1.Health (SERVING, NOT_SERVING while draining) and server reflection. gRPC types
-// stay in grpc_frontend.cc.
+// grpc.health.v1.Health (SERVING, NOT_SERVING while draining) and server reflection. Every
+// Generation call's initial metadata has x-specula-replica (ServeOptions::replica_id) where the
+// server has an id. gRPC types stay in grpc_frontend.cc.
 #pragma once
 
 #include <chrono>

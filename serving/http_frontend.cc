@@ -156,6 +156,9 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(Server* server
   o.worker_threads = options.threads;
   o.io_threads = 1;  // parsing and writing bytes: one core's fraction even under a flood
   o.security = options.security;
+  // Every response names the replica, refusals and probes included: a router's retries and a
+  // benchmark see which replica answered.
+  if (const std::string& id = server->options().replica_id; !id.empty()) o.response_headers = {{kReplicaHeader, id}};
   auto http = HttpServer::Start(std::move(o), impl->Routes());
   if (!http.ok()) {
     return absl::Status(http.status().code(), absl::StrCat("--http-port: ", http.status().message()));

@@ -3,7 +3,8 @@
 // "stream": true, ending in `data: [DONE]`), GET /v1/models, /health (503 while draining) and
 // /metrics (Prometheus text), POST /reset_prefix_cache (vLLM's: the local prefix cache emptied,
 // {"reset": true, "blocks": N}). Errors use OpenAI's JSON error shape: 400 bad input, 401 without the
-// API key, 404 unknown model or route, 413 too large a body, 429 overload, 503 draining.
+// API key, 404 unknown model or route, 413 too large a body, 429 overload, 503 draining. Every
+// response carries X-Specula-Replica (ServeOptions::replica_id) where the server has an id.
 #pragma once
 
 #include <memory>

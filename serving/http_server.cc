@@ -18,6 +18,7 @@
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -48,9 +49,10 @@ std::string Reason(int status) {
   return r == "<unknown-status>" ? std::string("Status") : std::string(r);
 }
 
-// The status line and headers. `length` nullopt: chunked.
+// The status line and headers: the response's own (`extra`), then the server's (`common`, on every
+// response). `length` nullopt: chunked.
 std::string Head(int status, std::string_view content_type, std::optional<size_t> length, const HttpHeaders& extra,
-                 bool keep_alive) {
+                 const HttpHeaders& common, bool keep_alive) {
   std::string h = absl::StrCat("HTTP/1.1 ", status, " ", Reason(status), "\r\n");
   if (!content_type.empty()) absl::StrAppend(&h, "Content-Type: ", std::string(content_type), "\r\n");
   if (length) {
@@ -60,13 +62,17 @@ std::string Head(int status, std::string_view content_type, std::optional<size_t
   }
   if (!keep_alive) absl::StrAppend(&h, "Connection: close\r\n");
   for (const auto& [k, v] : extra) absl::StrAppend(&h, k, ": ", v, "\r\n");
+  for (const auto& [k, v] : common) absl::StrAppend(&h, k, ": ", v, "\r\n");
   h += "\r\n";
   return h;
 }
 
 // What an exchange may outlive: Stop() closes the gate, after which nothing is posted to the
-// (soon destroyed) io_context.
+// (soon destroyed) io_context. It holds the headers of every response, which an exchange's last
+// answer (its destructor's 500) may need after the server is gone.
 struct Gate {
+  explicit Gate(HttpHeaders headers) : response_headers(std::move(headers)) {}
+  const HttpHeaders response_headers;  // HttpServerOptions::response_headers; never changes
   std::mutex mu;
   bool stopped = false;  // guarded by mu
 };
@@ -94,7 +100,7 @@ class ExchangeImpl final : public HttpExchange {
     if (state_ == kStreaming) Send("0\r\n\r\n", true);
     if (state_ == kNew) {
       const std::string body = HttpErrorJson(500, "the handler did not respond", "internal_error");
-      Send(Head(500, "application/json", body.size(), {}, keep_alive_) + body, true);
+      Send(Head(500, "application/json", body.size(), {}, gate_->response_headers, keep_alive_) + body, true);
     }
   }
 
@@ -102,7 +108,7 @@ class ExchangeImpl final : public HttpExchange {
     std::lock_guard<std::mutex> l(mu_);
     if (state_ != kNew) return;
     state_ = kEnded;
-    std::string bytes = Head(status, content_type, body.size(), extra, keep_alive_);
+    std::string bytes = Head(status, content_type, body.size(), extra, gate_->response_headers, keep_alive_);
     bytes += body;
     Send(std::move(bytes), true);
   }
@@ -111,7 +117,7 @@ class ExchangeImpl final : public HttpExchange {
     std::lock_guard<std::mutex> l(mu_);
     if (state_ != kNew) return;
     state_ = kStreaming;
-    Send(Head(status, content_type, std::nullopt, {}, keep_alive_), false);
+    Send(Head(status, content_type, std::nullopt, {}, gate_->response_headers, keep_alive_), false);
   }
 
   bool Write(std::string chunk) override {
@@ -195,7 +201,7 @@ struct Core {
   std::optional<ssl::context> tls;      // before ioc: the sessions it destroys use it
   asio::io_context ioc;
   std::optional<asio::thread_pool> workers;
-  std::shared_ptr<Gate> gate = std::make_shared<Gate>();
+  std::shared_ptr<Gate> gate;  // made by Start, with the options' response headers
   std::mutex sessions_mu;
   std::unordered_map<uint64_t, std::shared_ptr<SessionBase>> sessions;  // guarded by sessions_mu
   uint64_t next_session = 0;                                            // guarded by sessions_mu
@@ -394,7 +400,8 @@ class Session final : public SessionBase {
     const std::string body = HttpErrorJson(status, message, type, param);
     state_ = kClosing;
     SetDeadline(Clock::now() + kLinger);
-    Queue(Head(status, "application/json", body.size(), extra, /*keep_alive=*/false) + body);
+    Queue(Head(status, "application/json", body.size(), extra, core_->gate->response_headers, /*keep_alive=*/false) +
+          body);
     Flush();
   }
 
@@ -608,6 +615,7 @@ absl::Status Listen(tcp::acceptor& acceptor, const std::string& host, int port) 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions options, std::vector<HttpRoute> routes) {
   auto impl = std::make_unique<Impl>();
   Core& core = impl->core;
+  core.gate = std::make_shared<Gate>(std::exchange(options.response_headers, {}));  // their one home
   for (HttpRoute& r : routes) core.routes[r.path].by_method[r.method] = std::move(r.handler);
   if (options.security.tls()) {
     if (auto st = SetUpTls(options.security, &core.tls); !st.ok()) return st;

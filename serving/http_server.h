@@ -20,6 +20,8 @@
 
 namespace specula {
 
+using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
+
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;                                   // 0: a free port (see HttpServer::port())
@@ -33,9 +35,10 @@ struct HttpServerOptions {
   int worker_threads = 4;                         // run the handlers
   SecurityOptions security;                       // API key and TLS
   std::vector<std::string> open_paths = {"/health", "/metrics"};  // no API key needed (as vLLM)
+  // On every response: a handler's answer or stream, an early refusal (400, 401, 404, 405, 413, 431), the
+  // 500 of a handler that never answered. Values must be header-safe (no CR or LF).
+  HttpHeaders response_headers;
 };
-
-using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
 
 struct HttpRequest {
   std::string method, path, query, body;  // path without the query; query without the '?'

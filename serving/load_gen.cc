@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 #include "serving/openai_constraints.h"
+#include "serving/replica.h"
 #include "specula/v1/generation.grpc.pb.h"
 
 namespace specula {
@@ -96,12 +97,38 @@ std::string ConversationPrompt(const std::vector<LoadMessage>& messages) {
 
 // ---- Statistics (ParseGoodput, Percentile: core/stats.cc).
 
+namespace {
+
+// The first `bytes` of an error, not splitting a UTF-8 character (the JSON that carries it must stay
+// valid UTF-8).
+std::string ErrorKey(const std::string& error, size_t bytes) {
+  if (error.size() <= bytes) return error;
+  size_t end = bytes;
+  while (end > 0 && (static_cast<unsigned char>(error[end]) & 0xC0) == 0x80) --end;  // a continuation byte
+  return error.substr(0, end);
+}
+
+// The request's share of the per-replica counts and of the failures by cause.
+void CountByReplicaAndCause(const RequestResult& r, BenchSummary* s) {
+  if (r.outcome == Outcome::kFailed) ++s->failed_by_error[ErrorKey(r.error, BenchSummary::kErrorKeyBytes)];
+  if (r.replica.empty()) {
+    ++s->without_replica;
+    return;
+  }
+  BenchSummary::ReplicaCounts& c = s->replicas[r.replica];
+  ++c.requests;
+  ++(r.outcome == Outcome::kOk ? c.ok : r.outcome == Outcome::kRejected ? c.rejected : c.failed);
+}
+
+}  // namespace
+
 BenchSummary Summarize(const RunResult& run, const GoodputSlo& slo) {
   BenchSummary s;
   s.duration_s = run.duration_s;
   std::vector<double> ttft, tpot, itl, e2el, rejection;
   int64_t messages = 0;
   for (const RequestResult& r : run.requests) {
+    CountByReplicaAndCause(r, &s);
     if (r.outcome == Outcome::kRejected) {
       ++s.rejected;
       rejection.push_back(r.e2e_s * 1e3);
@@ -307,6 +334,12 @@ class GrpcClient final : public LoadClient {
     }
     const grpc::Status st = reader->Finish();
     res.e2e_s = Since(t0);
+    // Finish has received the initial metadata if no read did (empty where the call never reached a
+    // server).
+    const auto& initial = ctx.GetServerInitialMetadata();
+    if (const auto it = initial.find(kReplicaMetadata); it != initial.end()) {
+      res.replica.assign(it->second.data(), it->second.size());
+    }
     if (res.prompt_tokens == 0) res.prompt_tokens = static_cast<int32_t>(r.prompt_token_ids.size());
     res.outcome = st.ok() ? Outcome::kOk
                   : st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ? Outcome::kRejected : Outcome::kFailed;
@@ -468,6 +501,7 @@ class HttpClient final : public LoadClient {
     const Clock::time_point t0 = Clock::now();
     q.response_handler = [&](const httplib::Response& h) {
       status = h.status;
+      events.res.replica = h.get_header_value(kReplicaHeader);  // httplib's header names ignore case
       return true;
     };
     q.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -80,6 +81,7 @@ struct RequestResult {
   int32_t cached_tokens = 0;  // prompt tokens the server's prefix cache served (usage); 0 where it does not say
   int32_t output_tokens = 0;
   std::string text;           // the answer, kept for requests with messages (a conversation's next turn sends it)
+  std::string replica;        // the replica that answered (serving/replica.h: its header or metadata); empty: none said
 };
 
 struct ServerInfo {
@@ -143,6 +145,17 @@ struct BenchSummary {
   Stats rejection_ms;                       // how fast refusals came back
   double tokens_per_message = 0;            // > 1 when speculation sends several tokens a message
   std::vector<std::string> first_errors;    // up to 5 distinct failure messages
+  // By the replica each request named (RequestResult::replica); requests that named none (no answer,
+  // another server, a proxy's own error) are counted in without_replica alone.
+  struct ReplicaCounts {
+    int32_t requests = 0, ok = 0, rejected = 0, failed = 0;
+  };
+  std::map<std::string, ReplicaCounts> replicas;
+  int32_t without_replica = 0;
+  // Every failed request (not the rejected ones) by its error's first kErrorKeyBytes bytes (cut at a
+  // UTF-8 character's start), so that a run can say what failed and why.
+  static constexpr size_t kErrorKeyBytes = 120;
+  std::map<std::string, int32_t> failed_by_error;
 };
 BenchSummary Summarize(const RunResult& run, const GoodputSlo& slo);
 

@@ -154,8 +154,9 @@ void ServingMetrics::Histogram::Observe(double v) {
 }
 
 ServingMetrics::ServingMetrics(std::string model_name, std::vector<std::string> rejection_reasons,
-                               int32_t max_model_len)
+                               int32_t max_model_len, std::string replica_id)
     : model_name_(std::move(model_name)),
+      replica_id_(std::move(replica_id)),
       token_histograms_(max_model_len > 0),
       ttft_(kTtftBuckets),
       itl_(kTpotBuckets),
@@ -204,6 +205,10 @@ std::string ServingMetrics::RenderFrom(const std::function<EngineSnapshot()>& sn
   const EngineSnapshot s = snapshot();
   Writer w("model_name=" + Quote(model_name_) + ",engine=\"0\"");
   const double kv_usage = s.kv_blocks_total > 0 ? static_cast<double>(s.kv_blocks_used) / s.kv_blocks_total : 0.0;
+  if (!replica_id_.empty()) {
+    w.Family("replica_info", "gauge", "The replica's id (--replica-id); join on it to compare replicas.");
+    w.Sample("replica_info", 1.0, ",replica=" + Quote(replica_id_));
+  }
   w.Gauge("num_requests_running", "Number of requests in model execution batches.", s.num_running);
   w.Gauge("num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting);
   w.Gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv_usage);

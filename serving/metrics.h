@@ -9,7 +9,8 @@
 // Deprecated gpu_* aliases are left out. Numbers are written the way prometheus_client writes them
 // ("3.0", "+Inf", "1e+06"), so `le` label values are the same strings vLLM exposes.
 //
-// Ours, not vLLM's: specula:admission_rejected_total{reason}; structured output's drafts,
+// Ours, not vLLM's: specula:replica_info{replica} (1, with --replica-id's value, so that a fleet's
+// series can be joined on it); specula:admission_rejected_total{reason}; structured output's drafts,
 // specula:spec_decode_num_forced_draft_tokens_total, spec_decode_num_accepted_forced_tokens_total
 // and spec_decode_num_grammar_cut_tokens_total; the shared KV store's specula:kv_store_*_total
 // (fetches, hit and miss blocks, read and written bytes, writes, dropped writes, timeouts, errors,
@@ -35,9 +36,10 @@ class ServingMetrics {
  public:
   // model_name: the `model_name` label's value. rejection_reasons: reasons shown at 0 before any
   // rejection. max_model_len > 0 adds vLLM's request_prompt_tokens / request_generation_tokens
-  // histograms, whose 1-2-5 buckets stop at max_model_len (as vLLM's do).
+  // histograms, whose 1-2-5 buckets stop at max_model_len (as vLLM's do). A replica id adds the
+  // gauge replica_info{replica="ID"} 1.
   ServingMetrics(std::string model_name, std::vector<std::string> rejection_reasons,
-                 int32_t max_model_len = 0);
+                 int32_t max_model_len = 0, std::string replica_id = "");
 
   // A request that ran ended (any reason, aborted ones too). Thread-safe. Counts its prompt and
   // generated tokens, its finish reason ("stop", "length", "abort"; kError is not counted there),
@@ -75,6 +77,7 @@ class ServingMetrics {
   };
 
   const std::string model_name_;
+  const std::string replica_id_;  // empty: no replica_info
   const bool token_histograms_;
   mutable std::mutex mu_;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0;            // guarded by mu_

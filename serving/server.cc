@@ -16,7 +16,7 @@ Server::Server(Engine* engine, const Tokenizer* tokenizer, const ModelConfig& mo
       context_(ServeRequestContext(*tokenizer, model.vocab_size, scheduler_.max_model_len, options_,
                                    MaxPromptBytes(*tokenizer, scheduler_.max_model_len))),
       metrics_(options_.model_name, {"queue_len", "queue_delay", "ttft_slo", "draining", "invalid_argument"},
-               scheduler_.max_model_len),
+               scheduler_.max_model_len, options_.replica_id),
       admission_(options_.admission) {
   LoopHooks hooks;
   hooks.on_first_token = [this](double ttft_ms) { admission_.ObserveTtft(NowS(), ttft_ms); };

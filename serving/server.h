@@ -23,6 +23,7 @@
 #include "scheduler/admission.h"
 #include "serving/engine_loop.h"
 #include "serving/metrics.h"
+#include "serving/replica.h"
 
 namespace specula {
 
@@ -39,6 +40,9 @@ struct ServeOptions {
   // The server shares KV through a store (--kv-store): each response carries its request's fetch and
   // install times (OpenAI: metrics.kv_store; gRPC: kv_store).
   bool kv_store = false;
+  // Which replica this is (--replica-id): X-Specula-Replica on every HTTP response, x-specula-replica
+  // in every Generation call's initial metadata, /metrics' replica_info. Empty: none of them.
+  std::string replica_id;
 };
 
 // One request as a front end parsed it: its spec (max_tokens 0: the surface's default; seed unset:

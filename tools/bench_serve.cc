@@ -203,7 +203,42 @@ absl::Status Parse(int argc, char** argv, BenchOptions* o, bool* help) {
   return ParseSchedule(*flags, o);
 }
 
-void PrintTable(const BenchOptions& o, const BenchSummary& s, const RunResult& run) {
+// Per replica, where any request named one; with sessions (--multi-turn) also the sessions each
+// replica answered first and those that moved.
+void PrintReplicas(const BenchSummary& s, const SessionReplicas* sessions) {
+  if (s.replicas.empty()) return;
+  std::printf("-------------------Per Replica--------------------\n");
+  std::printf("%-32s %8s %8s %8s %8s%s\n", "replica", "requests", "ok", "rejected", "failed",
+              sessions != nullptr ? " sessions" : "");
+  for (const auto& [id, c] : s.replicas) {
+    std::printf("%-32s %8d %8d %8d %8d", id.c_str(), c.requests, c.ok, c.rejected, c.failed);
+    if (sessions != nullptr) std::printf(" %8d", sessions->FirstTurnsOf(id));
+    std::printf("\n");
+  }
+  if (s.without_replica > 0) std::printf("%-32s %8d\n", "(no replica named)", s.without_replica);
+  if (sessions != nullptr) std::printf("%-40s %-10d\n", "Sessions moved between replicas:", sessions->moved);
+}
+
+// The failures by cause, most frequent first, at most kCauseLines of them.
+void PrintFailures(const BenchSummary& s) {
+  constexpr size_t kCauseLines = 8;
+  if (s.failed_by_error.empty()) return;
+  std::vector<std::pair<std::string, int32_t>> causes(s.failed_by_error.begin(), s.failed_by_error.end());
+  std::stable_sort(causes.begin(), causes.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::printf("----------------Failures by Cause-----------------\n");
+  int32_t rest = 0;
+  for (size_t i = 0; i < causes.size(); ++i) {
+    if (i < kCauseLines) std::printf("%8d  %s\n", causes[i].second, causes[i].first.c_str());
+    else rest += causes[i].second;
+  }
+  if (causes.size() > kCauseLines) {
+    std::printf("%8d  (%zu other causes; --result-json's failed_by_error has them all)\n", rest,
+                causes.size() - kCauseLines);
+  }
+}
+
+void PrintTable(const BenchOptions& o, const BenchSummary& s, const RunResult& run,
+                const SessionReplicas* sessions = nullptr) {
   auto row = [](const char* name, double v, int decimals = 2) { std::printf("%-40s %-10.*f\n", name, decimals, v); };
   auto title = [](const char* t) { std::printf("%s\n", t); };
   auto stats = [&](const char* kind, const Stats& st) {
@@ -236,9 +271,10 @@ void PrintTable(const BenchOptions& o, const BenchSummary& s, const RunResult& r
     title("-----------------Rejection Latency----------------");
     stats("rejection", s.rejection_ms);
   }
+  PrintReplicas(s, sessions);
+  PrintFailures(s);
   title("==================================================");
   std::fflush(stdout);
-  for (const std::string& e : s.first_errors) std::fprintf(stderr, "[bench-serve] failed: %s\n", e.c_str());
   // With --max-concurrency, waiting for a slot is the point; without it, lag means this client
   // (kMaxInFlightDefault threads, or the machine) could not keep the schedule.
   if (o.max_concurrency == 0 && run.max_send_lag_s > 0.05) {
@@ -271,11 +307,30 @@ json SummaryJson(const BenchOptions& o, const std::string& model, const BenchSum
   return j;
 }
 
+// "failed_by_error" always; where any request named a replica, "replicas" (with "sessions" under
+// --multi-turn), "requests_without_replica", and under --multi-turn "sessions_moved".
+void AddReplicasAndFailures(const BenchSummary& s, const SessionReplicas* sessions, json* j) {
+  json causes = json::object();
+  for (const auto& [error, n] : s.failed_by_error) causes[error] = n;
+  (*j)["failed_by_error"] = causes;
+  if (s.replicas.empty()) return;
+  json replicas = json::object();
+  for (const auto& [id, c] : s.replicas) {
+    json r = {{"requests", c.requests}, {"ok", c.ok}, {"rejected", c.rejected}, {"failed", c.failed}};
+    if (sessions != nullptr) r["sessions"] = sessions->FirstTurnsOf(id);
+    replicas[id] = r;
+  }
+  (*j)["replicas"] = replicas;
+  (*j)["requests_without_replica"] = s.without_replica;
+  if (sessions != nullptr) (*j)["sessions_moved"] = sessions->moved;
+}
+
 const char* OutcomeName(Outcome o) { return o == Outcome::kOk ? "ok" : o == Outcome::kRejected ? "rejected" : "failed"; }
 
 json ResultJson(const BenchOptions& o, const std::string& model, const BenchSummary& s, const RunResult& run) {
   const ArrivalOptions& a = o.arrival;
   json j = SummaryJson(o, model, s, run);
+  AddReplicasAndFailures(s, nullptr, &j);
   j.update({{"num_prompts", a.num_requests},
             {"request_rate", std::isinf(a.request_rate) ? json("inf") : json(a.request_rate)},
             {"burstiness", a.burstiness}, {"max_concurrency", o.max_concurrency > 0 ? json(o.max_concurrency) : json()},
@@ -289,7 +344,7 @@ json ResultJson(const BenchOptions& o, const std::string& model, const BenchSumm
   }
   if (o.save_detailed) {  // seconds, as vLLM's detailed arrays
     json send = json::array(), ttft = json::array(), e2el = json::array(), itls = json::array(), in = json::array(),
-         out = json::array(), outcome = json::array(), errors = json::array();
+         out = json::array(), outcome = json::array(), errors = json::array(), replicas = json::array();
     for (const RequestResult& r : run.requests) {
       send.push_back(r.send_s);
       ttft.push_back(r.ttft_s);
@@ -299,9 +354,10 @@ json ResultJson(const BenchOptions& o, const std::string& model, const BenchSumm
       out.push_back(r.output_tokens);
       outcome.push_back(OutcomeName(r.outcome));
       errors.push_back(r.error);
+      replicas.push_back(r.replica);
     }
     j.update({{"send_times", send}, {"ttfts", ttft}, {"e2els", e2el}, {"itls", itls}, {"input_lens", in},
-              {"output_lens", out}, {"outcomes", outcome}, {"request_errors", errors}});
+              {"output_lens", out}, {"outcomes", outcome}, {"request_errors", errors}, {"request_replicas", replicas}});
   }
   return j;
 }
@@ -352,10 +408,11 @@ void PrintTurns(const BenchOptions& o, const ConversationRun& conv, const std::v
 }
 
 json MultiTurnJson(const BenchOptions& o, const std::string& model, const BenchSummary& s, const ConversationRun& conv,
-                   const std::vector<TurnSummary>& turns) {
+                   const std::vector<TurnSummary>& turns, const SessionReplicas& sessions) {
   const RunResult run = conv.Sent();
   const ConversationOptions& c = o.conversation;
   json j = SummaryJson(o, model, s, run);
+  AddReplicasAndFailures(s, &sessions, &j);
   j["multi_turn"] = {{"num_sessions", c.num_sessions}, {"turns", c.turns},
                      {"session_concurrency", c.session_concurrency > 0 ? json(c.session_concurrency) : json()},
                      {"think_time_s", c.think_time_s}, {"max_tokens", c.max_tokens}, {"ignore_eos", c.ignore_eos},
@@ -372,7 +429,8 @@ json MultiTurnJson(const BenchOptions& o, const std::string& model, const BenchS
     requests.push_back({{"session_id", t.id}, {"session", t.index}, {"turn", t.turn},
                         {"endpoint", o.endpoints[conv.endpoints[k]]}, {"send_s", r.send_s}, {"ttft_s", r.ttft_s},
                         {"e2e_s", r.e2e_s}, {"prompt_tokens", r.prompt_tokens}, {"cached_tokens", r.cached_tokens},
-                        {"output_tokens", r.output_tokens}, {"outcome", OutcomeName(r.outcome)}, {"error", r.error}});
+                        {"output_tokens", r.output_tokens}, {"outcome", OutcomeName(r.outcome)}, {"error", r.error},
+                        {"replica", r.replica}});
   }
   j["requests"] = requests;
   return j;
@@ -405,10 +463,11 @@ absl::Status RunMultiTurn(BenchOptions& o) {
   const RunResult run = conv.Sent();
   const BenchSummary s = Summarize(run, o.slo);
   const std::vector<TurnSummary> turns = SummarizeTurns(conv);
-  PrintTable(o, s, run);
+  const SessionReplicas sessions = SummarizeSessionReplicas(conv);
+  PrintTable(o, s, run, &sessions);
   PrintTurns(o, conv, turns);
   if (o.result_json.empty()) return absl::OkStatus();
-  return WriteJson(o.result_json, MultiTurnJson(o, model, s, conv, turns));
+  return WriteJson(o.result_json, MultiTurnJson(o, model, s, conv, turns, sessions));
 }
 
 }  // namespace

@@ -38,7 +38,8 @@ Prompts (synthetic unless --dataset-path):
                           goodput counts the requests that meet every one
   --seed S                seed of the schedule and the synthetic prompts (default 0)
   --result-json FILE      write every metric and the parameters as one JSON object
-  --save-detailed         also per-request arrays in --result-json
+  --save-detailed         also per-request arrays in --result-json ("request_replicas": each
+                          one's replica, "" where it named none)
   --no-progress           no progress bar on stderr
 
 Multi-turn conversations (--multi-turn; docs/multi_turn.md): closed-loop sessions instead of a
@@ -62,9 +63,15 @@ X-Session-Id header (HTTP) or x-session-id metadata (gRPC). A failed turn ends i
                           rotate: turn t of session s goes to endpoint (s + t) mod n
   The summary adds sessions completed and ended, and per turn index the TTFT (mean, p50, p90) and
   the mean prompt, cached (prefix cache) and output tokens; --save-detailed writes every turn
-  (session id, turn, endpoint, TTFT, E2E, tokens, outcome) under "requests" in --result-json.
+  (session id, turn, endpoint, replica, TTFT, E2E, tokens, outcome) under "requests" in
+  --result-json. Per replica it adds the sessions whose first turn it answered ("sessions"), and
+  "sessions_moved": sessions whose completed turns named more than one replica.
 
 Refusals (gRPC RESOURCE_EXHAUSTED, HTTP 429) are counted as rejected, apart from other failures.
+Failures are counted by cause (the error's first 120 bytes: "failed_by_error"; printed most frequent
+first). Each response's replica is read from X-Specula-Replica (HTTP) or x-specula-replica metadata
+(gRPC), as `specula serve --replica-id` sends them: where any request named one, the summary counts
+requests, ok, rejected and failed per replica ("replicas"; "requests_without_replica": the others).
 With speculation a message can carry several tokens: ITL is measured per message.
 )";
 

@@ -1,11 +1,15 @@
 #include "tools/serve.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "core/mapped_file.h"
 #include "serving/grpc_frontend.h"
@@ -33,6 +37,8 @@ within --drain-timeout-s; then the process exits 0. One line on stderr says when
   --grpc-port P         gRPC port (default 50051; 0 = any free port, printed when ready)
   --http-port P         HTTP port (default 8000; 0 = any free port; -1 = no HTTP server: gRPC only)
   --served-model-name N the model name in requests and responses (default: --model as given)
+  --replica-id ID       named by X-Specula-Replica, gRPC x-specula-replica and /metrics (default
+                        HOSTNAME:PORT, the --http-port's or under -1 --grpc-port's; port 0: HOSTNAME:pidPID)
   --chat-template PATH  a Jinja file for /v1/chat/completions instead of the model's own template
                         (GGUF tokenizer.chat_template, or tokenizer_config.json's chat_template)
   --max-tokens N        max_tokens of a request that gives none, where its surface's row says
@@ -71,6 +77,39 @@ struct ServeFlags {
   ServeOptions opt;
   SecurityOptions security;
 };
+
+// A replica id goes into an HTTP header and a Prometheus label: these characters only.
+bool ReplicaIdChar(char c) { return absl::ascii_isalnum(c) || (c != '\0' && std::strchr("._:@/-", c) != nullptr); }
+
+// HOSTNAME:PORT, where the port is the one configured (the HTTP server's, or gRPC's without one);
+// HOSTNAME:pidPID where that is 0, since a free port is known only after listening and replicas on
+// one host would otherwise share a name. A hostname's odd characters become '-'.
+std::string DefaultReplicaId(int32_t port) {
+  char name[256] = {};
+  std::string host = gethostname(name, sizeof name - 1) == 0 ? name : "";
+  for (char& c : host) {
+    if (!ReplicaIdChar(c)) c = '-';
+  }
+  if (host.empty()) host = "specula";
+  return port == 0 ? absl::StrCat(host, ":pid", getpid()) : absl::StrCat(host, ":", port);
+}
+
+absl::StatusOr<std::string> ReadReplicaId(const Flags& flags, const ServeFlags& f) {
+  const auto it = flags.values.find("replica-id");
+  if (it == flags.values.end()) return DefaultReplicaId(f.http_port != -1 ? f.http_port : f.grpc_port);
+  const std::string& id = it->second;
+  if (id.empty()) {
+    return absl::InvalidArgumentError("--replica-id: empty; give an id, or leave the flag out for HOSTNAME:PORT");
+  }
+  for (size_t i = 0; i < id.size(); ++i) {
+    if (ReplicaIdChar(id[i])) continue;
+    const std::string c = id[i] == ' ' ? "' ' (a space)" : absl::StrCat("'", absl::CHexEscape(id.substr(i, 1)), "'");
+    return absl::InvalidArgumentError(absl::StrCat("--replica-id: '", absl::CHexEscape(id), "' has ", c,
+                                                   " at position ", i + 1,
+                                                   "; use only letters, digits and . _ : @ / -"));
+  }
+  return id;
+}
 
 absl::StatusOr<ServeFlags> ReadServeFlags(const Flags& flags) {
   ServeFlags f;
@@ -116,6 +155,7 @@ absl::StatusOr<ServeFlags> ReadServeFlags(const Flags& flags) {
     }
     opt.spec_metrics = it->second == "summary";
   }
+  ASSIGN_OR_RETURN(opt.replica_id, ReadReplicaId(flags, f));
   return f;
 }
 
@@ -145,7 +185,7 @@ void ServeUntilSignal(const sigset_t& signals, double drain_timeout_s, Server& s
 
 absl::Status RunServe(int argc, char** argv) {
   std::set<std::string> known = kEngineFlags;
-  known.insert({"host", "grpc-port", "http-port", "served-model-name", "chat-template", "http-threads", "max-request-bytes", "max-queue-len",
+  known.insert({"host", "grpc-port", "http-port", "replica-id", "served-model-name", "chat-template", "http-threads", "max-request-bytes", "max-queue-len",
                 "max-queue-delay-ms", "ttft-slo-ms", "drain-timeout-s", "api-key", "ssl-certfile", "ssl-keyfile",
                 "ssl-ca-certs", "per-request-spec-decode-metrics"});
   known.insert(kKvStoreFlags.begin(), kKvStoreFlags.end());
@@ -193,9 +233,10 @@ absl::Status RunServe(int argc, char** argv) {
                                                FindChatTemplate(options.target.model, chat_template)));
     http_where = absl::StrCat(f.host, ":", http->port());
   }
-  std::fprintf(stderr, "[specula] serving %s on grpc %s:%d and http %s (max %d sequences, %d KV blocks): ready\n",
+  std::fprintf(stderr,
+               "[specula] serving %s on grpc %s:%d and http %s (max %d sequences, %d KV blocks, replica %s): ready\n",
                opt.model_name.c_str(), f.host.c_str(), grpc->port(), http_where.c_str(), sc.max_num_seqs,
-               sc.num_blocks);
+               sc.num_blocks, opt.replica_id.c_str());
   ServeUntilSignal(signals, f.drain_timeout_s, server, *grpc, http.get());
   return absl::OkStatus();
 }

@@ -1,5 +1,6 @@
 // Multi-turn conversations without a server: routing, the history each turn sends, a failed turn
-// ending its session only, the concurrency bound, user messages, and the per-turn statistics.
+// ending its session only, the concurrency bound, user messages, the per-turn statistics, and where
+// sessions landed among replicas.
 #include "serving/conversation.h"
 
 #include <gtest/gtest.h>
@@ -226,6 +227,30 @@ TEST(SummarizeTurns, StatisticsByTurnIndex) {
   const RunResult sent = run.Sent();
   ASSERT_EQ(sent.requests.size(), 9u);
   for (size_t i = 1; i < sent.requests.size(); ++i) EXPECT_GE(sent.requests[i].send_s, sent.requests[i - 1].send_s);
+}
+
+// Where sessions landed: turn 0's replica counts its session (whatever the outcome, if the answer
+// named one); a session moved when its completed turns named two replicas or more.
+TEST(SummarizeSessionReplicas, FirstTurnsAndMovedSessions) {
+  ConversationRun run(ConversationOptions{.num_sessions = 5, .turns = 3});
+  auto turn = [&](int32_t session, int32_t t, Outcome outcome, const std::string& replica) {
+    const size_t k = static_cast<size_t>(session) * 3 + t;
+    run.endpoints[k] = 0;
+    run.results[k].outcome = outcome;
+    run.results[k].replica = replica;
+  };
+  for (int32_t t = 0; t < 3; ++t) turn(0, t, Outcome::kOk, "a");  // stays on a
+  turn(1, 0, Outcome::kOk, "a");                                    // moves from a to b
+  turn(1, 1, Outcome::kOk, "b");
+  turn(1, 2, Outcome::kOk, "b");
+  turn(2, 0, Outcome::kRejected, "b");                              // refused at once: first on b
+  turn(3, 0, Outcome::kOk, "b");                                    // a failed turn elsewhere does not move it
+  turn(3, 1, Outcome::kFailed, "a");
+  turn(4, 0, Outcome::kOk, "");                                     // no replica named: neither
+  turn(4, 1, Outcome::kOk, "a");
+  const SessionReplicas s = SummarizeSessionReplicas(run);
+  EXPECT_EQ(s.first_turns, (std::map<std::string, int32_t>{{"a", 2}, {"b", 2}}));
+  EXPECT_EQ(s.moved, 1);
 }
 
 }  // namespace

@@ -334,6 +334,57 @@ TEST_F(HttpServerTest, AHandlerThatNeverAnswersGivesA500) {
   close(fd);
 }
 
+// The server's own headers go out on every kind of response: a handler's, a stream's head, an early
+// refusal before any handler runs (401 without the key, 404, 413), and the 500 of a silent handler.
+TEST_F(HttpServerTest, ResponseHeadersGoOutOnEveryResponse) {
+  HttpServerOptions o;
+  o.security.api_key = "sekret";
+  o.max_body_bytes = 100;
+  o.response_headers = {{"X-Specula-Replica", "r-7"}};
+  Serve(o, {{"GET", "/stream", [](HttpRequest, std::shared_ptr<HttpExchange> ex) {
+               ex->StartStream(200, "text/event-stream");
+               ex->Write("data: x\n\n");
+               ex->End();
+             }},
+            {"GET", "/silent", [](HttpRequest, std::shared_ptr<HttpExchange>) {}}});
+  const std::string auth = "Authorization: Bearer sekret\r\n";
+  const std::string want = "\r\nX-Specula-Replica: r-7";
+  struct Case {
+    std::string request;
+    int status;
+  };
+  const std::vector<Case> cases = {
+      {Get("/hello", auth + "X-Test: yes\r\n"), 200},
+      {Get("/stream", auth), 200},
+      {Get("/silent", auth), 500},
+      {Get("/health"), 200},  // open: no key
+      {Get("/hello"), 401},
+      {Get("/nope", auth), 404},
+      {"POST /echo HTTP/1.1\r\nHost: x\r\n" + auth + "Content-Length: 1000\r\n\r\n", 413},
+  };
+  for (const Case& c : cases) {
+    const int fd = Connect(port());
+    const Response r = Exchange(fd, c.request);
+    EXPECT_EQ(r.status, c.status) << c.request;
+    EXPECT_NE((r.head + "\r\n").find(want + "\r\n"), std::string::npos) << c.request << "\n" << r.head;
+    if (c.status == 200 && c.request.starts_with("GET /hello")) {
+      EXPECT_NE(r.head.find("X-Seen: yes"), std::string::npos) << r.head;  // the handler's own still there
+    }
+    if (c.status == 401) EXPECT_NE(r.head.find("WWW-Authenticate: Bearer"), std::string::npos) << r.head;
+    close(fd);
+  }
+}
+
+// Without response headers nothing is added.
+TEST_F(HttpServerTest, NoResponseHeadersAddNothing) {
+  Serve();
+  const int fd = Connect(port());
+  const Response r = Exchange(fd, Get("/nope"));
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(r.head.find("X-Specula-Replica"), std::string::npos) << r.head;
+  close(fd);
+}
+
 TEST_F(HttpServerTest, SlowHeadersAreCutOffAndIdleConnectionsBlockNobody) {
   HttpServerOptions o;
   o.header_timeout = 300ms;

@@ -13,9 +13,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <numeric>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "nlohmann/json.hpp"
 #include "specula/v1/generation.grpc.pb.h"
@@ -144,6 +146,32 @@ TEST(Stats, SummaryCountsOutcomesTpotAndGoodput) {
   EXPECT_EQ(Summarize(run, GoodputSlo{}).good, 2);
 }
 
+std::tuple<int32_t, int32_t, int32_t, int32_t> Counts(const BenchSummary::ReplicaCounts& c) {
+  return {c.requests, c.ok, c.rejected, c.failed};
+}
+
+// Per replica: each request under the replica it named, by outcome; the rest apart. Every failure
+// (not a refusal) by its error's first 120 bytes, never splitting a UTF-8 character.
+TEST(Stats, SummaryCountsPerReplicaAndFailuresByCause) {
+  const std::string head(119, 'x');  // then a 2-byte character across the 120th byte
+  RunResult run;
+  run.requests = {{.outcome = Outcome::kOk, .replica = "a"},
+                  {.outcome = Outcome::kOk, .replica = "a"},
+                  {.outcome = Outcome::kRejected, .error = "full", .replica = "a"},
+                  {.outcome = Outcome::kFailed, .error = head + "\xc3\xa9 one", .replica = "b"},
+                  {.outcome = Outcome::kFailed, .error = head + "\xc3\xa9 two", .replica = "b"},
+                  {.outcome = Outcome::kOk, .replica = "b"},
+                  {.outcome = Outcome::kFailed, .error = "HTTP: could not connect"}};
+  const BenchSummary s = Summarize(run, GoodputSlo{});
+  ASSERT_EQ(s.replicas.size(), 2u);
+  EXPECT_EQ(Counts(s.replicas.at("a")), std::make_tuple(3, 2, 1, 0));
+  EXPECT_EQ(Counts(s.replicas.at("b")), std::make_tuple(3, 1, 0, 2));
+  EXPECT_EQ(s.without_replica, 1);
+  EXPECT_EQ(s.failed_by_error, (std::map<std::string, int32_t>{{head, 2}, {"HTTP: could not connect", 1}}));
+  EXPECT_EQ(s.failed, 3);
+  EXPECT_TRUE(Summarize(RunResult{}, GoodputSlo{}).replicas.empty());
+}
+
 TEST(SseParser, ReassemblesEventsSplitAnywhere) {
   const std::string stream = "data: {\"a\":1}\r\n\r\n: keep-alive\n\nevent: x\ndata:{\"b\":2}\n\ndata: [DONE]\n\n";
   const std::vector<std::string> want = {"{\"a\":1}", "{\"b\":2}", "[DONE]"};
@@ -254,7 +282,8 @@ TEST(RunLoad, SendsEachRequestAtItsArrival) {
 // ---- The real clients against fake servers on loopback.
 
 // ModelInfo says vocab 1000. Generate refuses every other call; the others get 1, 2 and 3 tokens
-// in three messages 20 ms apart (as speculation sends several tokens at once).
+// in three messages 20 ms apart (as speculation sends several tokens at once). Calls 0 and 1 of
+// every four name replica r-a in their initial metadata, 2 and 3 r-b, refused or not.
 class FakeGeneration final : public v1::Generation::Service {
  public:
   grpc::Status ModelInfo(grpc::ServerContext*, const v1::ModelInfoRequest*, v1::ModelInfoResponse* r) override {
@@ -273,7 +302,9 @@ class FakeGeneration final : public v1::Generation::Service {
       const auto id = ctx->client_metadata().find("x-session-id");
       session_id = id == ctx->client_metadata().end() ? "" : std::string(id->second.data(), id->second.size());
     }
-    if (calls++ % 2 == 1) return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "queue full");
+    const int call = calls++;
+    ctx->AddInitialMetadata("x-specula-replica", call % 4 < 2 ? "r-a" : "r-b");
+    if (call % 2 == 1) return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "queue full");
     for (int m = 1; m <= 3; ++m) {
       if (m > 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
       v1::GenerateResponse r;
@@ -307,8 +338,9 @@ struct GrpcFake {
   int port = 0;
 };
 
-// /v1/completions: prompt "reject" gets a 429; others stream "Once", " upon" and a closing chunk
-// (empty text, finish_reason) 20 ms apart, then usage (3 tokens) and [DONE].
+// /v1/completions: prompt "reject" gets a 429; prompt "fail" a 500 that names no replica (as a
+// proxy's own error would); others stream "Once", " upon" and a closing chunk (empty text,
+// finish_reason) 20 ms apart, then usage (3 tokens) and [DONE]. Every other answer names replica h-1.
 struct HttpFake {
   HttpFake() {
     http.Get("/v1/models", [](const httplib::Request&, httplib::Response& res) {
@@ -322,6 +354,12 @@ struct HttpFake {
         last_path = q.path;
         session_header = q.get_header_value("X-Session-Id");
       }
+      if (body["prompt"] == "fail") {
+        res.status = 500;
+        res.set_content(R"({"error":{"message":"replica down","code":500}})", "application/json");
+        return;
+      }
+      res.set_header("X-Specula-Replica", "h-1");
       if (body["prompt"] == "reject") {
         res.status = 429;
         res.set_content(R"({"error":{"message":"queue full","code":429}})", "application/json");
@@ -392,6 +430,7 @@ TEST(Clients, GrpcTimesEachMessageAndCountsRefusals) {
   const LoadRequest r{.prompt_token_ids = {1, 2, 3}, .max_tokens = 6, .ignore_eos = true};
   const RequestResult ok = (*client)->Send(r);
   ASSERT_EQ(ok.outcome, Outcome::kOk) << ok.error;
+  EXPECT_EQ(ok.replica, "r-a");  // the server's initial metadata
   EXPECT_EQ(ok.output_tokens, 6);
   EXPECT_EQ(ok.prompt_tokens, 4);  // the server's usage, not the ids sent
   ASSERT_EQ(ok.itl_s.size(), 2u);  // a gap per message, not per token
@@ -403,6 +442,7 @@ TEST(Clients, GrpcTimesEachMessageAndCountsRefusals) {
   const RequestResult refused = (*client)->Send(r);
   EXPECT_EQ(refused.outcome, Outcome::kRejected);
   EXPECT_NE(refused.error.find("queue full"), std::string::npos) << refused.error;
+  EXPECT_EQ(refused.replica, "r-a");  // a refusal names its replica too
 }
 
 TEST(Clients, HttpParsesTheEventStreamAndCounts429AsRejected) {
@@ -412,6 +452,7 @@ TEST(Clients, HttpParsesTheEventStreamAndCounts429AsRejected) {
   EXPECT_EQ((*client)->info().model, "fake-model");  // from GET /v1/models
   const RequestResult ok = (*client)->Send(LoadRequest{.prompt_token_ids = {5, 6}, .max_tokens = 3, .ignore_eos = true});
   ASSERT_EQ(ok.outcome, Outcome::kOk) << ok.error;
+  EXPECT_EQ(ok.replica, "h-1");    // the X-Specula-Replica header
   EXPECT_EQ(ok.output_tokens, 3);  // from usage
   EXPECT_EQ(ok.prompt_tokens, 4);
   ASSERT_EQ(ok.itl_s.size(), 1u);  // the closing chunk carries no token
@@ -429,6 +470,10 @@ TEST(Clients, HttpParsesTheEventStreamAndCounts429AsRejected) {
   const RequestResult refused = (*client)->Send(LoadRequest{.prompt = "reject"});
   EXPECT_EQ(refused.outcome, Outcome::kRejected);
   EXPECT_EQ(refused.error, "HTTP 429: queue full");
+  EXPECT_EQ(refused.replica, "h-1");
+  const RequestResult failed = (*client)->Send(LoadRequest{.prompt = "fail"});
+  EXPECT_EQ(failed.outcome, Outcome::kFailed);
+  EXPECT_EQ(failed.replica, "");
   LoadRequest constrained{.prompt = "json please"};
   constrained.constraint = {ConstraintSpec::Kind::kJsonSchema, R"({"type":"object"})", {}, "json_schema"};
   ASSERT_EQ((*client)->Send(constrained).outcome, Outcome::kOk);
@@ -586,6 +631,22 @@ TEST(BenchServe, GrpcRunWritesTheResultJson) {
   EXPECT_EQ(j["ttfts"].size(), 6u);
   EXPECT_LT(fake.service.max_prompt_id, 5);  // --vocab-size
   EXPECT_EQ(fake.service.max_tokens, 6);
+  // Each request's replica beside its outcome; the summary's per-replica counts are theirs and add up.
+  ASSERT_EQ(j["request_replicas"].size(), 6u);
+  std::map<std::string, std::map<std::string, int>> recount;  // by replica, by outcome and in all
+  for (size_t i = 0; i < 6; ++i) {
+    const std::string replica = j["request_replicas"][i], outcome = j["outcomes"][i];
+    EXPECT_TRUE(replica == "r-a" || replica == "r-b") << replica;
+    ++recount[replica]["requests"];
+    ++recount[replica][outcome];
+  }
+  EXPECT_EQ(j["replicas"], json::parse(R"({"r-a": {"requests": 4, "ok": 2, "rejected": 2, "failed": 0},
+                                          "r-b": {"requests": 2, "ok": 1, "rejected": 1, "failed": 0}})"));
+  for (const auto& [replica, counts] : j["replicas"].items()) {
+    for (const char* k : {"requests", "ok", "rejected"}) EXPECT_EQ(counts[k], recount[replica][k]) << replica << k;
+  }
+  EXPECT_EQ(j["requests_without_replica"], 0);
+  EXPECT_EQ(j["failed_by_error"], json::object());
 }
 
 TEST(BenchServe, HttpRunWithDatasetAndSchedule) {
@@ -606,6 +667,34 @@ TEST(BenchServe, HttpRunWithDatasetAndSchedule) {
   std::lock_guard lock(fake.mu);
   EXPECT_EQ(fake.last_body["prompt"], "Once upon");  // the 5th request reuses the first line
   EXPECT_EQ(fake.last_body["max_tokens"], 4);        // --output-len for lines without max_tokens
+}
+
+// Answers, refusals and failures over HTTP: the replica each named (none for the failures, as from a
+// proxy's own 500), the per-replica counts, the failures by cause, in the table and the JSON.
+TEST(BenchServe, HttpRunCountsReplicasAndFailuresByCause) {
+  HttpFake fake;
+  const std::string data = ::testing::TempDir() + "/loadgen_causes.jsonl";
+  std::ofstream(data) << "{\"prompt\": \"Once\"}\n{\"prompt\": \"fail\"}\n{\"prompt\": \"reject\"}\n";
+  const std::string out = ::testing::TempDir() + "/loadgen_causes.json";
+  ::testing::internal::CaptureStdout();
+  const absl::Status st = Bench({"--endpoint", fake.endpoint(), "--dataset-path", data, "--num-prompts", "6",
+                                 "--result-json", out, "--save-detailed", "--no-progress"});
+  const std::string table = ::testing::internal::GetCapturedStdout();
+  ASSERT_TRUE(st.ok()) << st;
+  const json j = json::parse(std::ifstream(out));
+  EXPECT_EQ(j["completed"], 2);
+  EXPECT_EQ(j["rejected"], 2);
+  EXPECT_EQ(j["failed"], 2);
+  EXPECT_EQ(j["replicas"], json::parse(R"({"h-1": {"requests": 4, "ok": 2, "rejected": 2, "failed": 0}})"));
+  EXPECT_EQ(j["requests_without_replica"], 2);
+  EXPECT_EQ(j["failed_by_error"], json::parse(R"({"HTTP 500: replica down": 2})"));
+  ASSERT_EQ(j["request_replicas"].size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(j["request_replicas"][i], j["outcomes"][i] == "failed" ? "" : "h-1") << i;
+  }
+  EXPECT_NE(table.find("Per Replica"), std::string::npos) << table;
+  EXPECT_NE(table.find("(no replica named)"), std::string::npos) << table;
+  EXPECT_NE(table.find("       2  HTTP 500: replica down\n"), std::string::npos) << table;
 }
 
 }  // namespace

@@ -297,6 +297,16 @@ TEST(MetricsTest, RejectionReasonsArePreRegisteredAndCounted) {
   EXPECT_TRUE(Has(t, "specula:admission_rejected_total{" + kLabels + ",reason=\"draining\"} 0.0"));
 }
 
+// --replica-id's gauge: 1, the id in its replica label, HELP and TYPE; none without an id.
+TEST(MetricsTest, ReplicaInfoNamesTheReplica) {
+  const std::string t = ServingMetrics("m", {}, 0, "host-a:8000").Render({});
+  EXPECT_TRUE(Has(t, "# HELP specula:replica_info The replica's id (--replica-id); join on it to compare replicas."))
+      << t;
+  EXPECT_TRUE(Has(t, "# TYPE specula:replica_info gauge"));
+  EXPECT_TRUE(Has(t, "specula:replica_info{" + kLabels + ",replica=\"host-a:8000\"} 1.0"));
+  EXPECT_EQ(ServingMetrics("m", {}).Render({}).find("replica_info"), std::string::npos);
+}
+
 TEST(MetricsTest, LabelValuesAreEscaped) {
   ServingMetrics m("a\"b\\c\nd", {});
   m.OnRejected("x\"y");
@@ -306,7 +316,7 @@ TEST(MetricsTest, LabelValuesAreEscaped) {
 }
 
 TEST(MetricsTest, EveryLineIsACommentOrASample) {
-  ServingMetrics m("org/model \"q\"\\", {"queue_len"}, 4096);
+  ServingMetrics m("org/model \"q\"\\", {"queue_len"}, 4096, "host/r@1:8000");
   m.OnFinished(Finished(FinishReason::kMaxTokens, 12, {1010, 1020, 1020}, 1030));
   m.OnRejected("new\nline");
   EngineSnapshot s;
@@ -342,7 +352,7 @@ TEST(MetricsTest, EveryLineIsACommentOrASample) {
       }
     }
   }
-  EXPECT_EQ(typed.size(), 39u);  // 3 gauges, 27 counters (13 of the KV store), 9 histograms
+  EXPECT_EQ(typed.size(), 40u);  // 4 gauges (replica_info), 27 counters (13 of the KV store), 9 histograms
 }
 
 TEST(MetricsTest, RecordingFromManyThreadsWhileRendering) {

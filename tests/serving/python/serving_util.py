@@ -149,6 +149,44 @@ def wait_kv_empty(test, http_base, seconds, what):
     return m
 
 
+def free_port_block(n):
+    """A port with n free ports on 127.0.0.1 from it on (each bound once, as a server binds it)."""
+    import socket
+    for _ in range(50):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        base = s.getsockname()[1]
+        s.close()
+        if base + n > 65535:
+            continue
+        socks = []
+        try:
+            for p in range(base, base + n):
+                t = socket.socket()
+                t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                t.bind(("127.0.0.1", p))
+                socks.append(t)
+            return base
+        except OSError:
+            continue
+        finally:
+            for t in socks:
+                t.close()
+    raise RuntimeError("no block of free ports")
+
+
+def machine():
+    """The CPU's model name, its core count, architecture and host: a measurement's machine."""
+    import platform
+    model = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{model}, {os.cpu_count()} cores, {platform.machine()}, {platform.node()}"
+
+
 def metrics(http_base):
     """/metrics parsed by prometheus_client: {(sample name, frozenset(labels)): value}."""
     import urllib.request

@@ -1,6 +1,6 @@
 """A real `specula serve` driven by the grpcio client: greedy output equals offline generation for 20
 concurrent requests (with and without speculation), errors name their field, cancellation and
-deadlines free the KV cache, health and reflection answer."""
+deadlines free the KV cache, health and reflection answer, every Generation call names the replica."""
 import concurrent.futures
 import time
 import unittest
@@ -162,12 +162,43 @@ class GrpcTest(unittest.TestCase):
                 time.sleep(0.02)
             self.assertEqual(metric(metrics(s.http_base), "specula:request_success_total", finished_reason="abort"), 2)
 
+    def test_every_generation_call_names_the_replica(self):
+        """x-specula-replica in the initial metadata of Generate, Tokenize and ModelInfo, answered or
+        refused (a bad request, no API key)."""
+        key = "sk-replica-grpc"
+        auth = [("authorization", f"Bearer {key}")]
+        with Serve("--replica-id", "r-test", "--api-key", key, http=False) as s, \
+                grpc.insecure_channel(s.grpc_target) as ch:
+            stub = pb_grpc.GenerationStub(ch)
+            replica = lambda call: [v for k, v in call.initial_metadata() if k == "x-specula-replica"]
+            call = stub.Generate(pb.GenerateRequest(prompt="Once upon a time", sampling=pb.SamplingParams(max_tokens=4)),
+                                 metadata=auth, timeout=30 * time_scale())
+            self.assertEqual(replica(call), ["r-test"])
+            self.assertEqual(sum(len(m.token_ids) for m in call), 4)
+            for method, req in ((stub.Tokenize.with_call, pb.TokenizeRequest(text="hi")),
+                                (stub.ModelInfo.with_call, pb.ModelInfoRequest())):
+                _, call = method(req, metadata=auth, timeout=30 * time_scale())
+                self.assertEqual(replica(call), ["r-test"], req)
+            refused = [(pb.GenerateRequest(prompt="hi", sampling=pb.SamplingParams(temperature=-1)), auth,
+                        grpc.StatusCode.INVALID_ARGUMENT),
+                       (pb.GenerateRequest(prompt="hi"), [], grpc.StatusCode.UNAUTHENTICATED)]
+            for req, metadata, code in refused:
+                with self.assertRaises(grpc.RpcError) as e:
+                    list(stub.Generate(req, metadata=metadata, timeout=30 * time_scale()))
+                self.assertEqual(e.exception.code(), code)
+                self.assertEqual(replica(e.exception), ["r-test"], code)
+            with self.assertRaises(grpc.RpcError) as e:
+                stub.ModelInfo.with_call(pb.ModelInfoRequest(), timeout=30 * time_scale())
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
+            self.assertEqual(replica(e.exception), ["r-test"])
+            self.assertEqual(s.stop(), 0, s.stderr())
+
     def test_admission_refuses_at_once(self):
         import json
         import urllib.error
         model = random_model()
-        with Serve("--max-num-seqs", "1", "--max-queue-len", "1", "--ttft-slo-ms", "1", model=model,
-                   tokenizer=None) as s, grpc.insecure_channel(s.grpc_target) as ch:
+        with Serve("--max-num-seqs", "1", "--max-queue-len", "1", "--ttft-slo-ms", "1", "--replica-id", "r-busy",
+                   model=model, tokenizer=None) as s, grpc.insecure_channel(s.grpc_target) as ch:
             stub = pb_grpc.GenerationStub(ch)
             long = pb.GenerateRequest(prompt_token_ids=[1, 2, 3], sampling=pb.SamplingParams(max_tokens=200, ignore_eos=True))
             running = stub.Generate(long, timeout=60 * time_scale())
@@ -183,11 +214,13 @@ class GrpcTest(unittest.TestCase):
             self.assertLess(time.time() - start, 0.5 * time_scale())
             self.assertEqual(e.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
             self.assertIn("--max-queue-len 1", e.exception.details())
+            self.assertIn(("x-specula-replica", "r-busy"), e.exception.initial_metadata())
             req = urllib.request.Request(s.http_base + "/v1/completions", headers={"Content-Type": "application/json"},
                                          data=json.dumps({"prompt": [1, 2], "max_tokens": 4}).encode())
             with self.assertRaises(urllib.error.HTTPError) as h:
                 urllib.request.urlopen(req, timeout=10 * time_scale())
             self.assertEqual(h.exception.code, 429)
+            self.assertEqual(h.exception.headers["X-Specula-Replica"], "r-busy")
             self.assertEqual(json.loads(h.exception.read())["error"]["type"], "rate_limit_error")
             self.assertEqual(len(first.token_ids) + len([t for m in running for t in m.token_ids]), 200)
             self.assertEqual(len([t for m in queued for t in m.token_ids]), 200)

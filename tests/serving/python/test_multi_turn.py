@@ -2,8 +2,8 @@
 plain chat template: each message's content on its own line) and a small Python HTTP server that
 stands in for an endpoint and records what each turn sends: turns rotate between the replicas, each
 turn's prompt holds the one before it and the answer received, the prefix cache's share is read
-back, the conversation's id reaches the server, and a failing endpoint ends only the conversations
-on it."""
+back, the conversation's id reaches the server, each answer's replica (--replica-id) is recorded and
+counted per replica, and a failing endpoint ends only the conversations on it."""
 import json
 import os
 import subprocess
@@ -86,7 +86,7 @@ class MultiTurnTest(unittest.TestCase):
         template = os.path.join(cls.tmp.name, "plain.jinja")
         with open(template, "w") as f:
             f.write(TEMPLATE)
-        cls.servers = [Serve("--chat-template", template) for _ in range(2)]
+        cls.servers = [Serve("--chat-template", template, "--replica-id", f"mt-{i}") for i in range(2)]
 
     @classmethod
     def tearDownClass(cls):
@@ -127,6 +127,16 @@ class MultiTurnTest(unittest.TestCase):
             # Turn 1's replica has never seen the conversation; turn 2's served its turn 0.
             self.assertEqual(turns[1]["cached_tokens"], 0, sid)
             self.assertGreaterEqual(turns[2]["cached_tokens"], 16, sid)
+            # Each answer names the replica behind its endpoint.
+            self.assertEqual([t["replica"] for t in turns], [f"mt-{(s + t) % 2}" for t in range(3)], sid)
+        # Per replica: sessions 0 and 2 start on mt-0, session 1 on mt-1 (5 turns and 4); every
+        # session's answers came from both.
+        self.assertEqual(result["replicas"], {"mt-0": {"requests": 5, "ok": 5, "rejected": 0, "failed": 0, "sessions": 2},
+                                              "mt-1": {"requests": 4, "ok": 4, "rejected": 0, "failed": 0, "sessions": 1}})
+        self.assertEqual(result["requests_without_replica"], 0)
+        self.assertEqual(result["sessions_moved"], 3)
+        self.assertEqual(result["failed_by_error"], {})
+        self.assertIn("Sessions moved between replicas:         3", table)
         per_turn = result["per_turn"]
         self.assertEqual([t["completed"] for t in per_turn], [3, 3, 3])
         prompts = [t["mean_prompt_tokens"] for t in per_turn]
@@ -139,12 +149,18 @@ class MultiTurnTest(unittest.TestCase):
                                "--user-words", 12, "--session-concurrency", 2)
         self.assertEqual(result["completed"], 12, result["errors"])
         self.assertEqual(result["multi_turn"]["turn_routing"], "session")
-        for sid, turns in by_session(result).items():
+        sessions = by_session(result)
+        for sid, turns in sessions.items():
             self.assertEqual(len({t["endpoint"] for t in turns}), 1, sid)
+            self.assertEqual(len({t["replica"] for t in turns}), 1, sid)
             for before, now in zip(turns, turns[1:]):
                 self.assertGreater(now["prompt_tokens"], before["prompt_tokens"], sid)
                 # The turn before it, sent to the same replica, fills at least one block of 16.
                 self.assertGreaterEqual(now["cached_tokens"], 16, sid)
+        self.assertEqual(result["sessions_moved"], 0)
+        firsts = {r: sum(1 for turns in sessions.values() if turns[0]["replica"] == r) for r in ("mt-0", "mt-1")}
+        self.assertEqual({r: c["sessions"] for r, c in result["replicas"].items()}, {r: n for r, n in firsts.items() if n})
+        self.assertEqual(sum(c["requests"] for c in result["replicas"].values()), 12)
 
     def test_the_id_and_the_whole_history_reach_the_endpoint(self):
         fake = FakeEndpoint()
@@ -176,6 +192,9 @@ class MultiTurnTest(unittest.TestCase):
         for r in result["requests"]:  # usage read from the stream's last chunk
             n = 2 + 2 * r["turn"]
             self.assertEqual((r["prompt_tokens"], r["cached_tokens"], r["output_tokens"]), (10 * n, 2 * n, 2))
+            self.assertEqual(r["replica"], "")  # this endpoint names none
+        self.assertNotIn("replicas", result)
+        self.assertNotIn("sessions_moved", result)
 
     def test_a_failing_endpoint_ends_only_the_conversations_on_it(self):
         fake = FakeEndpoint(fail=True)
@@ -199,6 +218,12 @@ class MultiTurnTest(unittest.TestCase):
         self.assertEqual(result["multi_turn"]["sessions_failed"], len(down))
         self.assertEqual(result["multi_turn"]["sessions_completed"], len(up))
         self.assertEqual(result["failed"], len(down))
+        # The live replica answered the sessions that started there; the failures, which named no
+        # replica, are counted by cause.
+        self.assertEqual(result["replicas"], {"mt-0": {"requests": 2 * len(up), "ok": 2 * len(up), "rejected": 0,
+                                                       "failed": 0, "sessions": len(up)}})
+        self.assertEqual(result["requests_without_replica"], len(down))
+        self.assertEqual(result["failed_by_error"], {"HTTP 500: replica down": len(down)})
         # Rotating, every conversation reaches the failing replica: at turn 0 (odd ones) or turn 1.
         for sid, turns in by_session(rotated).items():
             outcomes = [t["outcome"] for t in turns]

@@ -1,7 +1,10 @@
 """A real `specula serve` driven by the official openai client over HTTP: completions streaming and
-not (greedy output equal to offline generation), /v1/models, /health, and OpenAI-shaped errors."""
+not (greedy output equal to offline generation), /v1/models, /health, OpenAI-shaped errors, and the
+replica's id (--replica-id) on every response."""
+import http.client
 import json
 import os
+import re
 import socket
 import time
 import subprocess
@@ -12,7 +15,8 @@ import urllib.request
 
 import openai
 
-from serving_util import BINARY, PROMPTS, Serve, metric, metrics, offline_greedy, random_model, time_scale
+from serving_util import (BINARY, PROMPTS, TARGET, TOKENIZER, Serve, metric, metrics, offline_greedy, random_model,
+                          time_scale)
 
 MAX_TOKENS = 40
 
@@ -204,6 +208,81 @@ class DisconnectTest(unittest.TestCase):
                 self.assertEqual(metric(m, "specula:num_requests_running"), 0)
                 self.assertLess(metric(m, "specula:generation_tokens_total"), 250 * n)
             self.assertEqual(s.stop(), 0, s.stderr())
+
+
+REPLICA_CHARS = re.compile(r"[^A-Za-z0-9._:@/-]")
+
+
+def request(base, method, path, body=None, headers=None):
+    """(status, headers, body) of one request; the headers' names as sent (http.client's lookup
+    ignores case)."""
+    host, port = base[len("http://"):].rsplit(":", 1)
+    c = http.client.HTTPConnection(host, int(port), timeout=30 * time_scale())
+    try:
+        c.request(method, path, body=None if body is None else json.dumps(body),
+                  headers={"Content-Type": "application/json", **(headers or {})})
+        r = c.getresponse()
+        return r.status, r.headers, r.read().decode()
+    finally:
+        c.close()
+
+
+class ReplicaIdTest(unittest.TestCase):
+    """--replica-id names the replica on every HTTP response (answers, streams, refusals before the
+    handler, probes) and in /metrics; without it the id is the host and the port (or the pid, on port
+    0); an id that cannot go into a header or a label is refused at startup."""
+
+    KEY = "sk-replica-test"
+
+    def test_every_response_names_the_replica(self):
+        with Serve("--replica-id", "r-test", "--api-key", self.KEY) as s:
+            self.assertRegex(s.stderr(), r"replica r-test\): ready")
+            auth = {"Authorization": f"Bearer {self.KEY}"}
+            body = {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}
+            cases = [
+                ("plain completion", 200, "POST", "/v1/completions", body, auth),
+                ("streamed completion", 200, "POST", "/v1/completions", {**body, "stream": True}, auth),
+                ("health", 200, "GET", "/health", None, {}),
+                ("a bad request", 400, "POST", "/v1/completions", {**body, "temperature": -1}, auth),
+                ("no API key", 401, "POST", "/v1/completions", body, {}),
+                ("no route", 404, "GET", "/nope", None, auth),
+            ]
+            for what, status, method, path, payload, headers in cases:
+                got, h, text = request(s.http_base, method, path, payload, headers)
+                self.assertEqual(got, status, f"{what}: {text}")
+                self.assertEqual(h.get_all("X-Specula-Replica"), ["r-test"], what)
+                if what == "streamed completion":
+                    self.assertTrue(text.rstrip().endswith("data: [DONE]"), text)
+            status, h, text = request(s.http_base, "GET", "/metrics")
+            self.assertEqual((status, h["X-Specula-Replica"]), (200, "r-test"))
+            self.assertEqual(metric(metrics(s.http_base), "specula:replica_info", replica="r-test"), 1)
+            self.assertIn('specula:replica_info{model_name="', text)
+            self.assertEqual(s.stop(), 0, s.stderr())
+
+    def test_the_default_is_the_host_and_the_port_or_the_pid(self):
+        host = REPLICA_CHARS.sub("-", socket.gethostname())
+        with socket.socket() as probe:  # a port free a moment ago, given as --http-port
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        with Serve("--http-port", port) as s:
+            self.assertEqual(request(s.http_base, "GET", "/health")[1]["X-Specula-Replica"], f"{host}:{port}")
+            self.assertIn(f"replica {host}:{port}): ready", s.stderr())
+            self.assertEqual(s.stop(), 0, s.stderr())
+        with Serve() as s:  # --http-port 0: the port is not known before listening
+            self.assertEqual(request(s.http_base, "GET", "/health")[1]["X-Specula-Replica"],
+                             f"{host}:pid{s.proc.pid}")
+            self.assertEqual(s.stop(), 0, s.stderr())
+
+    def test_a_bad_id_is_refused_at_startup(self):
+        for bad, says in (("a b", "' ' (a space) at position 2"), ("r\"1", "'\\\"' at position 2"),
+                          ("", "empty")):
+            p = subprocess.run([BINARY, "serve", "--model", TARGET, "--tokenizer", TOKENIZER, "--grpc-port", "0",
+                                "--http-port", "0", "--replica-id", bad], capture_output=True, text=True,
+                               timeout=60 * time_scale())
+            self.assertNotEqual(p.returncode, 0, bad)
+            self.assertIn("--replica-id", p.stderr)
+            self.assertIn(says, p.stderr)
+            self.assertNotIn("ready", p.stderr)
 
 
 SMOLLM2 = os.path.join(os.environ.get("SPECULA_GGUF_CACHE", os.path.expanduser("~/.cache/specula")),
