@@ -75,6 +75,7 @@ ServeRequest FromProto(const v1::GenerateRequest& req) {
   r.priority = req.priority();
   r.constraint = FromProto(req.constraint());
   r.cache_salt = req.cache_salt();  // proto3's empty string: none
+  r.faq_query = r.prompt;  // the degrade path matches the prompt as given
   return r;
 }
 
@@ -135,13 +136,14 @@ void SetLast(const RequestOutput& out, int32_t spec_tokens, bool kv_store, v1::G
 class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   GenerateReactor(Server* server, grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req)
-      : ctx_(ctx), spec_tokens_(server->spec_metrics_tokens()), kv_store_(server->options().kv_store) {
+      : ctx_(ctx), server_(server), spec_tokens_(server->spec_metrics_tokens()), kv_store_(server->options().kv_store) {
     auto started = server->Generate(FromProto(req));
     if (!started.ok()) {
       Finish(ToGrpc(started.status()));
       return;
     }
     gen_ = *std::move(started);
+    ctx_->AddInitialMetadata(kAnsweredByMetadata, gen_->answered_by());
     cancel_target_.store(gen_.get(), std::memory_order_release);
     request_id_ = req.request_id().empty() ? absl::StrCat("specula-", gen_->id()) : req.request_id();
     // The listener may outlive this reactor (a push racing OnDone): it holds the shared link.
@@ -207,6 +209,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       AddLogprobs(d.prompt_logprobs, response_.mutable_prompt_logprobs());
       if (!d.finished) continue;
       SetLast(d.final, spec_tokens_, kv_store_, &response_);
+      response_.set_answered_by(gen_->answered_by());
+      response_.set_model_version(gen_->model_version());
       ++samples_done_;
       if (!d.error.ok() || d.final.finish == FinishReason::kAborted) {
         finished_ = true;
@@ -238,6 +242,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
     }
     if (last) {
       finished_ = true;
+      if (std::string_view(gen_->answered_by()) == "faq") {
+        server_->ObserveFaqAnswer(std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+      }
       StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
     } else {
       writing_ = true;
@@ -246,6 +253,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   }
 
   grpc::CallbackServerContext* const ctx_;
+  Server* const server_;
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   const int32_t spec_tokens_;  // Server::spec_metrics_tokens
   const bool kv_store_;        // ServeOptions::kv_store
   std::shared_ptr<Generation> gen_;
@@ -333,16 +342,19 @@ class GenerationService final : public v1::Generation::CallbackService {
     resp->set_max_num_seqs(sc.max_num_seqs);
     resp->set_kv_cache_blocks(sc.num_blocks);
     resp->set_block_size(sc.block_size);
+    resp->set_model_version(server_->options().model_version);
     return FinishUnary(ctx, grpc::Status::OK);
   }
 
  private:
-  // The replica's id in the call's initial metadata, before anything is sent: a call refused at once
-  // (UNAUTHENTICATED, RESOURCE_EXHAUSTED, INVALID_ARGUMENT, UNAVAILABLE) carries it too, and custom
-  // metadata keeps such a call from being sent as trailers only.
+  // The replica's id and the model's version in the call's initial metadata, before anything is
+  // sent: a call refused at once (UNAUTHENTICATED, RESOURCE_EXHAUSTED, INVALID_ARGUMENT, UNAVAILABLE)
+  // carries them too, and custom metadata keeps such a call from being sent as trailers only.
   void NameReplica(grpc::CallbackServerContext* ctx) const {
     const std::string& id = server_->options().replica_id;
     if (!id.empty()) ctx->AddInitialMetadata(kReplicaMetadata, id);
+    const std::string& version = server_->options().model_version;
+    if (!version.empty()) ctx->AddInitialMetadata(kModelVersionMetadata, version);
   }
 
   Server* const server_;

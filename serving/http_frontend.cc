@@ -28,6 +28,8 @@ void SendError(HttpExchange& ex, const absl::Status& st) {
 // next step instead of delaying it; the drain queues the bytes to the connection, never waiting on
 // the client.
 struct Reply {
+  Server* server;
+  std::chrono::steady_clock::time_point start;  // the handler's start, for the FAQ answers' histogram
   std::shared_ptr<HttpExchange> ex;
   std::unique_ptr<OpenAiResponder> responder;
   bool stream = false;
@@ -49,7 +51,10 @@ struct Reply {
         if (!bytes->empty()) ex->Write(*std::move(bytes));  // false once the client left: OnClose cancelled
         if (responder->done()) ex->End();
       } else if (responder->done()) {
-        ex->Respond(200, "application/json", *std::move(bytes));
+        ex->Respond(200, "application/json", *std::move(bytes), {{kAnsweredByHeader, gen->answered_by()}});
+      }
+      if (bytes.ok() && responder->done() && std::string_view(gen->answered_by()) == "faq") {
+        server->ObserveFaqAnswer(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       }
       if (!bytes.ok() || responder->done()) {
         gen->SetListener(nullptr);
@@ -75,6 +80,7 @@ struct HttpFrontend::Impl {
 // their time here, not on the io thread), starts the generation, and leaves the answer to its
 // listener.
 void HttpFrontend::Impl::Handle(HttpRequest req, const std::shared_ptr<HttpExchange>& ex, bool chat) {
+  const auto start = std::chrono::steady_clock::now();
   const std::string model = server->options().model_name;
   auto parsed = ParseHttpRequestBody(req.body, chat, model, chat_template.has_value() ? &*chat_template : nullptr,
                                      chat_source);
@@ -83,6 +89,8 @@ void HttpFrontend::Impl::Handle(HttpRequest req, const std::shared_ptr<HttpExcha
   if (!started.ok()) return SendError(*ex, started.status());
   std::shared_ptr<Generation> gen = *std::move(started);
   auto reply = std::make_shared<Reply>();
+  reply->server = server;
+  reply->start = start;
   reply->ex = ex;
   reply->stream = parsed->stream;
   reply->responder = std::make_unique<OpenAiResponder>(
@@ -92,7 +100,7 @@ void HttpFrontend::Impl::Handle(HttpRequest req, const std::shared_ptr<HttpExcha
   ex->OnClose([weak = std::weak_ptr<Generation>(gen)] {
     if (auto g = weak.lock()) g->Cancel();
   });
-  if (parsed->stream) ex->StartStream(200, "text/event-stream");
+  if (parsed->stream) ex->StartStream(200, "text/event-stream", {{kAnsweredByHeader, gen->answered_by()}});
   gen->SetListener([reply] {
     if (reply->drain_due.exchange(true)) return;
     reply->ex->Defer([reply] {
@@ -107,8 +115,9 @@ std::vector<HttpRoute> HttpFrontend::Impl::Routes() {
     return [this, chat](HttpRequest q, std::shared_ptr<HttpExchange> ex) { Handle(std::move(q), ex, chat); };
   };
   auto models = [this](HttpRequest, std::shared_ptr<HttpExchange> ex) {
-    const json m = {{"id", server->options().model_name}, {"object", "model"}, {"created", std::time(nullptr)},
-                    {"owned_by", "specula"}, {"max_model_len", server->scheduler_config().max_model_len}};
+    json m = {{"id", server->options().model_name}, {"object", "model"}, {"created", std::time(nullptr)},
+              {"owned_by", "specula"}, {"max_model_len", server->scheduler_config().max_model_len}};
+    if (!server->options().model_version.empty()) m["version"] = server->options().model_version;
     ex->Respond(200, "application/json", json{{"object", "list"}, {"data", {m}}}.dump());
   };
   auto health = [this](HttpRequest, std::shared_ptr<HttpExchange> ex) {
@@ -159,6 +168,9 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(Server* server
   // Every response names the replica, refusals and probes included: a router's retries and a
   // benchmark see which replica answered.
   if (const std::string& id = server->options().replica_id; !id.empty()) o.response_headers = {{kReplicaHeader, id}};
+  if (const std::string& v = server->options().model_version; !v.empty()) {
+    o.response_headers.emplace_back(kModelVersionHeader, v);
+  }
   auto http = HttpServer::Start(std::move(o), impl->Routes());
   if (!http.ok()) {
     return absl::Status(http.status().code(), absl::StrCat("--http-port: ", http.status().message()));

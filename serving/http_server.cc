@@ -113,11 +113,11 @@ class ExchangeImpl final : public HttpExchange {
     Send(std::move(bytes), true);
   }
 
-  void StartStream(int status, std::string content_type) override {
+  void StartStream(int status, std::string content_type, HttpHeaders extra = {}) override {
     std::lock_guard<std::mutex> l(mu_);
     if (state_ != kNew) return;
     state_ = kStreaming;
-    Send(Head(status, content_type, std::nullopt, {}, gate_->response_headers, keep_alive_), false);
+    Send(Head(status, content_type, std::nullopt, extra, gate_->response_headers, keep_alive_), false);
   }
 
   bool Write(std::string chunk) override {

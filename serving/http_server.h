@@ -53,7 +53,8 @@ class HttpExchange {
  public:
   virtual ~HttpExchange() = default;
   virtual void Respond(int status, std::string content_type, std::string body, HttpHeaders extra = {}) = 0;
-  virtual void StartStream(int status, std::string content_type) = 0;  // chunked transfer (SSE)
+  // Chunked transfer (SSE), with `extra` headers besides the server's.
+  virtual void StartStream(int status, std::string content_type, HttpHeaders extra = {}) = 0;
   virtual bool Write(std::string chunk) = 0;  // false once the peer is gone (or the stream ended)
   virtual void End() = 0;
   // `f` runs once if the peer goes away (or the connection breaks, or the server stops) before the

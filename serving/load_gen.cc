@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <condition_variable>
 #include <deque>
 #include <fstream>
@@ -62,6 +63,12 @@ absl::StatusOr<std::vector<LoadRequest>> LoadJsonlDataset(const std::string& pat
     if (j.contains("ignore_eos")) {
       if (!j["ignore_eos"].is_boolean()) return bad("field 'ignore_eos' must be true or false");
       r.ignore_eos = j["ignore_eos"].get<bool>();
+    }
+    if (j.contains("priority")) {
+      if (!j["priority"].is_number_integer() || std::abs(j["priority"].get<int64_t>()) > (1 << 30)) {
+        return bad("field 'priority' must be an integer");
+      }
+      r.priority = j["priority"].get<int32_t>();
     }
     if (j.contains("tools") || j.contains("functions")) {
       return bad("field 'tools': tool calls are chat's, and load datasets send completions");
@@ -307,6 +314,7 @@ class GrpcClient final : public LoadClient {
     q.mutable_sampling()->set_temperature(static_cast<float>(opt_.temperature));
     q.mutable_sampling()->set_max_tokens(r.max_tokens);
     q.mutable_sampling()->set_ignore_eos(r.ignore_eos);
+    q.set_priority(r.priority);
     SetConstraint(r.constraint, q.mutable_constraint());
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
@@ -339,6 +347,12 @@ class GrpcClient final : public LoadClient {
     const auto& initial = ctx.GetServerInitialMetadata();
     if (const auto it = initial.find(kReplicaMetadata); it != initial.end()) {
       res.replica.assign(it->second.data(), it->second.size());
+    }
+    if (const auto it = initial.find(kAnsweredByMetadata); it != initial.end()) {
+      res.answered_by.assign(it->second.data(), it->second.size());
+    }
+    if (const auto it = initial.find(kModelVersionMetadata); it != initial.end()) {
+      res.model_version.assign(it->second.data(), it->second.size());
     }
     if (res.prompt_tokens == 0) res.prompt_tokens = static_cast<int32_t>(r.prompt_token_ids.size());
     res.outcome = st.ok() ? Outcome::kOk
@@ -476,6 +490,7 @@ class HttpClient final : public LoadClient {
     }
     if (r.max_tokens > 0) body["max_tokens"] = r.max_tokens;
     if (r.ignore_eos) body["ignore_eos"] = true;
+    if (r.priority != 0) body["priority"] = r.priority;
     if (r.constraint.active()) body["structured_outputs"] = StructuredOutputs(r.constraint);
     httplib::Request q;
     q.method = "POST";
@@ -502,6 +517,8 @@ class HttpClient final : public LoadClient {
     q.response_handler = [&](const httplib::Response& h) {
       status = h.status;
       events.res.replica = h.get_header_value(kReplicaHeader);  // httplib's header names ignore case
+      events.res.answered_by = h.get_header_value(kAnsweredByHeader);
+      events.res.model_version = h.get_header_value(kModelVersionHeader);
       return true;
     };
     q.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {

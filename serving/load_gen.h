@@ -42,6 +42,7 @@ struct LoadRequest {
   std::vector<int32_t> prompt_token_ids;  // token ids, used as given (synthetic prompts)
   int32_t max_tokens = 0;                 // 0: the server's default
   bool ignore_eos = false;
+  int32_t priority = 0;                   // sent as the request's priority (lower is more urgent)
   ConstraintSpec constraint;              // structured output, sent as vLLM's structured_outputs
   // A conversation's turn, instead of a prompt: its history (HTTP /v1/chat/completions; gRPC and
   // in process: ConversationPrompt) and its session.
@@ -53,7 +54,8 @@ struct LoadRequest {
 // contents, each on its own line.
 std::string ConversationPrompt(const std::vector<LoadMessage>& messages);
 
-// JSON lines {"prompt": "...", "max_tokens": N, "ignore_eos": B} (the last two optional), with the
+// JSON lines {"prompt": "...", "max_tokens": N, "ignore_eos": B, "priority": P} (all but the prompt
+// optional), with the
 // structured-output fields of the OpenAI surface (serving/openai_constraints.h: response_format,
 // structured_outputs, guided_*, json_schema, grammar); tools are refused by name (chat only). The rest
 // of a `specula generate --prompts-file` line is ignored. A malformed line fails the whole load, with
@@ -82,6 +84,8 @@ struct RequestResult {
   int32_t output_tokens = 0;
   std::string text;           // the answer, kept for requests with messages (a conversation's next turn sends it)
   std::string replica;        // the replica that answered (serving/replica.h: its header or metadata); empty: none said
+  std::string answered_by;    // the path that answered (model, faq: serving/replica.h); empty: none said
+  std::string model_version;  // the version of the model that answered (serving/replica.h); empty: none said
 };
 
 struct ServerInfo {

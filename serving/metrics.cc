@@ -19,6 +19,8 @@ const std::vector<double> kTpotBuckets = {0.01, 0.025, 0.05, 0.075, 0.1,  0.15, 
                                           0.75, 1.0,   2.5,  5.0,   7.5,  10.0, 20.0, 40.0, 80.0};
 const std::vector<double> kLatencyBuckets = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,  15.0,  20.0,
                                              30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+// Ours: an FAQ answer is a lookup and a few hundred bytes, so its buckets resolve milliseconds.
+const std::vector<double> kFaqAnswerBuckets = {0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0};
 
 // vLLM's build_1_2_5_buckets: 1, 2, 5, 10, 20, 50, ... up to max_value.
 std::vector<double> Buckets125(int64_t max_value) {
@@ -153,21 +155,25 @@ void ServingMetrics::Histogram::Observe(double v) {
   ++count;
 }
 
-ServingMetrics::ServingMetrics(std::string model_name, std::vector<std::string> rejection_reasons,
-                               int32_t max_model_len, std::string replica_id)
+ServingMetrics::ServingMetrics(std::string model_name, std::vector<std::string> rejection_reasons, Options options)
     : model_name_(std::move(model_name)),
-      replica_id_(std::move(replica_id)),
-      token_histograms_(max_model_len > 0),
+      replica_id_(std::move(options.replica_id)),
+      model_version_(std::move(options.model_version)),
+      token_histograms_(options.max_model_len > 0),
       ttft_(kTtftBuckets),
       itl_(kTpotBuckets),
       e2e_(kLatencyBuckets),
-      prompt_len_(Buckets125(max_model_len)),
-      generation_len_(Buckets125(max_model_len)),
+      prompt_len_(Buckets125(options.max_model_len)),
+      generation_len_(Buckets125(options.max_model_len)),
       queue_(kLatencyBuckets),
       prefill_(kLatencyBuckets),
       decode_(kLatencyBuckets),
-      inference_(kLatencyBuckets) {
+      inference_(kLatencyBuckets),
+      faq_answer_(kFaqAnswerBuckets) {
   for (const std::string& r : rejection_reasons) rejected_[r] = 0;
+  for (const char* reason : {"queue_len", "queue_delay", "ttft_slo"}) {
+    for (const std::string& path : options.degrade_paths) degraded_[{reason, path}] = 0;
+  }
 }
 
 void ServingMetrics::OnFinished(const RequestOutput& out) {
@@ -200,10 +206,21 @@ void ServingMetrics::OnRejected(const std::string& reason) {
   ++rejected_[reason];
 }
 
+void ServingMetrics::OnFaqAnswered(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  faq_answer_.Observe(seconds);
+}
+
+void ServingMetrics::OnDegraded(const std::string& reason, const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++degraded_[{reason, path}];
+}
+
 std::string ServingMetrics::RenderFrom(const std::function<EngineSnapshot()>& snapshot) const {
   std::lock_guard<std::mutex> lock(mu_);
   const EngineSnapshot s = snapshot();
-  Writer w("model_name=" + Quote(model_name_) + ",engine=\"0\"");
+  Writer w("model_name=" + Quote(model_name_) +
+           (model_version_.empty() ? "" : ",model_version=" + Quote(model_version_)) + ",engine=\"0\"");
   const double kv_usage = s.kv_blocks_total > 0 ? static_cast<double>(s.kv_blocks_used) / s.kv_blocks_total : 0.0;
   if (!replica_id_.empty()) {
     w.Family("replica_info", "gauge", "The replica's id (--replica-id); join on it to compare replicas.");
@@ -270,6 +287,13 @@ std::string ServingMetrics::RenderFrom(const std::function<EngineSnapshot()>& sn
   for (const auto& [reason, n] : rejected_) {
     w.Sample("admission_rejected_total", static_cast<double>(n), ",reason=" + Quote(reason));
   }
+  w.Family("admission_degraded", "counter",
+           "Requests over an admission limit, by reason and the path that answered them (refuse or faq).");
+  for (const auto& [key, n] : degraded_) {
+    w.Sample("admission_degraded_total", static_cast<double>(n), ",reason=" + Quote(key.first) + ",path=" + Quote(key.second));
+  }
+  w.Histogram("faq_answer_seconds", "Histogram of the time from a request's arrival at a handler to its FAQ answer.",
+              faq_answer_);
   return w.Take();
 }
 

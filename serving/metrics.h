@@ -9,7 +9,8 @@
 // Deprecated gpu_* aliases are left out. Numbers are written the way prometheus_client writes them
 // ("3.0", "+Inf", "1e+06"), so `le` label values are the same strings vLLM exposes.
 //
-// Ours, not vLLM's: specula:replica_info{replica} (1, with --replica-id's value, so that a fleet's
+// Ours, not vLLM's: the label model_version (the served weights' version: specula serve
+// --model-version) after model_name on every series; specula:replica_info{replica} (1, with --replica-id's value, so that a fleet's
 // series can be joined on it); specula:admission_rejected_total{reason}; structured output's drafts,
 // specula:spec_decode_num_forced_draft_tokens_total, spec_decode_num_accepted_forced_tokens_total
 // and spec_decode_num_grammar_cut_tokens_total; the shared KV store's specula:kv_store_*_total
@@ -23,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <utility>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -34,12 +36,22 @@ namespace specula {
 
 class ServingMetrics {
  public:
+  // What the exposition names besides the counts.
+  struct Options {
+    // > 0: vLLM's request_prompt_tokens / request_generation_tokens histograms, whose 1-2-5 buckets
+    // stop at max_model_len (as vLLM's do).
+    int32_t max_model_len = 0;
+    std::string replica_id;     // non-empty: the gauge replica_info{replica="ID"} 1
+    std::string model_version;  // non-empty: the label model_version="V" on every series
+    // The paths shown at 0 for each admission reason (queue_len, queue_delay, ttft_slo) before any
+    // request goes over a limit.
+    std::vector<std::string> degrade_paths = {"refuse"};
+  };
   // model_name: the `model_name` label's value. rejection_reasons: reasons shown at 0 before any
-  // rejection. max_model_len > 0 adds vLLM's request_prompt_tokens / request_generation_tokens
-  // histograms, whose 1-2-5 buckets stop at max_model_len (as vLLM's do). A replica id adds the
-  // gauge replica_info{replica="ID"} 1.
-  ServingMetrics(std::string model_name, std::vector<std::string> rejection_reasons,
-                 int32_t max_model_len = 0, std::string replica_id = "");
+  // rejection.
+  ServingMetrics(std::string model_name, std::vector<std::string> rejection_reasons, Options options);
+  ServingMetrics(std::string model_name, std::vector<std::string> rejection_reasons)
+      : ServingMetrics(std::move(model_name), std::move(rejection_reasons), Options{}) {}
 
   // A request that ran ended (any reason, aborted ones too). Thread-safe. Counts its prompt and
   // generated tokens, its finish reason ("stop", "length", "abort"; kError is not counted there),
@@ -54,6 +66,12 @@ class ServingMetrics {
   void OnFinished(const RequestOutput& out);
   // Admission control refused a request. Thread-safe.
   void OnRejected(const std::string& reason);
+  // A request went over admission limit `reason` and `path` answered it ("refuse": the refusal that
+  // OnRejected counts too; "faq": the degrade path's table). Thread-safe.
+  void OnDegraded(const std::string& reason, const std::string& path);
+  // An FAQ answer went out (--degrade faq): the seconds from its request reaching a handler to the
+  // answer's bytes queued to the client. Thread-safe.
+  void OnFaqAnswered(double seconds);
 
   // The whole exposition: gauges and engine-wide counters (preemptions, prefix cache, spec decode)
   // from the engine's snapshot, the rest from what OnFinished / OnRejected recorded. The snapshot is
@@ -77,14 +95,17 @@ class ServingMetrics {
   };
 
   const std::string model_name_;
-  const std::string replica_id_;  // empty: no replica_info
+  const std::string replica_id_;     // empty: no replica_info
+  const std::string model_version_;  // empty: no model_version label
   const bool token_histograms_;
   mutable std::mutex mu_;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0;            // guarded by mu_
   std::map<std::string, int64_t> finished_;  // by OpenAI finish name; guarded by mu_
   std::map<std::string, int64_t> rejected_;                       // guarded by mu_
+  std::map<std::pair<std::string, std::string>, int64_t> degraded_;  // (reason, path); guarded by mu_
   Histogram ttft_, itl_, e2e_, prompt_len_, generation_len_;      // guarded by mu_
   Histogram queue_, prefill_, decode_, inference_;                // guarded by mu_
+  Histogram faq_answer_;                                          // guarded by mu_
 };
 
 }  // namespace specula

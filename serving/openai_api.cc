@@ -277,8 +277,12 @@ absl::StatusOr<HttpRequestBody> ParseHttpRequestBody(const std::string& body, bo
     if (!text.ok()) return Bad("messages", std::string(text.status().message()));
     r.prompt = *std::move(text);
     r.templated = true;
+    // The degrade path matches the question being asked: the last message, when it is the user's
+    // (after a tool's result or an assistant's prefix there is none).
+    if (messages.back().role == "user") r.faq_query = messages.back().content;
   } else {
     RETURN_IF_ERROR(ParsePrompt(j, &r));
+    r.faq_query = r.prompt;
   }
   return b;
 }

@@ -95,6 +95,8 @@ class OpenAiResponder {
   // install_ms}) beside speculative decoding's, in the body or the stream's usage chunk.
   bool kv_store_ = false;
   bool first_event_sent_ = false;
+  std::string answered_by_;  // Generation::answered_by: "model", or "faq" (then in every body and chunk)
+  std::string version_;      // Generation::model_version: every body's and chunk's system_fingerprint
 };
 
 }  // namespace specula

@@ -202,13 +202,24 @@ double TotalLogprob(const Sample& s) {
   return t;
 }
 
+// A body's or chunk's first fields: OpenAI's system_fingerprint is the model's version (as OpenAI's
+// names its backend's configuration). An answer that the model did not make says which path did.
+json Head(const std::string& id, const char* object, std::time_t created, const std::string& model,
+          const std::string& version, const std::string& answered_by) {
+  json head = {{"id", id}, {"object", object}, {"created", created}, {"model", model}};
+  if (!version.empty()) head["system_fingerprint"] = version;
+  if (answered_by != "model") head["answered_by"] = answered_by;
+  return head;
+}
+
 }  // namespace
 
 OpenAiResponder::OpenAiResponder(const HttpRequestBody& call, std::string model, std::string id,
                                  const Generation& generation, const Tokenizer* tokenizer, std::time_t created)
     : call_(call), model_(std::move(model)), id_(std::move(id)), created_(created), tokenizer_(tokenizer),
       prompt_(generation.prompt()), samples_(generation.n()), prompt_tokens_(static_cast<int32_t>(prompt_.size())),
-      spec_tokens_(generation.spec_metrics_tokens()), kv_store_(generation.kv_store_metrics()) {}
+      spec_tokens_(generation.spec_metrics_tokens()), kv_store_(generation.kv_store_metrics()),
+      answered_by_(generation.answered_by()), version_(generation.model_version()) {}
 
 std::string OpenAiResponder::EchoText() const {
   if (!call_.echo) return "";
@@ -264,7 +275,7 @@ std::string OpenAiResponder::StreamEvents(int32_t index, const RequestDelta& d, 
     if (d.finished && samples_.size() > 1 && ShowsSpecDecoding(d.final.spec, spec_tokens_)) {
       c["metrics"] = SpecMetrics(&d.final.spec, spec_tokens_);
     }
-    json chunk = {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
+    json chunk = Head(id_, object, created_, model_, version_, answered_by_);
     if (call_.return_token_ids) {
       c["token_ids"] = d.tokens;
       if (!s.first_sent) chunk["prompt_token_ids"] = prompt_;
@@ -277,8 +288,9 @@ std::string OpenAiResponder::StreamEvents(int32_t index, const RequestDelta& d, 
   if (call_.usage_in_stream) {
     int32_t completion = 0;
     for (const Sample& x : samples_) completion += static_cast<int32_t>(x.tokens.size());
-    json chunk = {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}, {"choices", json::array()},
-                  {"usage", Usage(prompt_tokens_, completion, samples_[0])}};
+    json chunk = Head(id_, object, created_, model_, version_, answered_by_);
+    chunk["choices"] = json::array();
+    chunk["usage"] = Usage(prompt_tokens_, completion, samples_[0]);
     std::vector<const Sample*> all;  // [n]
     for (const Sample& x : samples_) all.push_back(&x);
     if (auto m = RootMetrics(all, samples_[0], spec_tokens_, kv_store_)) chunk["metrics"] = *std::move(m);
@@ -324,8 +336,9 @@ std::string OpenAiResponder::Body() const {
     }
     choices.push_back(std::move(choice));
   }
-  json body = {{"id", id_}, {"object", call_.chat ? "chat.completion" : "text_completion"}, {"created", created_},
-               {"model", model_}, {"choices", choices}, {"usage", Usage(prompt_tokens_, completion, samples_[0])}};
+  json body = Head(id_, call_.chat ? "chat.completion" : "text_completion", created_, model_, version_, answered_by_);
+  body["choices"] = std::move(choices);
+  body["usage"] = Usage(prompt_tokens_, completion, samples_[0]);
   if (call_.return_token_ids) body["prompt_token_ids"] = prompt_;
   std::vector<const Sample*> chosen;  // [n]
   for (size_t i : order) chosen.push_back(&samples_[i]);

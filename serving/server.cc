@@ -6,6 +6,37 @@
 #include "core/status_macros.h"
 
 namespace specula {
+namespace {
+
+// A sample's whole answer made without the engine, as its one last delta: the text up to the
+// request's first stop string (finish: stop string; else the end of the answer, finish: stop
+// token), encoded without BOS, cut at max_tokens (finish: length).
+RequestDelta AnswerDelta(const Request& r, RequestId id, const std::string& answer, const Tokenizer& tokenizer) {
+  RequestDelta d;
+  d.id = id;
+  d.finished = true;
+  RequestOutput& out = d.final;
+  out.id = id;
+  out.prompt_tokens = static_cast<int32_t>(r.prompt.size());
+  out.finish = FinishReason::kStopToken;
+  size_t cut = answer.size();
+  for (const std::string& stop : r.stop_strings) {
+    if (!stop.empty()) cut = std::min(cut, answer.find(stop));
+  }
+  if (cut < answer.size()) out.finish = FinishReason::kStopString;
+  out.text = answer.substr(0, cut);
+  out.tokens = tokenizer.Encode(out.text, /*add_bos=*/false);
+  if (static_cast<int32_t>(out.tokens.size()) > r.max_tokens) {
+    out.tokens.resize(static_cast<size_t>(std::max(r.max_tokens, 0)));
+    out.text = tokenizer.Decode(out.tokens);
+    out.finish = FinishReason::kMaxTokens;
+  }
+  d.tokens = out.tokens;
+  d.text = out.text;
+  return d;
+}
+
+}  // namespace
 
 Server::Server(Engine* engine, const Tokenizer* tokenizer, const ModelConfig& model, ServeOptions options)
     : tokenizer_(tokenizer),
@@ -16,7 +47,12 @@ Server::Server(Engine* engine, const Tokenizer* tokenizer, const ModelConfig& mo
       context_(ServeRequestContext(*tokenizer, model.vocab_size, scheduler_.max_model_len, options_,
                                    MaxPromptBytes(*tokenizer, scheduler_.max_model_len))),
       metrics_(options_.model_name, {"queue_len", "queue_delay", "ttft_slo", "draining", "invalid_argument"},
-               scheduler_.max_model_len, options_.replica_id),
+               {.max_model_len = scheduler_.max_model_len,
+                .replica_id = options_.replica_id,
+                .model_version = options_.model_version,
+                .degrade_paths = options_.degrade == ServeOptions::Degrade::kFaq
+                                     ? std::vector<std::string>{"refuse", "faq"}
+                                     : std::vector<std::string>{"refuse"}}),
       admission_(options_.admission) {
   LoopHooks hooks;
   hooks.on_first_token = [this](double ttft_ms) { admission_.ObserveTtft(NowS(), ttft_ms); };
@@ -78,7 +114,7 @@ RequestContext ServeRequestContext(const Tokenizer& tokenizer, int32_t vocab, in
   return c;
 }
 
-absl::StatusOr<Request> Server::Admit(const ServeRequest& r) {
+absl::StatusOr<Request> Server::Normalize(const ServeRequest& r) {
   if (draining_) {
     metrics_.OnRejected("draining");
     return absl::UnavailableError("the server is draining (shutting down); retry on another replica");
@@ -98,21 +134,31 @@ absl::StatusOr<Request> Server::Admit(const ServeRequest& r) {
     }
     compiled = *std::move(c);
   }
+  Request req = MakeRequest(next_id_++, *std::move(prompt), std::move(spec));
+  req.compiled_constraint = std::move(compiled);
+  ResolveSeed(&req, static_cast<uint64_t>(req.id));  // unset: the id, as the table's serving rows say
+  req.n = 1;  // each sample is an engine request of its own (Generate makes r.n of them)
+  return req;
+}
+
+std::string Server::AdmissionRefusal(int32_t priority, std::string* detail) {
   // Lock-free reads of the last step's state: admission never waits for the engine's thread.
   const int32_t running = loop_->num_running();
   QueueState q;
   q.queued = static_cast<int32_t>(std::max<int64_t>(0, in_flight_ - running));
   q.free_slots = std::max(0, scheduler_.max_num_seqs - running);
   q.oldest_queued_ms = loop_->oldest_queued_ms();
+  return admission_.Check(priority, q, NowS(), detail);
+}
+
+absl::StatusOr<Request> Server::Admit(const ServeRequest& r) {
+  ASSIGN_OR_RETURN(Request req, Normalize(r));
   std::string detail;
-  if (std::string reason = admission_.Check(r.priority, q, NowS(), &detail); !reason.empty()) {
+  if (std::string reason = AdmissionRefusal(r.priority, &detail); !reason.empty()) {
     metrics_.OnRejected(reason);
+    metrics_.OnDegraded(reason, "refuse");
     return absl::ResourceExhaustedError(absl::StrCat("overloaded: ", detail));
   }
-  Request req = MakeRequest(next_id_++, *std::move(prompt), std::move(spec));
-  req.compiled_constraint = std::move(compiled);
-  ResolveSeed(&req, static_cast<uint64_t>(req.id));  // unset: the id, as the table's serving rows say
-  req.n = 1;  // each sample is an engine request of its own (Generate makes r.n of them)
   return req;
 }
 
@@ -132,7 +178,11 @@ absl::StatusOr<Admitted> Server::Submit(const ServeRequest& r) {
 }
 
 absl::StatusOr<std::shared_ptr<Generation>> Server::Generate(const ServeRequest& r) {
-  ASSIGN_OR_RETURN(Request first, Admit(r));  // validates n among the rest
+  ASSIGN_OR_RETURN(Request first, Normalize(r));  // validates n among the rest
+  std::string detail;
+  if (std::string reason = AdmissionRefusal(r.priority, &detail); !reason.empty()) {
+    return Degrade(r, first, reason, detail);
+  }
   // Sample i draws from seed + i: distinct samples, reproducible with a seed.
   std::vector<Request> samples(r.n, first);
   for (int32_t i = 1; i < r.n; ++i) {
@@ -149,9 +199,35 @@ absl::StatusOr<std::shared_ptr<Generation>> Server::Generate(const ServeRequest&
   return g;
 }
 
+absl::StatusOr<std::shared_ptr<Generation>> Server::Degrade(const ServeRequest& r, const Request& first,
+                                                            const std::string& reason, const std::string& detail) {
+  // An FAQ answer has no logprobs and follows no grammar: such requests are refused as before.
+  const bool plain = first.logprobs < 0 && first.prompt_logprobs < 0 && !first.constraint.active();
+  const std::string* answer = options_.degrade == ServeOptions::Degrade::kFaq && options_.faq != nullptr && plain
+                                  ? options_.faq->Find(r.faq_query)
+                                  : nullptr;
+  if (answer == nullptr || r.faq_query.empty()) {
+    metrics_.OnRejected(reason);
+    metrics_.OnDegraded(reason, "refuse");
+    return absl::ResourceExhaustedError(absl::StrCat("overloaded: ", detail));
+  }
+  metrics_.OnDegraded(reason, "faq");
+  std::vector<RequestDelta> answers;
+  for (int32_t i = 0; i < r.n; ++i) {
+    answers.push_back(AnswerDelta(first, i == 0 ? first.id : next_id_++, *answer, *tokenizer_));
+  }
+  return std::shared_ptr<Generation>(new Generation(this, first.prompt, std::move(answers), "faq"));
+}
+
 Generation::Generation(Server* server, std::vector<Request> requests)
     : server_(server), prompt_(requests[0].prompt), requests_(std::move(requests)) {
   for (const Request& r : requests_) ids_.push_back(r.id);
+}
+
+Generation::Generation(Server* server, std::vector<TokenId> prompt, std::vector<RequestDelta> answers,
+                       const char* answered_by)
+    : server_(server), prompt_(std::move(prompt)), ready_(std::move(answers)), answered_by_(answered_by) {
+  for (const RequestDelta& d : ready_) ids_.push_back(d.id);
 }
 
 Generation::~Generation() { Cancel(); }
@@ -159,6 +235,8 @@ Generation::~Generation() { Cancel(); }
 int32_t Generation::spec_metrics_tokens() const { return server_->spec_metrics_tokens(); }
 
 bool Generation::kv_store_metrics() const { return server_->options().kv_store; }
+
+const std::string& Generation::model_version() const { return server_->options().model_version; }
 
 // On the loop's thread (or Generate's, for a delta already waiting), never inside a reader's Next:
 // a reader may call Next from its listener while holding its own lock, so Next must not start
@@ -200,9 +278,9 @@ std::optional<Generation::Event> Generation::Next(std::chrono::milliseconds time
   std::unique_lock<std::mutex> lock(mu_);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    if (!aborted_.empty()) {
-      Event e{static_cast<int32_t>(n() - aborted_.size()), std::move(aborted_.front())};
-      aborted_.erase(aborted_.begin());
+    if (!ready_.empty()) {
+      Event e{static_cast<int32_t>(n() - ready_.size()), std::move(ready_.front())};
+      ready_.erase(ready_.begin());
       return e;
     }
     for (size_t k = 0; k < streams_.size(); ++k) {
@@ -238,7 +316,7 @@ void Generation::Cancel() {
     d.final.id = ids_[i];
     d.final.finish = FinishReason::kAborted;
     d.final.prompt_tokens = static_cast<int32_t>(prompt_.size());
-    aborted_.push_back(std::move(d));
+    ready_.push_back(std::move(d));
   }
   cv_.notify_all();
 }

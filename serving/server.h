@@ -22,6 +22,7 @@
 #include "request/request_spec.h"
 #include "scheduler/admission.h"
 #include "serving/engine_loop.h"
+#include "serving/faq.h"
 #include "serving/metrics.h"
 #include "serving/replica.h"
 
@@ -43,6 +44,18 @@ struct ServeOptions {
   // Which replica this is (--replica-id): X-Specula-Replica on every HTTP response, x-specula-replica
   // in every Generation call's initial metadata, /metrics' replica_info. Empty: none of them.
   std::string replica_id;
+  // The served weights' version (--model-version; default their hash, model/weights_hash.h):
+  // X-Specula-Model-Version on every HTTP response and system_fingerprint in every body,
+  // x-specula-model-version and model_version on gRPC, /v1/models, and a label on every metric.
+  // Empty: none of them.
+  std::string model_version;
+  // What a request that admission control refuses gets (--degrade): kRefuse, the refusal
+  // (RESOURCE_EXHAUSTED: HTTP 429); kFaq, the answer `faq` has for its question when one matches
+  // (Generation::answered_by "faq"), else the same refusal. Either way a refusal is counted by its
+  // reason and path (ServingMetrics::OnDegraded).
+  enum class Degrade { kRefuse, kFaq };
+  Degrade degrade = Degrade::kRefuse;
+  std::shared_ptr<const FaqTable> faq;  // set with kFaq
 };
 
 // One request as a front end parsed it: its spec (max_tokens 0: the surface's default; seed unset:
@@ -53,6 +66,9 @@ struct ServeRequest : RequestSpec {
   bool templated = false;  // `prompt` is a rendered chat template: it carries its own BOS
   std::vector<TokenId> prompt_token_ids;
   Surface surface = Surface::kInProcess;
+  // The question --degrade faq matches: a chat's last user message, a completion's text prompt.
+  // Empty: nothing to match (a prompt of token ids).
+  std::string faq_query;
 };
 
 // The prompt of a ServeRequest as NormalizeRequest takes it: its text unless empty, or its ids.
@@ -79,15 +95,21 @@ class Generation : public std::enable_shared_from_this<Generation> {
   void SetListener(std::function<void()> listener);
   // Aborts every sample (their KV is free after the next step); each still ends with a last delta.
   void Cancel();
-  int32_t n() const { return static_cast<int32_t>(requests_.size()); }
+  int32_t n() const { return static_cast<int32_t>(ids_.size()); }
   RequestId id() const { return ids_[0]; }  // sample 0's
   const std::vector<TokenId>& prompt() const { return prompt_; }
   int32_t spec_metrics_tokens() const;  // Server::spec_metrics_tokens
   bool kv_store_metrics() const;        // ServeOptions::kv_store
+  // Which path answers: "model" (the engine), or "faq" (the degrade path's table, whose answer is
+  // each sample's one delta, ready at once).
+  const char* answered_by() const { return answered_by_; }
+  const std::string& model_version() const;  // ServeOptions::model_version: the version that answers
 
  private:
   friend class Server;
   Generation(Server* server, std::vector<Request> requests);
+  // Answered without the engine: each sample's last delta given (`answered_by` names the path).
+  Generation(Server* server, std::vector<TokenId> prompt, std::vector<RequestDelta> answers, const char* answered_by);
   // Submits samples [submitted, n) (mu_ held) and returns their streams, whose listeners Listen
   // sets once mu_ is released (a listener may run at once, and it takes mu_). Never from Next.
   std::vector<std::shared_ptr<RequestStream>> SubmitUpTo(size_t n);
@@ -96,12 +118,16 @@ class Generation : public std::enable_shared_from_this<Generation> {
 
   Server* const server_;
   std::vector<TokenId> prompt_;
-  std::vector<Request> requests_;  // [n]: what each sample submits (moved out when it does)
+  std::vector<Request> requests_;  // [n] (none when answered without the engine): what each sample
+                                   // submits (moved out when it does)
   std::vector<RequestId> ids_;     // [n]
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::shared_ptr<RequestStream>> streams_;  // [submitted samples]
-  std::vector<RequestDelta> aborted_;   // samples cancelled before they were submitted: their last delta
+  // Last deltas no stream carries, for the samples [n - size, n): samples cancelled before they were
+  // submitted, or every sample of an answer made without the engine.
+  std::vector<RequestDelta> ready_;
+  const char* answered_by_ = "model";
   size_t next_stream_ = 0;              // round robin over the streams in Next
   bool cancelled_ = false;
   std::function<void()> listener_;
@@ -155,6 +181,9 @@ class Server {
     return metrics_.RenderFrom([this] { return loop_->Snapshot(); });
   }
   EngineSnapshot Snapshot() const { return loop_->Snapshot(); }
+  // A front end sent an FAQ answer (Generation::answered_by "faq"), `seconds` after the request
+  // reached it.
+  void ObserveFaqAnswer(double seconds) { metrics_.OnFaqAnswered(seconds); }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const ModelConfig& model_config() const { return model_; }
   const ServeOptions& options() const { return options_; }
@@ -170,6 +199,14 @@ class Server {
   friend class Generation;
   // Normalization and admission: the engine request of sample 0, or the refusal (counted).
   absl::StatusOr<Request> Admit(const ServeRequest& r);
+  // The draining check, then NormalizeRequest and the constraint's compile (refusals counted).
+  absl::StatusOr<Request> Normalize(const ServeRequest& r);
+  // Admission control's decision on a normalized request: empty to admit, else its reason and, in
+  // `detail`, the numbers behind it. Counts nothing.
+  std::string AdmissionRefusal(int32_t priority, std::string* detail);
+  // What an admission refusal turns into under --degrade: an FAQ answer, or the refusal (counted).
+  absl::StatusOr<std::shared_ptr<Generation>> Degrade(const ServeRequest& r, const Request& first,
+                                                      const std::string& reason, const std::string& detail);
   std::shared_ptr<RequestStream> Enqueue(Request r);
   double NowS() const;
   void OnFinished(const RequestOutput& out);

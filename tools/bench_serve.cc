@@ -331,6 +331,15 @@ json ResultJson(const BenchOptions& o, const std::string& model, const BenchSumm
   const ArrivalOptions& a = o.arrival;
   json j = SummaryJson(o, model, s, run);
   AddReplicasAndFailures(s, nullptr, &j);
+  // Requests answered, by the path and by the model version the server named.
+  json paths = json::object(), versions = json::object();
+  for (const RequestResult& r : run.requests) {
+    if (r.outcome != Outcome::kOk) continue;
+    if (!r.answered_by.empty()) paths[r.answered_by] = paths.value(r.answered_by, 0) + 1;
+    if (!r.model_version.empty()) versions[r.model_version] = versions.value(r.model_version, 0) + 1;
+  }
+  j["answered_by"] = paths;
+  j["model_versions"] = versions;
   j.update({{"num_prompts", a.num_requests},
             {"request_rate", std::isinf(a.request_rate) ? json("inf") : json(a.request_rate)},
             {"burstiness", a.burstiness}, {"max_concurrency", o.max_concurrency > 0 ? json(o.max_concurrency) : json()},
@@ -344,7 +353,8 @@ json ResultJson(const BenchOptions& o, const std::string& model, const BenchSumm
   }
   if (o.save_detailed) {  // seconds, as vLLM's detailed arrays
     json send = json::array(), ttft = json::array(), e2el = json::array(), itls = json::array(), in = json::array(),
-         out = json::array(), outcome = json::array(), errors = json::array(), replicas = json::array();
+         out = json::array(), outcome = json::array(), errors = json::array(), replicas = json::array(),
+         answered_by = json::array(), versions = json::array();
     for (const RequestResult& r : run.requests) {
       send.push_back(r.send_s);
       ttft.push_back(r.ttft_s);
@@ -355,9 +365,12 @@ json ResultJson(const BenchOptions& o, const std::string& model, const BenchSumm
       outcome.push_back(OutcomeName(r.outcome));
       errors.push_back(r.error);
       replicas.push_back(r.replica);
+      answered_by.push_back(r.answered_by);
+      versions.push_back(r.model_version);
     }
     j.update({{"send_times", send}, {"ttfts", ttft}, {"e2els", e2el}, {"itls", itls}, {"input_lens", in},
-              {"output_lens", out}, {"outcomes", outcome}, {"request_errors", errors}, {"request_replicas", replicas}});
+              {"output_lens", out}, {"outcomes", outcome}, {"request_errors", errors}, {"request_replicas", replicas},
+              {"request_answered_by", answered_by}, {"request_model_versions", versions}});
   }
   return j;
 }

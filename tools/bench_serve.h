@@ -25,8 +25,8 @@ specula.v1.Generation/Generate; HTTP uses POST /v1/completions with "stream": tr
   --burst-duration-s D    (required with --burst-factor)
 
 Prompts (synthetic unless --dataset-path):
-  --dataset-path FILE     JSON lines {"prompt": ..., "max_tokens": ...}, as generate --prompts-file;
-                          reused in order when shorter than --num-prompts
+  --dataset-path FILE     JSON lines {"prompt": ..., "max_tokens": ..., "priority": ...}, as generate
+                          --prompts-file; reused in order when shorter than --num-prompts
   --input-len L           synthetic: L random token ids per prompt (default 128)
   --output-len O          synthetic: exactly O new tokens (ignore_eos; default 128); with a dataset,
                           max_tokens for lines without one
@@ -39,7 +39,9 @@ Prompts (synthetic unless --dataset-path):
   --seed S                seed of the schedule and the synthetic prompts (default 0)
   --result-json FILE      write every metric and the parameters as one JSON object
   --save-detailed         also per-request arrays in --result-json ("request_replicas": each
-                          one's replica, "" where it named none)
+                          one's replica, "request_answered_by": the path that answered it, model
+                          or faq, "request_model_versions": the model's version; "" where it named
+                          none)
   --no-progress           no progress bar on stderr
 
 Multi-turn conversations (--multi-turn; docs/multi_turn.md): closed-loop sessions instead of a
@@ -72,6 +74,9 @@ Failures are counted by cause (the error's first 120 bytes: "failed_by_error"; p
 first). Each response's replica is read from X-Specula-Replica (HTTP) or x-specula-replica metadata
 (gRPC), as `specula serve --replica-id` sends them: where any request named one, the summary counts
 requests, ok, rejected and failed per replica ("replicas"; "requests_without_replica": the others).
+"answered_by" counts the completed requests by the path the server named (X-Specula-Answered-By,
+x-specula-answered-by: model, or faq under `specula serve --degrade faq`), "model_versions" by the
+model version (X-Specula-Model-Version, x-specula-model-version).
 With speculation a message can carry several tokens: ITL is measured per message.
 )";
 

@@ -17,6 +17,7 @@
 #include "serving/server.h"
 #include "core/status_macros.h"
 #include "engine/engine_setup.h"
+#include "model/weights_hash.h"
 #include "request/boundary.h"
 #include "tools/engine_flags.h"
 #include "tools/kv_store_flags.h"
@@ -37,6 +38,9 @@ within --drain-timeout-s; then the process exits 0. One line on stderr says when
   --grpc-port P         gRPC port (default 50051; 0 = any free port, printed when ready)
   --http-port P         HTTP port (default 8000; 0 = any free port; -1 = no HTTP server: gRPC only)
   --served-model-name N the model name in requests and responses (default: --model as given)
+  --model-version V     the weights' version, in every response (X-Specula-Model-Version, OpenAI's
+                        system_fingerprint, gRPC x-specula-model-version and model_version), in
+                        /v1/models and as a label on every metric (default: a hash of the weights)
   --replica-id ID       named by X-Specula-Replica, gRPC x-specula-replica and /metrics (default
                         HOSTNAME:PORT, the --http-port's or under -1 --grpc-port's; port 0: HOSTNAME:pidPID)
   --chat-template PATH  a Jinja file for /v1/chat/completions instead of the model's own template
@@ -65,6 +69,15 @@ Admission control (refused at once: gRPC RESOURCE_EXHAUSTED, HTTP 429):
   --ttft-slo-ms MS      circuit breaker: while the P99 time to first token of the last 10 s is above
                         MS, requests with priority > 0 are refused (lower is more urgent; default off)
   --drain-timeout-s S   how long SIGTERM waits for requests in flight (default 30)
+
+Degrade path (what a request over one of the limits above gets; docs/degrade.md):
+  --degrade refuse|faq  refuse (default): the refusal above. faq: a request whose question (a chat's
+                        last message when it is the user's, a completion's text prompt, gRPC's prompt)
+                        matches a --faq question once normalized is answered from the file at once
+                        (X-Specula-Answered-By: faq; "answered_by": "faq" in the body; gRPC
+                        answered_by), and any other is refused as before; a request that asks for
+                        logprobs or structured output is always refused
+  --faq FILE            JSONL, one {"question": "...", "answer": "..."} a line (with --degrade faq)
 )";
 
 
@@ -94,6 +107,23 @@ std::string DefaultReplicaId(int32_t port) {
   return port == 0 ? absl::StrCat(host, ":pid", getpid()) : absl::StrCat(host, ":", port);
 }
 
+// --model-version as given (the replica id's characters, at most 128), or a hash of the weights: the
+// one the shared KV store salts with, cached by the files' identity (model/weights_hash.h).
+absl::StatusOr<std::string> ReadModelVersion(const Flags& flags, const std::string& model) {
+  const auto it = flags.values.find("model-version");
+  if (it == flags.values.end()) {
+    absl::StatusOr<std::string> hash = WeightsHash(model, DefaultWeightsHashCacheDir());
+    if (!hash.ok()) return absl::Status(hash.status().code(), absl::StrCat("--model-version: ", hash.status().message()));
+    return hash;
+  }
+  const std::string& v = it->second;
+  if (v.empty() || v.size() > 128 || !std::all_of(v.begin(), v.end(), ReplicaIdChar)) {
+    return absl::InvalidArgumentError(absl::StrCat("--model-version: '", absl::CHexEscape(v),
+                                                   "' must be 1 to 128 letters, digits and . _ : @ / -"));
+  }
+  return v;
+}
+
 absl::StatusOr<std::string> ReadReplicaId(const Flags& flags, const ServeFlags& f) {
   const auto it = flags.values.find("replica-id");
   if (it == flags.values.end()) return DefaultReplicaId(f.http_port != -1 ? f.http_port : f.grpc_port);
@@ -109,6 +139,28 @@ absl::StatusOr<std::string> ReadReplicaId(const Flags& flags, const ServeFlags& 
                                                    "; use only letters, digits and . _ : @ / -"));
   }
   return id;
+}
+
+// --degrade and --faq: the FAQ file is read and checked here, so that a bad one fails at startup.
+absl::Status ReadDegradeFlags(const Flags& flags, ServeOptions* opt) {
+  const auto degrade = flags.values.find("degrade");
+  const auto faq = flags.values.find("faq");
+  const std::string mode = degrade == flags.values.end() ? "refuse" : degrade->second;
+  if (mode == "draft") {
+    return absl::InvalidArgumentError("--degrade draft: not offered (the draft model answering alone); use faq or refuse");
+  }
+  if (mode != "refuse" && mode != "faq") {
+    return absl::InvalidArgumentError(absl::StrCat("--degrade: '", mode, "' is not refuse or faq"));
+  }
+  if (mode == "refuse") {
+    if (faq != flags.values.end()) return absl::InvalidArgumentError("--faq: needs --degrade faq, which answers from it");
+    return absl::OkStatus();
+  }
+  if (faq == flags.values.end()) return absl::InvalidArgumentError("--degrade faq: needs --faq FILE, the answers");
+  ASSIGN_OR_RETURN(FaqTable table, FaqTable::Load(faq->second));
+  opt->degrade = ServeOptions::Degrade::kFaq;
+  opt->faq = std::make_shared<const FaqTable>(std::move(table));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ServeFlags> ReadServeFlags(const Flags& flags) {
@@ -156,6 +208,7 @@ absl::StatusOr<ServeFlags> ReadServeFlags(const Flags& flags) {
     opt.spec_metrics = it->second == "summary";
   }
   ASSIGN_OR_RETURN(opt.replica_id, ReadReplicaId(flags, f));
+  RETURN_IF_ERROR(ReadDegradeFlags(flags, &opt));
   return f;
 }
 
@@ -185,9 +238,9 @@ void ServeUntilSignal(const sigset_t& signals, double drain_timeout_s, Server& s
 
 absl::Status RunServe(int argc, char** argv) {
   std::set<std::string> known = kEngineFlags;
-  known.insert({"host", "grpc-port", "http-port", "replica-id", "served-model-name", "chat-template", "http-threads", "max-request-bytes", "max-queue-len",
+  known.insert({"host", "grpc-port", "http-port", "replica-id", "model-version", "served-model-name", "chat-template", "http-threads", "max-request-bytes", "max-queue-len",
                 "max-queue-delay-ms", "ttft-slo-ms", "drain-timeout-s", "api-key", "ssl-certfile", "ssl-keyfile",
-                "ssl-ca-certs", "per-request-spec-decode-metrics"});
+                "ssl-ca-certs", "per-request-spec-decode-metrics", "degrade", "faq"});
   known.insert(kKvStoreFlags.begin(), kKvStoreFlags.end());
   std::set<std::string> switches = kEngineSwitches;
   switches.insert("help");
@@ -221,6 +274,7 @@ absl::Status RunServe(int argc, char** argv) {
   opt.spec_method = options.speculation.method;
   opt.num_spec_tokens = e.proposer == nullptr ? "0" : e.adaptive() ? "auto" : absl::StrCat(e.num_spec());
   opt.kv_store = kv_store.has_value();
+  ASSIGN_OR_RETURN(opt.model_version, ReadModelVersion(flags, options.target.model));
   Server server(engine.get(), e.tokenizer.get(), e.model->config(), opt);
   ASSIGN_OR_RETURN(auto grpc, GrpcFrontend::Start(&server, f.host, f.grpc_port, f.security));
   std::unique_ptr<HttpFrontend> http;
@@ -234,9 +288,10 @@ absl::Status RunServe(int argc, char** argv) {
     http_where = absl::StrCat(f.host, ":", http->port());
   }
   std::fprintf(stderr,
-               "[specula] serving %s on grpc %s:%d and http %s (max %d sequences, %d KV blocks, replica %s): ready\n",
-               opt.model_name.c_str(), f.host.c_str(), grpc->port(), http_where.c_str(), sc.max_num_seqs,
-               sc.num_blocks, opt.replica_id.c_str());
+               "[specula] serving %s version %s on grpc %s:%d and http %s (max %d sequences, %d KV blocks, replica %s%s): ready\n",
+               opt.model_name.c_str(), opt.model_version.c_str(), f.host.c_str(), grpc->port(), http_where.c_str(), sc.max_num_seqs,
+               sc.num_blocks, opt.replica_id.c_str(),
+               opt.faq != nullptr ? absl::StrCat(", degrade faq: ", opt.faq->size(), " answers").c_str() : "");
   ServeUntilSignal(signals, f.drain_timeout_s, server, *grpc, http.get());
   return absl::OkStatus();
 }

@@ -179,7 +179,7 @@ TEST(MetricsTest, TimePerOutputTokenIsObservedPerStepAsInVllm) {
 
 TEST(MetricsTest, TokenCountHistogramsUseOneTwoFiveBucketsUpToMaxModelLen) {
   EXPECT_EQ(ServingMetrics("m", {}).Render({}).find("request_prompt_tokens"), std::string::npos);
-  ServingMetrics m("m", {}, 2048);
+  ServingMetrics m("m", {}, {.max_model_len = 2048});
   m.OnFinished(Finished(FinishReason::kMaxTokens, 150, {1100, 1200, 1300}, 1300));
   const std::string t = m.Render({});
   EXPECT_EQ(Value(t, Bucket("request_prompt_tokens", "100.0")), 0);
@@ -190,7 +190,7 @@ TEST(MetricsTest, TokenCountHistogramsUseOneTwoFiveBucketsUpToMaxModelLen) {
   EXPECT_EQ(Value(t, Bucket("request_generation_tokens", "5.0")), 1);
   EXPECT_EQ(Value(t, "specula:request_generation_tokens_sum{" + kLabels + "}"), 3);
   // Past 1e6 the bounds read as prometheus_client (Go) writes them.
-  const std::string big = ServingMetrics("m", {}, 2000000).Render({});
+  const std::string big = ServingMetrics("m", {}, {.max_model_len = 2000000}).Render({});
   EXPECT_TRUE(Has(big, Bucket("request_prompt_tokens", "500000.0") + " 0.0"));
   EXPECT_TRUE(Has(big, Bucket("request_prompt_tokens", "1e+06") + " 0.0"));
   EXPECT_TRUE(Has(big, Bucket("request_prompt_tokens", "2e+06") + " 0.0"));
@@ -287,7 +287,7 @@ TEST(MetricsTest, RejectionReasonsArePreRegisteredAndCounted) {
   EXPECT_TRUE(Has(t, "# TYPE specula:admission_rejected_total counter"));
   EXPECT_TRUE(Has(t, "specula:admission_rejected_total{" + kLabels + ",reason=\"queue_len\"} 0.0"));
   EXPECT_TRUE(Has(t, "specula:admission_rejected_total{" + kLabels + ",reason=\"draining\"} 0.0"));
-  EXPECT_EQ(t.find("ttft_slo"), std::string::npos);
+  EXPECT_FALSE(Has(t, "admission_rejected_total{" + kLabels + ",reason=\"ttft_slo\"}"));
   m.OnRejected("queue_len");
   m.OnRejected("queue_len");
   m.OnRejected("ttft_slo");
@@ -297,9 +297,44 @@ TEST(MetricsTest, RejectionReasonsArePreRegisteredAndCounted) {
   EXPECT_TRUE(Has(t, "specula:admission_rejected_total{" + kLabels + ",reason=\"draining\"} 0.0"));
 }
 
+// Requests over an admission limit by the path that answered them: every admission reason shown at 0
+// for each path the server has (refuse alone, or refuse and faq), then counted apart.
+TEST(MetricsTest, DegradedRequestsCountedByReasonAndPath) {
+  const std::string refuse_only = ServingMetrics("m", {}).Render({});
+  EXPECT_TRUE(Has(refuse_only, "# TYPE specula:admission_degraded_total counter"));
+  for (const char* reason : {"queue_len", "queue_delay", "ttft_slo"}) {
+    EXPECT_TRUE(Has(refuse_only, "specula:admission_degraded_total{" + kLabels + ",reason=\"" + reason +
+                                     "\",path=\"refuse\"} 0.0"));
+  }
+  EXPECT_EQ(refuse_only.find("path=\"faq\""), std::string::npos);
+  ServingMetrics m("m", {}, {.degrade_paths = {"refuse", "faq"}});
+  m.OnDegraded("ttft_slo", "faq");
+  m.OnDegraded("ttft_slo", "faq");
+  m.OnDegraded("queue_len", "refuse");
+  const std::string t = m.Render({});
+  EXPECT_TRUE(Has(t, "specula:admission_degraded_total{" + kLabels + ",reason=\"ttft_slo\",path=\"faq\"} 2.0"));
+  EXPECT_TRUE(Has(t, "specula:admission_degraded_total{" + kLabels + ",reason=\"ttft_slo\",path=\"refuse\"} 0.0"));
+  EXPECT_TRUE(Has(t, "specula:admission_degraded_total{" + kLabels + ",reason=\"queue_len\",path=\"refuse\"} 1.0"));
+  EXPECT_TRUE(Has(t, "specula:admission_degraded_total{" + kLabels + ",reason=\"queue_delay\",path=\"faq\"} 0.0"));
+}
+
+// --model-version: a label on every series, after model_name; none without a version.
+TEST(MetricsTest, ModelVersionLabelsEverySeries) {
+  ServingMetrics m("m", {"queue_len"}, {.max_model_len = 64, .replica_id = "r", .model_version = "q8-0.v2"});
+  m.OnFinished(Finished(FinishReason::kMaxTokens, 12, {1010, 1020}, 1030));
+  int samples = 0;
+  for (const std::string& l : Lines(m.Render({}))) {
+    if (l.empty() || l[0] == '#') continue;
+    ++samples;
+    EXPECT_NE(l.find("{model_name=\"m\",model_version=\"q8-0.v2\",engine=\"0\""), std::string::npos) << l;
+  }
+  EXPECT_GT(samples, 100);
+  EXPECT_EQ(ServingMetrics("m", {}).Render({}).find("model_version"), std::string::npos);
+}
+
 // --replica-id's gauge: 1, the id in its replica label, HELP and TYPE; none without an id.
 TEST(MetricsTest, ReplicaInfoNamesTheReplica) {
-  const std::string t = ServingMetrics("m", {}, 0, "host-a:8000").Render({});
+  const std::string t = ServingMetrics("m", {}, {.replica_id = "host-a:8000"}).Render({});
   EXPECT_TRUE(Has(t, "# HELP specula:replica_info The replica's id (--replica-id); join on it to compare replicas."))
       << t;
   EXPECT_TRUE(Has(t, "# TYPE specula:replica_info gauge"));
@@ -316,7 +351,7 @@ TEST(MetricsTest, LabelValuesAreEscaped) {
 }
 
 TEST(MetricsTest, EveryLineIsACommentOrASample) {
-  ServingMetrics m("org/model \"q\"\\", {"queue_len"}, 4096, "host/r@1:8000");
+  ServingMetrics m("org/model \"q\"\\", {"queue_len"}, {.max_model_len = 4096, .replica_id = "host/r@1:8000"});
   m.OnFinished(Finished(FinishReason::kMaxTokens, 12, {1010, 1020, 1020}, 1030));
   m.OnRejected("new\nline");
   EngineSnapshot s;
@@ -352,7 +387,7 @@ TEST(MetricsTest, EveryLineIsACommentOrASample) {
       }
     }
   }
-  EXPECT_EQ(typed.size(), 40u);  // 4 gauges (replica_info), 27 counters (13 of the KV store), 9 histograms
+  EXPECT_EQ(typed.size(), 42u);  // 4 gauges (replica_info), 28 counters (13 of the KV store), 10 histograms
 }
 
 TEST(MetricsTest, RecordingFromManyThreadsWhileRendering) {

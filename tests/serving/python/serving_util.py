@@ -188,14 +188,15 @@ def machine():
 
 
 def metrics(http_base):
-    """/metrics parsed by prometheus_client: {(sample name, frozenset(labels)): value}."""
+    """/metrics parsed by prometheus_client: {(sample name, frozenset(labels)): value}, without the labels
+    every series carries (model_name, model_version, engine)."""
     import urllib.request
     from prometheus_client.parser import text_string_to_metric_families
     text = urllib.request.urlopen(http_base + "/metrics", timeout=10 * time_scale()).read().decode()
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            labels = {k: v for k, v in s.labels.items() if k not in ("model_name", "engine")}
+            labels = {k: v for k, v in s.labels.items() if k not in ("model_name", "model_version", "engine")}
             out[(s.name, frozenset(labels.items()))] = s.value
     return out
 
