@@ -73,7 +73,7 @@ std::string UtcNow() {
   return buf;
 }
 
-nlohmann::json RunInfo(const LoadedSpec& s, size_t points) {
+nlohmann::json RunInfo(const LoadedSpec& s, const std::vector<Point>& points, size_t sweep_points, Part part) {
   nlohmann::json j;
   const nlohmann::json spec = SpecJson(s.spec);
   j["name"] = s.spec.name();
@@ -89,7 +89,12 @@ nlohmann::json RunInfo(const LoadedSpec& s, size_t points) {
   if (s.spec.slo().tpot_ms() > 0) slo["tpot_ms"] = s.spec.slo().tpot_ms();
   if (s.spec.slo().e2el_ms() > 0) slo["e2el_ms"] = s.spec.slo().e2el_ms();
   j["slo"] = slo;
-  j["points"] = points;
+  j["points"] = points.size();
+  if (!part.whole()) {
+    nlohmann::json keys = nlohmann::json::array();
+    for (const Point& p : points) keys.push_back(p.Key());
+    j["part"] = {{"index", part.index}, {"count", part.count}, {"keys", keys}, {"sweep_points", sweep_points}};
+  }
   j["repeats"] = s.spec.repeats();
   j["git_commit"] = GitCommit();
   j["build_type"] = SPECULA_BUILD_TYPE;
@@ -230,7 +235,17 @@ std::string TraceFileName(const std::string& key, int repeat) {
 
 namespace {
 
-// Creates DIR and checks that it holds this spec's results (or none); with `force`, drops them.
+// "part 1/3", or "the whole sweep": what a run.json holds, or what a run asks for.
+std::string PartName(Part part) {
+  return part.whole() ? "the whole sweep" : absl::StrCat("part ", part.index, "/", part.count);
+}
+std::string PartName(const nlohmann::json& run) {
+  if (!run.is_object() || !run.contains("part") || !run["part"].is_object()) return PartName(Part{});
+  return PartName(Part{run["part"].value("index", 0), run["part"].value("count", 1)});
+}
+
+// Creates DIR and checks that it holds this spec's results (or none), of the same part; with `force`,
+// drops them.
 absl::Status PrepareOutDir(const LoadedSpec& spec, const HarnessOptions& opt) {
   const std::string& dir = opt.out_dir;
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
@@ -247,6 +262,10 @@ absl::Status PrepareOutDir(const LoadedSpec& spec, const HarnessOptions& opt) {
           dir, " holds the results of another spec (", old.is_object() ? old.value("spec_path", "?") : "?", ", hash ",
           old_hash.empty() ? "unreadable" : old_hash, "; this one is ", spec.path, ", hash ", spec.hash,
           "). Pass --force to discard them, or choose another --out"));
+    }
+    if (std::string held = PartName(old), asked = PartName(opt.part); held != asked) {
+      return absl::FailedPreconditionError(absl::StrCat(dir, " holds ", held, " of this spec; this run is ", asked,
+                                                        ". Pass --force to discard it, or choose another --out"));
     }
   } else if (!opt.force && had_results) {
     return absl::FailedPreconditionError(absl::StrCat(results_path, " exists without run.json: not an experiment's ",
@@ -285,21 +304,26 @@ absl::StatusOr<nlohmann::json> RunOne(const LoadedSpec& spec, const Point& p, in
 absl::Status RunExperiment(const LoadedSpec& spec, const HarnessOptions& opt) {
   RETURN_IF_ERROR(PrepareOutDir(spec, opt));
   const std::string run_path = opt.out_dir + "/run.json", results_path = opt.out_dir + "/results.jsonl";
-  const std::vector<Point> points = ExpandSweep(spec.spec);
+  const std::vector<Point> sweep = ExpandSweep(spec.spec);
+  const std::vector<Point> points = PointsOfPart(sweep, opt.part);
   const int repeats = spec.spec.repeats();
   bool dropped = false;
   auto done = ReadDoneRuns(results_path, &dropped);
   if (!done.ok()) return done.status();
   if (dropped) std::fprintf(stderr, "[experiment] %s: dropped a torn last line (a run cut off mid-write)\n", results_path.c_str());
-  if (auto st = WriteFileSynced(run_path, RunInfo(spec, points.size()).dump(2) + "\n", false); !st.ok()) return st;
+  if (auto st = WriteFileSynced(run_path, RunInfo(spec, points, sweep.size(), opt.part).dump(2) + "\n", false); !st.ok()) {
+    return st;
+  }
 
   const int total = static_cast<int>(points.size()) * repeats;
   int already = 0;
   for (const Point& p : points) {
     for (int r = 0; r < repeats; ++r) already += done->count({p.Key(), r});
   }
-  std::fprintf(stderr, "[experiment] %s: %zu points x %d repeats = %d runs; %d done, %d to run -> %s\n",
-               spec.spec.name().c_str(), points.size(), repeats, total, already, total - already, results_path.c_str());
+  std::fprintf(stderr, "[experiment] %s%s: %zu points x %d repeats = %d runs; %d done, %d to run -> %s\n",
+               spec.spec.name().c_str(),
+               opt.part.whole() ? "" : absl::StrCat(", ", PartName(opt.part), " (of ", sweep.size(), " points)").c_str(),
+               points.size(), repeats, total, already, total - already, results_path.c_str());
   Progress progress(opt.progress, total);
   int run_index = 0, finished = already;
   // Repeat-major: every point once, then every point again. The machines are shared and noisy; a

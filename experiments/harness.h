@@ -1,6 +1,8 @@
 // `specula experiment run`: every point and repeat of a spec, one results.jsonl line each, resumable.
 //
-// DIR/run.json records the spec (and its hash), the git commit, the build, the machine and the date.
+// DIR/run.json records the spec (and its hash), the git commit, the build, the machine and the date,
+// and under --part which part of the sweep DIR holds: "part": {"index", "count", "keys": the part's
+// point keys in order, "sweep_points": the whole sweep's count}.
 // DIR/results.jsonl gets one line per run, written whole and synced before the next run starts, so
 // an interrupted sweep (Ctrl-C, a kill, a crash) leaves only whole lines, but for at most a torn last
 // line that the next run drops. Rerunning the same spec runs only the (point, repeat) pairs that
@@ -20,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "dist/communicator.h"
 #include "engine/options.h"
+#include "experiments/parts.h"
 #include "experiments/spec.h"
 
 namespace specula::experiments {
@@ -32,6 +35,9 @@ struct HarnessOptions {
   // Passed to every run (RunHooks): the tensor-parallel group and the hook before an engine loads.
   std::shared_ptr<Communicator> group;
   std::function<absl::Status(const EngineOptions&)> before_load;
+  // `--part I/N`: only the points of this part (experiments/parts.h); run.json records which, and a
+  // DIR holding another part of the spec is refused as another spec's is.
+  Part part;
 };
 
 // Errors: a DIR holding another spec's results (without force), an unwritable DIR, a malformed

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """The report of an experiment: `specula experiment run`'s results as markdown, plots and a capacity plan.
 
-    python3 -m experiments.report DIR [--out PATH] [--target-qps 10,100,1000] [--cost-per-hour 2.5]
+    python3 -m experiments.report DIR... [--out PATH] [--target-qps 10,100,1000] [--cost-per-hour 2.5]
     python3 experiments/report.py DIR ...
 
-writes DIR/report.md (or --out) with PNG plots beside it and prints the report's path. Bad input
+writes DIR/report.md (or --out) with PNG plots beside it and prints the report's path. Several DIRs
+are the parts of one run (`experiment run --part I/N`): merge.py checks and merges them into --out's
+directory, whose report is then written. Bad input
 (a missing DIR, a missing or empty results.jsonl, a malformed line) is one line on stderr and exit
 status 2. A last line without a newline that does not parse (a run killed mid-write) is skipped
 with a warning.
@@ -20,9 +22,9 @@ import sys
 import tempfile
 
 try:
-    from experiments import plots, results
+    from experiments import merge, plots, results
 except ImportError:  # run as a script: its own directory is on sys.path
-    import plots, results
+    import merge, plots, results
 
 DEFAULT_TARGET_QPS = (10.0, 100.0, 1000.0)
 DEFAULT_COST_PER_HOUR = 2.5
@@ -396,9 +398,12 @@ def parse_args(argv):
         description="Write the report of a `specula experiment run` output directory: report.md with "
                     "plots (PNG, beside report.md), the best configuration per batch size, every point's "
                     "results (medians over repeats) and a capacity plan. Prints the report's path.")
-    parser.add_argument("dir", metavar="DIR", help="the directory holding run.json and results.jsonl")
-    parser.add_argument("--out", metavar="PATH", help="where to write the report (default DIR/report.md); "
-                        "the plots go into the same directory")
+    parser.add_argument("dirs", metavar="DIR", nargs="+",
+                        help="the directory holding run.json and results.jsonl; several: the parts of one run "
+                             "(experiment run --part I/N), merged into --out's directory first")
+    parser.add_argument("--out", metavar="PATH", help="where to write the report (default DIR/report.md; required "
+                        "with several DIRs: a directory, or a .md path in one, which also gets the merged "
+                        "run.json and results.jsonl); the plots go into the same directory")
     parser.add_argument("--target-qps", metavar="Q1,Q2,...", type=parse_qps_list, default=list(DEFAULT_TARGET_QPS),
                         help="request rates (req/s) to plan replicas for, comma-separated (default 10,100,1000)")
     parser.add_argument("--cost-per-hour", metavar="DOLLARS", type=parse_cost, default=DEFAULT_COST_PER_HOUR,
@@ -410,10 +415,24 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+def merged_dir(dirs, out):
+    """The parts in `dirs` merged (experiments/merge.py) into --out's directory: (that directory, the
+    report's path)."""
+    if not out:
+        raise results.ReportError(f"{len(dirs)} DIRs are the parts of one run: give --out, the directory that "
+                                  "gets the merged results and the report")
+    directory = out if os.path.isdir(out) or not out.endswith(".md") else (os.path.dirname(out) or ".")
+    merge.merge_parts(dirs, directory)
+    return directory, (out if out.endswith(".md") else os.path.join(directory, "report.md"))
+
+
 def main(argv=None):
     args = parse_args(argv)
     try:
-        path = write_report(args.dir, args.out, args.target_qps, args.cost_per_hour, args.calibration)
+        directory, out = args.dirs[0], args.out
+        if len(args.dirs) > 1:
+            directory, out = merged_dir(args.dirs, args.out)
+        path = write_report(directory, out, args.target_qps, args.cost_per_hour, args.calibration)
     except results.ReportError as e:
         print(f"report: error: {e}", file=sys.stderr)
         return 2

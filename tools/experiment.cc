@@ -28,9 +28,9 @@
 namespace specula {
 namespace {
 
-constexpr char kUsage[] = R"(usage: specula experiment run SPEC.textproto --out DIR [--force] [--no-progress]
+constexpr char kUsage[] = R"(usage: specula experiment run SPEC.textproto --out DIR [--part I/N] [--force] [--no-progress]
                              [--tensor-parallel-size N [--collective-timeout-s S]]
-       specula experiment report DIR [--out report.md] [--target-qps 10,100,1000] [--cost-per-hour 2.5]
+       specula experiment report DIR... [--out report.md] [--target-qps 10,100,1000] [--cost-per-hour 2.5]
        specula experiment calibrate --model PATH [engine flags] --out FILE   (see calibrate --help)
 
 run: sweeps the batching and speculation parameters of an experiment spec (experiments/experiment.proto,
@@ -39,6 +39,10 @@ DIR/results.jsonl; DIR/run.json records the spec, the commit, the build and the 
 stops after the current run's cleanup, leaving whole lines only; running the same command again runs
 only the missing points. A different spec in the same DIR is refused.
   --out DIR        the output directory (created)
+  --part I/N       run part I (0 to N-1) of N: the sweep's points in groups that differ only in
+                   speculation (so each speedup's `none` baseline runs in the same part), group g in
+                   part g mod N; the same spec splits the same way on every machine. Each part writes
+                   its own DIR, and `experiment report` merges the parts' DIRs
   --force          discard DIR's results and run every point again
   --no-progress    no progress line on stderr
   --tensor-parallel-size N  shard every local point's target over N ranks: launch with
@@ -49,7 +53,10 @@ only the missing points. A different spec in the same DIR is refused.
 
 report: DIR/report.md and PNG plots beside it (python3 and matplotlib, which scripts/install_deps.sh
 installs): throughput and speedup against batch size, acceptance by position, latency against
-request rate (online), the best configuration per batch size, and the capacity plan.
+request rate (online), the best configuration per batch size, and the capacity plan. Several DIRs
+are the parts of one run (--part): each must hold a complete part of the same spec, and every part
+from 0 to N-1 must be there once; their run.json and results.jsonl are merged into --out's
+directory (required then) as one run's, and the report is written from there.
   --out PATH            where report.md goes (default DIR/report.md); the plots go beside it
   --target-qps LIST     the fleet's target loads, requests/s (default 10,100,1000)
   --cost-per-hour USD   one replica's cost per hour (default 2.5)
@@ -94,7 +101,7 @@ absl::Status Run(int argc, char** argv) {
     return absl::InvalidArgumentError("experiment run needs a spec: specula experiment run SPEC.textproto --out DIR");
   }
   const std::string spec_path = argv[0];
-  auto flags = ParseFlags(argc - 1, argv + 1, {"out", "tensor-parallel-size", "collective-timeout-s"},
+  auto flags = ParseFlags(argc - 1, argv + 1, {"out", "part", "tensor-parallel-size", "collective-timeout-s"},
                           {"force", "no-progress"});
   if (!flags.ok()) return flags.status();
   if (!flags->values.count("out")) return absl::InvalidArgumentError("experiment run needs --out DIR");
@@ -105,6 +112,12 @@ absl::Status Run(int argc, char** argv) {
   }
   if (tp_size < 1) return absl::InvalidArgumentError(absl::StrCat("--tensor-parallel-size must be >= 1, got ", tp_size));
   if (!(timeout_s > 0)) return absl::InvalidArgumentError(absl::StrCat("--collective-timeout-s must be positive, got ", timeout_s));
+  experiments::Part part;
+  if (auto it = flags->values.find("part"); it != flags->values.end()) {
+    auto p = experiments::ParsePart(it->second);
+    if (!p.ok()) return p.status();
+    part = *p;
+  }
   auto spec = experiments::LoadSpec(spec_path);  // every error before anything runs
   if (!spec.ok()) return spec.status();
   std::shared_ptr<Communicator> group;
@@ -117,6 +130,7 @@ absl::Status Run(int argc, char** argv) {
   experiments::HarnessOptions opt;
   opt.out_dir = flags->values["out"];
   opt.force = flags->switches.count("force") > 0;
+  opt.part = part;
   opt.progress = !flags->switches.count("no-progress");
   opt.stop = &g_stop;
   struct sigaction sa = {};

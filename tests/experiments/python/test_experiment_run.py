@@ -141,6 +141,83 @@ class ExperimentRunTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual([j["point"]["max_num_seqs"] for j in results(out)], [4])
 
+    # Results fields that come from a clock; every other field of a run must match.
+    CLOCK_FIELDS = {"duration_s", "request_throughput", "output_tok_s", "total_tok_s", "ttft_ms", "tpot_ms", "e2e_ms",
+                    "elapsed_s", "goodput", "request_goodput"}
+
+    def test_parts_merge_into_one_runs_results(self):
+        # 3 groups (max_num_seqs) of a baseline and two speculative points, sampled: 9 runs, split 3 ways.
+        sweep = 'max_num_seqs: [1, 2, 4] spec_method: ["none", "ngram"] num_spec_tokens: [2, 4] temperature: [0.8]'
+        spec = self.write_spec(spec_text(sweep, "num_requests: 4 max_tokens: 12 seed: 3"))
+        whole, merged = os.path.join(self.tmp, "whole"), os.path.join(self.tmp, "merged")
+        parts = [os.path.join(self.tmp, f"part-{i}") for i in range(3)]
+        for args in [("--out", whole)] + [("--out", d, "--part", f"{i}/3") for i, d in enumerate(parts)]:
+            r = run("run", spec, *args, "--no-progress")
+            self.assertEqual(r.returncode, 0, r.stderr)
+        keys = []
+        for d in parts:
+            with open(os.path.join(d, "run.json")) as f:
+                part = json.load(f)["part"]
+            self.assertEqual(part["keys"], [j["key"] for j in results(d)])
+            # A part holds whole groups: each speculative point beside its none baseline.
+            self.assertEqual({j["point"]["max_num_seqs"] for j in results(d)},
+                             {j["point"]["max_num_seqs"] for j in results(d) if j["point"]["spec_method"] == "none"})
+            keys += part["keys"]
+        self.assertEqual(sorted(keys), sorted(j["key"] for j in results(whole)))
+        r = run("report", *parts, "--out", merged)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(os.path.exists(os.path.join(merged, "report.md")))
+        one = {(j["key"], j["repeat"]): j for j in results(whole)}
+        got = {(j["key"], j["repeat"]): j for j in results(merged)}
+        self.assertEqual(set(got), set(one))
+        compared = sorted(set(next(iter(one.values()))) - self.CLOCK_FIELDS)
+        for k in ("point", "completed", "input_tokens", "output_tokens", "spec", "output_hash"):
+            self.assertIn(k, compared)
+        for key, row in one.items():
+            self.assertEqual({f: got[key].get(f) for f in compared}, {f: row.get(f) for f in compared}, key)
+        with open(os.path.join(merged, "run.json")) as f, open(os.path.join(whole, "run.json")) as g:
+            m, w = json.load(f), json.load(g)
+        self.assertEqual((m["spec_hash"], m["points"], m["repeats"]), (w["spec_hash"], w["points"], w["repeats"]))
+        self.assertEqual([x["part"] for x in m["merged_from"]], ["0/3", "1/3", "2/3"])
+        r = run("report", parts[2], parts[0], "--out", os.path.join(self.tmp, "gap"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn(f"part 1/3 missing (have {parts[2]}: part 2/3, {parts[0]}: part 0/3)", r.stderr)
+        print(f"\nfields compared in {len(one)} runs: {', '.join(compared)}", file=sys.stderr)
+
+    def test_parts_refused_by_name(self):
+        spec = self.write_spec(spec_text('max_num_seqs: [1, 2]', "num_requests: 2 max_tokens: 4 seed: 1"))
+        other = self.write_spec(spec_text('max_num_seqs: [1, 2]', "num_requests: 3 max_tokens: 4 seed: 1"), "o.textproto")
+        for bad, msg in (("3/3", "--part: 3/3: I must be in [0, 2]"), ("0/0", "--part: 0/0: N must be at least 1"),
+                         ("-1/2", "I must be in [0, 1]"), ("1", "--part: '1' is not I/N"), ("a/b", "is not I/N")):
+            r = run("run", spec, "--out", os.path.join(self.tmp, "x"), "--part", bad)
+            self.assertEqual(r.returncode, 1, bad)
+            self.assertIn(msg, r.stderr)
+        d = [os.path.join(self.tmp, n) for n in ("p0", "p1", "q1", "whole")]
+        for s_, out, part in ((spec, d[0], "0/2"), (spec, d[1], "1/2"), (other, d[2], "1/2")):
+            self.assertEqual(run("run", s_, "--out", out, "--part", part, "--no-progress").returncode, 0)
+        self.assertEqual(run("run", spec, "--out", d[3], "--no-progress").returncode, 0)
+        r = run("run", spec, "--out", d[0], "--part", "1/2")
+        self.assertIn(f"{d[0]} holds part 0/2 of this spec; this run is part 1/2", r.stderr)
+        out = os.path.join(self.tmp, "m")
+        for dirs, msg in (([d[0], d[0]], "are both part 0/2"), ([d[0], d[2]], "of another spec"),
+                          ([d[1], d[0], d[1]], "are both part 1/2"), ([d[0], d[3]], "holds a whole run, not a part")):
+            r = run("report", *dirs, "--out", out)
+            self.assertEqual(r.returncode, 2, dirs)
+            self.assertIn(msg, r.stderr)
+        r = run("report", d[1], os.path.join(self.tmp, "none-such"), "--out", out)
+        self.assertIn("none-such: no such directory", r.stderr)
+        r = run("report", d[0], d[1])
+        self.assertIn("give --out", r.stderr)
+        r = run("report", d[0], d[1], "--out", d[1])
+        self.assertIn(f"--out: {d[1]} is one of the parts", r.stderr)
+        os.remove(os.path.join(d[1], "results.jsonl"))
+        with open(os.path.join(d[1], "results.jsonl"), "w"):
+            pass
+        r = run("report", d[0], d[1], "--out", out)
+        self.assertIn("part 1/2 is incomplete: 0 of 1 runs", r.stderr)
+        r = run("report", d[0], "--out", out)  # one DIR: a report of that part alone
+        self.assertEqual(r.returncode, 0, r.stderr)
+
     def test_malformed_spec_fails_before_anything_runs(self):
         spec = self.write_spec(spec_text('max_num_seqs: [1, 0]'))
         out = os.path.join(self.tmp, "out")
