@@ -6,6 +6,12 @@ replicas of stories260K, each with OMP_NUM_THREADS=1, a redis-server and nginx, 
             nginx, over HTTP and over gRPC: whether every turn of a session landed on one replica
             (the replica's X-Specula-Replica header, checked against nginx's access log), and each
             replica's share of the sessions against an even share (goal: 0.6x to 1.4x).
+  canary    Two stable replicas of stories260K and a canary replica of another model (the TinyStories
+            draft, so another weights hash: another version), nginx's split_clients at --canary-weight
+            (default 10%): --sessions sessions (default 1,000) of --turns turns with distinct session
+            ids, over HTTP and gRPC. Each version's share of the sessions (goal: 10% +- 3 points),
+            whether every turn of a session landed on one version, and the replicas' own metrics
+            summed by their model_version label against the turns each version answered.
   chaos     The fleet's capacity first (bench-serve, all requests at once, through nginx); then a
             base rate at 50% of it, a 5x burst for 10 s, and kill -9 of one replica mid-run. Counts
             completed, refused (429 / RESOURCE_EXHAUSTED) and failed requests, which failures were
@@ -42,15 +48,15 @@ TOKENIZER = os.path.join(MODELS, "tok512.bin")
 class Fleet:
     """scripts/fleet.sh up/down around a `with` block; `env` holds fleet.env's values."""
 
-    def __init__(self, binary, n=3, serve_flags=(), max_fails=2, fail_timeout_s=5):
+    def __init__(self, binary, n=3, serve_flags=(), max_fails=2, fail_timeout_s=5, canary=()):
         self.dir = tempfile.mkdtemp(prefix="specula-fleet-eval-")
         template = os.path.join(self.dir, "plain.jinja")  # stories260K has none: each message on a line
         with open(template, "w") as f:
             f.write('{% for m in messages %}{{ m["content"] }}\n{% endfor %}')
-        base = serving_util.free_port_block(2 * n + 2)
+        base = serving_util.free_port_block(2 * (n + (1 if canary else 0)) + 2)
         self.cmd = ["bash", FLEET, "up", str(n), "--model", MODEL, "--dir", self.dir, "--specula", binary,
                     "--http-port", str(base), "--grpc-port", str(base + 1), "--base-port", str(base + 2),
-                    "--max-fails", str(max_fails), "--fail-timeout-s", str(fail_timeout_s),
+                    "--max-fails", str(max_fails), "--fail-timeout-s", str(fail_timeout_s), *canary,
                     "--", "--tokenizer", TOKENIZER, "--chat-template", template, *serve_flags]
         self.n = n
 
@@ -131,6 +137,58 @@ def print_affinity(rows):
         share = ", ".join(f"{v:.2f}x" for v in r["share_of_even"].values())
         print(f"| {r['surface']} | {r['seed']} | {r['sessions']} x {r['turns']} | {r['failed']} | {r['sessions_moved']} / "
               f"{r['sessions_moved_in_access_log']} | {per} | {share} |")
+
+
+# ---- canary
+
+def version_metrics(fleet):
+    """Each replica's /metrics summed by model_version: {version: requests finished}."""
+    from prometheus_client.parser import text_string_to_metric_families
+    import urllib.request
+    out = collections.Counter()
+    for i in range(int(fleet.env["REPLICAS"])):
+        text = urllib.request.urlopen(f"http://{fleet.replica_http(i)}/metrics", timeout=10).read().decode()
+        for family in text_string_to_metric_families(text):
+            for smp in family.samples:
+                if smp.name == "specula:request_success_total":
+                    out[smp.labels["model_version"]] += int(smp.value)
+    return out
+
+
+def canary(binary, fleet, surface, sessions, turns, weight, stable_model_version, seed):
+    before = version_metrics(fleet)
+    res = bench(binary, fleet.endpoint(surface),
+                ["--multi-turn", "--num-sessions", str(sessions), "--turns", str(turns), "--session-concurrency", "16",
+                 "--max-tokens", "4", "--user-words", "4", "--seed", str(seed)], f"canary-{surface}")
+    after = version_metrics(fleet)
+    by = collections.defaultdict(list)
+    for r in res["requests"]:
+        by[r["session_id"]].append(r)
+    failed = sum(r["outcome"] != "ok" for r in res["requests"])
+    versions = {sid: {r["model_version"] for r in rs if r["outcome"] == "ok"} for sid, rs in by.items()}
+    mixed = sum(len(v) > 1 for v in versions.values())
+    per_version = collections.Counter(next(iter(v)) for v in versions.values() if len(v) == 1)
+    canary_sessions = sum(n for v, n in per_version.items() if v != stable_model_version)
+    share = 100.0 * canary_sessions / max(len(by), 1)
+    turns_by_version = collections.Counter(r["model_version"] for r in res["requests"] if r["outcome"] == "ok")
+    metrics_by_version = {v: after[v] - before.get(v, 0) for v in after}
+    ok = failed == 0 and mixed == 0 and abs(share - weight) <= 3 and dict(turns_by_version) == {
+        v: n for v, n in metrics_by_version.items() if n}
+    return {"surface": surface, "seed": seed, "sessions": len(by), "turns": turns, "failed": failed,
+            "sessions_on_two_versions": mixed,
+            "sessions_per_version": dict(per_version), "canary_share_pct": round(share, 1),
+            "turns_per_version": dict(turns_by_version), "metrics_requests_per_version": metrics_by_version, "ok": ok}
+
+
+def print_canary(rows, weight):
+    print(f"\n| surface | seed | sessions x turns | canary weight | failed | sessions on two versions | sessions per version | "
+          "canary's share | turns per version (bench-serve) | requests per version (replicas' metrics) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        fmt = lambda d: ", ".join(f"`{k}` {v}" for k, v in sorted(d.items()))  # noqa: E731
+        print(f"| {r['surface']} | {r['seed']} | {r['sessions']} x {r['turns']} | {weight}% | {r['failed']} | "
+              f"{r['sessions_on_two_versions']} | {fmt(r['sessions_per_version'])} | {r['canary_share_pct']}% | "
+              f"{fmt(r['turns_per_version'])} | {fmt(r['metrics_requests_per_version'])} |")
 
 
 # ---- chaos
@@ -249,10 +307,11 @@ def print_chaos(rows):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["affinity", "chaos"])
+    ap.add_argument("what", choices=["affinity", "canary", "chaos"])
     ap.add_argument("--surface", choices=["http", "grpc", "both"], default="both")
     ap.add_argument("--binary", default=os.path.join(ROOT, "build", "release", "specula"))
-    ap.add_argument("--sessions", type=int, default=200)
+    ap.add_argument("--sessions", type=int, default=None, help="affinity 200, canary 1000")
+    ap.add_argument("--canary-weight", type=float, default=10)
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--seeds", type=lambda v: [int(x) for x in v.split(",")], default=[7],
                     help="affinity: session ids s<seed>-<i>, one run per seed")
@@ -271,9 +330,18 @@ def main():
     print(f"machine: {serving_util.machine()}; {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC")
     if args.what == "affinity":
         with Fleet(args.binary, 3) as fleet:
-            rows = [affinity(args.binary, fleet, s, args.sessions, args.turns, seed)
+            rows = [affinity(args.binary, fleet, s, args.sessions or 200, args.turns, seed)
                     for seed in args.seeds for s in surfaces]
         print_affinity(rows)
+    elif args.what == "canary":
+        draft = os.path.join(MODELS, "stories260K-draft.bin")
+        with Fleet(args.binary, 2, canary=("--canary-model", draft, "--canary-weight", f"{args.canary_weight:g}")) as fleet:
+            import urllib.request
+            stable = urllib.request.urlopen(f"http://{fleet.replica_http(0)}/v1/models", timeout=10)
+            stable = json.load(stable)["data"][0]["version"]
+            rows = [canary(args.binary, fleet, s, args.sessions or 1000, min(args.turns, 3), args.canary_weight, stable,
+                           seed) for seed in args.seeds for s in surfaces]
+        print_canary(rows, args.canary_weight)
     else:
         rows = [chaos(args.binary, s, args) for s in surfaces]
         print_chaos(rows)

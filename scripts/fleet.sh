@@ -11,16 +11,21 @@ TEMPLATE="$ROOT/deploy/nginx/nginx.conf.template"
 usage() {
   cat <<'EOF'
 usage: scripts/fleet.sh up N --model PATH [flags] [-- SERVE_FLAGS...]
+       scripts/fleet.sh weight W [--dir DIR]
        scripts/fleet.sh down [--dir DIR]
        scripts/fleet.sh status [--dir DIR]
 
 up starts redis-server (a unix socket), N replicas of `specula serve` and nginx, on 127.0.0.1, and
 returns once every one is ready; anything that fails stops what was started. down stops them
-(replicas get SIGTERM and drain). status shows each process and its health.
+(replicas get SIGTERM and drain). status shows each process and its health. weight sets the
+canary's share of sessions to W percent and reloads nginx gracefully (0: none; 100: all).
 
   --dir DIR             the fleet's configs, pid files and logs (default $SPECULA_FLEET_DIR, else
                         /tmp/specula-fleet-$USER); one fleet per directory
   --model PATH          the model every replica serves (required for up)
+  --canary-model PATH   a canary: M more replicas serve this model, and nginx sends them
+  --canary-replicas M   --canary-weight percent of the sessions, split by a hash of X-Session-Id
+  --canary-weight W     (default M 1, W 10; docs/fleet.md, "A canary"), under the stable model's name
   --http-port P         nginx's HTTP port, the OpenAI API (default 8080)
   --grpc-port P         nginx's gRPC port (default 50050)
   --base-port B         replica i listens on HTTP B+2i and gRPC B+2i+1 (default 18000)
@@ -45,6 +50,7 @@ say() { echo "[fleet] $*" >&2; }
 DIR="${SPECULA_FLEET_DIR:-/tmp/specula-fleet-${USER:-$(id -un)}}"
 MODEL="" HTTP_PORT=8080 GRPC_PORT=50050 BASE_PORT=18000 REDIS=1 REDIS_MAXMEMORY=1gb
 MAX_FAILS=2 FAIL_TIMEOUT=5 READ_TIMEOUT=600 WORKERS=1 SPECULA="" READY_TIMEOUT=180
+CANARY_MODEL="" CANARY_REPLICAS="" CANARY_WEIGHT=10
 SERVE_FLAGS=()
 
 is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
@@ -70,6 +76,9 @@ parse_flags() {
       --nginx-workers) WORKERS="$2" ;;
       --specula) SPECULA="$2" ;;
       --ready-timeout-s) READY_TIMEOUT="$2" ;;
+      --canary-model) CANARY_MODEL="$2" ;;
+      --canary-replicas) CANARY_REPLICAS="$2" ;;
+      --canary-weight) CANARY_WEIGHT="$2" ;;
       *) die "unknown flag '$1' (flags for the replicas go after --; see --help)" ;;
     esac
     shift 2
@@ -202,6 +211,7 @@ check_up() {
   [ -n "$MODEL" ] || die "--model: required (the model every replica serves)"
   [ -e "$MODEL" ] || die "--model: '$MODEL': no such file"
   [ -r "$MODEL" ] && [ ! -d "$MODEL" ] || die "--model: '$MODEL' is not a readable file"
+  check_canary
   local pair value
   for pair in "$MAX_FAILS --max-fails" "$FAIL_TIMEOUT --fail-timeout-s" "$READ_TIMEOUT --read-timeout-s" \
               "$WORKERS --nginx-workers" "$READY_TIMEOUT --ready-timeout-s"; do
@@ -217,11 +227,29 @@ check_up() {
   fi
   check_port "$HTTP_PORT" --http-port
   check_port "$GRPC_PORT" --grpc-port
+  n=$((n + CANARY_REPLICAS))
   is_uint "$BASE_PORT" && [ $((BASE_PORT + 2 * n - 1)) -le 65535 ] || die "--base-port: '$BASE_PORT' leaves no room for $n replicas"
   for ((i = 0; i < n; i++)); do
     check_port $((BASE_PORT + 2 * i)) "--base-port (replica $i's HTTP port)"
     check_port $((BASE_PORT + 2 * i + 1)) "--base-port (replica $i's gRPC port)"
   done
+}
+
+is_weight() { [[ "$1" =~ ^[0-9]+(\.[0-9]{1,2})?$ ]] && awk -v w="$1" 'BEGIN { exit !(w >= 0 && w <= 100) }'; }
+
+# The canary's flags: all or none (a weight or count without a model is an error, not ignored).
+check_canary() {
+  if [ -z "$CANARY_MODEL" ]; then
+    [ -z "$CANARY_REPLICAS" ] || die "--canary-replicas: needs --canary-model"
+    [ "$CANARY_WEIGHT" = 10 ] || die "--canary-weight: needs --canary-model"
+    CANARY_REPLICAS=0
+    return 0
+  fi
+  [ -e "$CANARY_MODEL" ] || die "--canary-model: '$CANARY_MODEL': no such file"
+  [ -r "$CANARY_MODEL" ] && [ ! -d "$CANARY_MODEL" ] || die "--canary-model: '$CANARY_MODEL' is not a readable file"
+  CANARY_REPLICAS="${CANARY_REPLICAS:-1}"
+  is_uint "$CANARY_REPLICAS" && [ "$CANARY_REPLICAS" -ge 1 ] || die "--canary-replicas: '$CANARY_REPLICAS' is not an integer >= 1"
+  is_weight "$CANARY_WEIGHT" || die "--canary-weight: '$CANARY_WEIGHT' is not a percentage from 0 to 100 (at most 2 decimals)"
 }
 
 # Runs "$@" detached (its own session: a terminal's ^C does not reach it), its output to $DIR/$1.log
@@ -256,12 +284,20 @@ start_redis() {
   say "redis-server: unix://$DIR/redis.sock (pid $(pid_of redis))"
 }
 
+# Replicas 0 .. n-1 serve --model; the canary's, n .. n+M-1, --canary-model.
 start_replicas() {
-  local n="$1" i store=()
+  local stable="$1" n=$(($1 + CANARY_REPLICAS)) i store=() model
   [ "$REDIS" = 1 ] && store=(--kv-store "unix://$DIR/redis.sock")
+  # Clients name the model in requests: the canary answers to the stable model's name (--model as
+  # given) unless the replicas' flags set --served-model-name for all.
+  local name=(--served-model-name "$MODEL")
+  [[ " ${SERVE_FLAGS[*]} " == *" --served-model-name "* ]] && name=()
   for ((i = 0; i < n; i++)); do
-    launch "replica-$i" "$SPECULA" serve --model "$MODEL" --host 127.0.0.1 --http-port $((BASE_PORT + 2 * i)) \
-      --grpc-port $((BASE_PORT + 2 * i + 1)) --replica-id "replica-$i" "${store[@]}" "${SERVE_FLAGS[@]}"
+    model="$MODEL"
+    [ "$i" -ge "$stable" ] && model="$CANARY_MODEL"
+    launch "replica-$i" "$SPECULA" serve --model "$model" --host 127.0.0.1 --http-port $((BASE_PORT + 2 * i)) \
+      --grpc-port $((BASE_PORT + 2 * i + 1)) --replica-id "replica-$i" "${store[@]}" \
+      ${name[@]+"${name[@]}"} "${SERVE_FLAGS[@]}"
   done
   local deadline=$((SECONDS + READY_TIMEOUT)) pending
   while :; do
@@ -275,15 +311,45 @@ start_replicas() {
     [ "$SECONDS" -lt "$deadline" ] || fail_up "$pending replicas not ready after $READY_TIMEOUT s (--ready-timeout-s); logs in $DIR"
     sleep 0.2
   done
-  say "$n replicas ready: HTTP 127.0.0.1:$BASE_PORT.. (step 2), gRPC one above each"
+  local canary=""
+  [ "$CANARY_REPLICAS" -gt 0 ] && canary=" (the canary: replica-$stable on, $CANARY_WEIGHT% of the sessions)"
+  say "$n replicas ready$canary: HTTP 127.0.0.1:$BASE_PORT.. (step 2), gRPC one above each"
 }
 
-# The servers of an upstream block, one line each.
+# The servers of an upstream block, one line each: replicas [$1, $2), their HTTP (offset 0) or gRPC
+# (offset 1) ports.
 upstream_lines() {
-  local n="$1" offset="$2" i
-  for ((i = 0; i < n; i++)); do
+  local from="$1" to="$2" offset="$3" i
+  for ((i = from; i < to; i++)); do
     printf '    server 127.0.0.1:%d max_fails=%d fail_timeout=%ds;  # replica-%d\n' \
       $((BASE_PORT + 2 * i + offset)) "$MAX_FAILS" "$FAIL_TIMEOUT" "$i"
+  done
+}
+
+# The canary's upstreams and the split of sessions between the two versions (empty without one).
+canary_block() {
+  local stable="$1" n=$(($1 + CANARY_REPLICAS)) kind
+  [ "$CANARY_REPLICAS" -gt 0 ] || return 0
+  echo "  # The canary (scripts/fleet.sh --canary-model): its replicas in upstreams of their own, and each"
+  echo "  # session's version chosen by split_clients, a MurmurHash2 of the session id: the first W% of"
+  echo "  # the hash range goes to the canary, so a session stays on one version while W holds, and a"
+  echo "  # change of W moves only the sessions whose hash it crosses. Without an id, the request id."
+  for kind in http grpc; do
+    echo "  upstream specula_${kind}_canary {"
+    echo "    zone specula_${kind}_canary 256k;"
+    echo "    hash \$http_x_session_id consistent;"
+    upstream_lines "$stable" "$n" "$([ "$kind" = http ] && echo 0 || echo 1)"
+    echo "    keepalive 64;"
+    echo "  }"
+  done
+  # shellcheck disable=SC2016  # nginx's variables, written as they are
+  echo '  map $http_x_session_id $specula_split_key { "" $request_id; default $http_x_session_id; }'
+  for kind in http grpc; do
+    if awk -v w="$CANARY_WEIGHT" 'BEGIN { exit !(w > 0) }'; then
+      echo "  split_clients \$specula_split_key \$specula_${kind}_pool { ${CANARY_WEIGHT}% specula_${kind}_canary; * specula_${kind}; }"
+    else
+      echo "  split_clients \$specula_split_key \$specula_${kind}_pool { * specula_${kind}; }  # weight 0"
+    fi
   done
 }
 
@@ -298,8 +364,14 @@ render_nginx() {
     chmod a+x "$DIR"
   fi
   local http grpc
-  http="$(upstream_lines "$n" 0)"
-  grpc="$(upstream_lines "$n" 1)"
+  http="$(upstream_lines 0 "$n" 0)"
+  grpc="$(upstream_lines 0 "$n" 1)"
+  local canary http_pool=specula_http grpc_pool=specula_grpc
+  canary="$(canary_block "$n")"
+  if [ "$CANARY_REPLICAS" -gt 0 ]; then
+    # shellcheck disable=SC2016  # nginx's variables, written as they are
+    http_pool='$specula_http_pool' grpc_pool='$specula_grpc_pool'
+  fi
   local conf
   conf="$(<"$TEMPLATE")"
   conf="${conf//@USER_LINE@/$user_line}"
@@ -307,6 +379,9 @@ render_nginx() {
   conf="${conf//@DIR@/$DIR}"
   conf="${conf//@HTTP_SERVERS@/$http}"
   conf="${conf//@GRPC_SERVERS@/$grpc}"
+  conf="${conf//@CANARY@/$canary}"
+  conf="${conf//@HTTP_POOL@/$http_pool}"
+  conf="${conf//@GRPC_POOL@/$grpc_pool}"
   conf="${conf//@HTTP_LISTEN@/127.0.0.1:$HTTP_PORT}"
   conf="${conf//@GRPC_LISTEN@/127.0.0.1:$GRPC_PORT}"
   conf="${conf//@READ_TIMEOUT@/$READ_TIMEOUT}"
@@ -329,10 +404,15 @@ start_nginx() {
   say "nginx: HTTP 127.0.0.1:$HTTP_PORT, gRPC 127.0.0.1:$GRPC_PORT (pid $(pid_of nginx), $DIR/nginx.conf)"
 }
 
+# The fleet's addresses, and what `weight` needs to render nginx.conf again. REPLICAS counts every
+# replica, the canary's (the last CANARY_REPLICAS) included.
 write_env() {
-  local n="$1" i
+  local stable="$1" n=$(($1 + CANARY_REPLICAS)) i
   {
     echo "REPLICAS=$n"
+    echo "STABLE_REPLICAS=$stable"
+    echo "CANARY_REPLICAS=$CANARY_REPLICAS"
+    [ "$CANARY_REPLICAS" -gt 0 ] && echo "CANARY_WEIGHT=$CANARY_WEIGHT"
     echo "HTTP=127.0.0.1:$HTTP_PORT"
     echo "GRPC=127.0.0.1:$GRPC_PORT"
     for ((i = 0; i < n; i++)); do
@@ -340,6 +420,8 @@ write_env() {
       echo "REPLICA_${i}_GRPC=127.0.0.1:$((BASE_PORT + 2 * i + 1))"
     done
     [ "$REDIS" = 1 ] && echo "REDIS=unix://$DIR/redis.sock"
+    local name
+    for name in BASE_PORT MAX_FAILS FAIL_TIMEOUT READ_TIMEOUT WORKERS; do echo "$name=${!name}"; done
   } >"$DIR/fleet.env"
 }
 
@@ -360,6 +442,50 @@ cmd_up() {
   trap - INT TERM
   write_env "$n"
   say "up: http://127.0.0.1:$HTTP_PORT and grpc://127.0.0.1:$GRPC_PORT; stop with: $0 down --dir $DIR"
+}
+
+# ---- weight: the canary's share, changed live
+
+env_value() { grep "^$1=" "$DIR/fleet.env" | head -1 | cut -d= -f2-; }
+
+cmd_weight() {
+  [ $# -ge 1 ] || die "weight: the percentage is missing (usage: $0 weight W [--dir DIR])"
+  local w="$1" name
+  shift
+  parse_flags "$@"
+  is_weight "$w" || die "weight: '$w' is not a percentage from 0 to 100 (at most 2 decimals)"
+  [ -f "$DIR/fleet.env" ] || die "no fleet up in $DIR"
+  pid_alive "$(pid_of nginx)" || die "nginx is not running in $DIR"
+  [ "$(env_value CANARY_REPLICAS)" -gt 0 ] 2>/dev/null || die "the fleet in $DIR has no canary (up --canary-model)"
+  for name in BASE_PORT MAX_FAILS FAIL_TIMEOUT READ_TIMEOUT WORKERS CANARY_REPLICAS; do
+    printf -v "$name" '%s' "$(env_value "$name")"
+  done
+  HTTP_PORT="$(env_value HTTP | cut -d: -f2)"
+  GRPC_PORT="$(env_value GRPC | cut -d: -f2)"
+  CANARY_WEIGHT="$w"
+  cp "$DIR/nginx.conf" "$DIR/nginx.conf.before"
+  render_nginx "$(env_value STABLE_REPLICAS)"
+  local out
+  if ! out="$(nginx -t -q -p "$DIR" -c "$DIR/nginx.conf" -e "$DIR/error.log" 2>&1)"; then
+    mv "$DIR/nginx.conf.before" "$DIR/nginx.conf"
+    die "nginx refused the new configuration (the old one stays): $out"
+  fi
+  # A reload is asynchronous: the master starts new workers, then tells the old ones to stop
+  # accepting (they finish what they have). Return once the new workers are there, and the old ones
+  # have had a moment to close their listening sockets, so the next request sees the new split.
+  local master old_workers waited=0
+  master="$(pid_of nginx)"
+  old_workers=" $(pgrep -P "$master" | tr '\n' ' ')"
+  nginx -p "$DIR" -c "$DIR/nginx.conf" -e "$DIR/error.log" -s reload
+  until pgrep -P "$master" | grep -qvxF -f <(tr ' ' '\n' <<<"$old_workers" | grep .); do
+    [ "$waited" -lt 100 ] || die "nginx did not start new workers within 10 s: $(tail -3 "$DIR/error.log")"
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  sleep 0.3
+  rm -f "$DIR/nginx.conf.before"
+  sed -i "s/^CANARY_WEIGHT=.*/CANARY_WEIGHT=$w/" "$DIR/fleet.env"
+  say "canary weight $w%: nginx reloaded (new connections split anew; requests in flight finish where they are)"
 }
 
 # ---- down, status
@@ -410,6 +536,7 @@ cmd_status() {
 
 case "${1:-}" in
   up) shift; cmd_up "$@" ;;
+  weight) shift; cmd_weight "$@" ;;
   down) shift; cmd_down "$@" ;;
   status) shift; cmd_status "$@" ;;
   -h|--help|help) usage ;;

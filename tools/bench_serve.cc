@@ -325,21 +325,26 @@ void AddReplicasAndFailures(const BenchSummary& s, const SessionReplicas* sessio
   if (sessions != nullptr) (*j)["sessions_moved"] = sessions->moved;
 }
 
-const char* OutcomeName(Outcome o) { return o == Outcome::kOk ? "ok" : o == Outcome::kRejected ? "rejected" : "failed"; }
-
-json ResultJson(const BenchOptions& o, const std::string& model, const BenchSummary& s, const RunResult& run) {
-  const ArrivalOptions& a = o.arrival;
-  json j = SummaryJson(o, model, s, run);
-  AddReplicasAndFailures(s, nullptr, &j);
-  // Requests answered, by the path and by the model version the server named.
+// "answered_by" and "model_versions": the completed requests by the path and the model version the
+// server named.
+void AddPathsAndVersions(const RunResult& run, json* j) {
   json paths = json::object(), versions = json::object();
   for (const RequestResult& r : run.requests) {
     if (r.outcome != Outcome::kOk) continue;
     if (!r.answered_by.empty()) paths[r.answered_by] = paths.value(r.answered_by, 0) + 1;
     if (!r.model_version.empty()) versions[r.model_version] = versions.value(r.model_version, 0) + 1;
   }
-  j["answered_by"] = paths;
-  j["model_versions"] = versions;
+  (*j)["answered_by"] = paths;
+  (*j)["model_versions"] = versions;
+}
+
+const char* OutcomeName(Outcome o) { return o == Outcome::kOk ? "ok" : o == Outcome::kRejected ? "rejected" : "failed"; }
+
+json ResultJson(const BenchOptions& o, const std::string& model, const BenchSummary& s, const RunResult& run) {
+  const ArrivalOptions& a = o.arrival;
+  json j = SummaryJson(o, model, s, run);
+  AddReplicasAndFailures(s, nullptr, &j);
+  AddPathsAndVersions(run, &j);
   j.update({{"num_prompts", a.num_requests},
             {"request_rate", std::isinf(a.request_rate) ? json("inf") : json(a.request_rate)},
             {"burstiness", a.burstiness}, {"max_concurrency", o.max_concurrency > 0 ? json(o.max_concurrency) : json()},
@@ -426,6 +431,7 @@ json MultiTurnJson(const BenchOptions& o, const std::string& model, const BenchS
   const ConversationOptions& c = o.conversation;
   json j = SummaryJson(o, model, s, run);
   AddReplicasAndFailures(s, &sessions, &j);
+  AddPathsAndVersions(run, &j);
   j["multi_turn"] = {{"num_sessions", c.num_sessions}, {"turns", c.turns},
                      {"session_concurrency", c.session_concurrency > 0 ? json(c.session_concurrency) : json()},
                      {"think_time_s", c.think_time_s}, {"max_tokens", c.max_tokens}, {"ignore_eos", c.ignore_eos},
@@ -443,7 +449,7 @@ json MultiTurnJson(const BenchOptions& o, const std::string& model, const BenchS
                         {"endpoint", o.endpoints[conv.endpoints[k]]}, {"send_s", r.send_s}, {"ttft_s", r.ttft_s},
                         {"e2e_s", r.e2e_s}, {"prompt_tokens", r.prompt_tokens}, {"cached_tokens", r.cached_tokens},
                         {"output_tokens", r.output_tokens}, {"outcome", OutcomeName(r.outcome)}, {"error", r.error},
-                        {"replica", r.replica}});
+                        {"replica", r.replica}, {"model_version", r.model_version}});
   }
   j["requests"] = requests;
   return j;

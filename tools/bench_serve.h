@@ -65,7 +65,7 @@ X-Session-Id header (HTTP) or x-session-id metadata (gRPC). A failed turn ends i
                           rotate: turn t of session s goes to endpoint (s + t) mod n
   The summary adds sessions completed and ended, and per turn index the TTFT (mean, p50, p90) and
   the mean prompt, cached (prefix cache) and output tokens; --save-detailed writes every turn
-  (session id, turn, endpoint, replica, TTFT, E2E, tokens, outcome) under "requests" in
+  (session id, turn, endpoint, replica, model version, TTFT, E2E, tokens, outcome) under "requests" in
   --result-json. Per replica it adds the sessions whose first turn it answered ("sessions"), and
   "sessions_moved": sessions whose completed turns named more than one replica.
 

@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from serving_util import BINARY, SOURCE, TARGET, TOKENIZER, free_port_block
+from serving_util import BINARY, DRAFT, SOURCE, TARGET, TOKENIZER, free_port_block
 
 FLEET = os.path.join(SOURCE, "scripts", "fleet.sh")
 TOOLS = shutil.which("nginx") and shutil.which("redis-server")
@@ -99,6 +99,92 @@ class FleetBadInputTest(unittest.TestCase):
             taken.close()
         self.assertIn(f"port {self.base + 4} on 127.0.0.1 is taken", err)
         self.assertIn("replica 1's HTTP port", err)
+
+    def test_bad_canary_flags(self):
+        self.assertIn("--canary-weight: needs --canary-model", self.up("1", "--model", TARGET, "--canary-weight", "20"))
+        self.assertIn("--canary-weight: '150' is not a percentage",
+                      self.up("1", "--model", TARGET, "--canary-model", DRAFT, "--canary-weight", "150"))
+        self.assertIn("--canary-model: '/nonexistent/v2.bin': no such file",
+                      self.up("1", "--model", TARGET, "--canary-model", "/nonexistent/v2.bin"))
+        taken = socket.socket()
+        taken.bind(("127.0.0.1", self.base + 6))  # replica 2's HTTP port: the canary's
+        taken.listen()
+        try:
+            self.assertIn("replica 2's HTTP port", self.up("2", "--model", TARGET, "--canary-model", DRAFT))
+        finally:
+            taken.close()
+
+
+def murmur2(data):
+    """nginx's ngx_murmur_hash2, which split_clients hashes its key with."""
+    m, h = 0x5bd1e995, len(data)
+    for i in range(0, len(data) - len(data) % 4, 4):
+        k = (int.from_bytes(data[i:i + 4], "little") * m) & 0xffffffff
+        k = ((k ^ (k >> 24)) * m) & 0xffffffff
+        h = ((h * m) & 0xffffffff) ^ k
+    tail = data[len(data) - len(data) % 4:]
+    for i in reversed(range(len(tail))):
+        h ^= tail[i] << (8 * i)
+    if tail:
+        h = (h * m) & 0xffffffff
+    h = ((h ^ (h >> 13)) * m) & 0xffffffff
+    return h ^ (h >> 15)
+
+
+@unittest.skipUnless(TOOLS, "nginx or redis-server is not on PATH (scripts/install_deps.sh installs both)")
+class FleetCanaryTest(unittest.TestCase):
+    """One stable replica of stories260K and a canary of its draft (other weights: another version)."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="fleet-canary-")
+        base = free_port_block(6)
+        self.http = f"127.0.0.1:{base}"
+        r = fleet("up", "1", "--model", TARGET, "--canary-model", DRAFT, "--canary-weight", "30", "--no-redis",
+                  "--dir", self.dir, "--specula", BINARY, "--http-port", str(base), "--grpc-port", str(base + 1),
+                  "--base-port", str(base + 2), "--", "--tokenizer", TOKENIZER)
+        if r.returncode != 0:
+            fleet("down", "--dir", self.dir)
+            raise AssertionError(f"fleet up failed:\n{r.stderr}")
+        self.stable = self.version_of(fleet_env(self.dir)["REPLICA_0_HTTP"])
+        self.canary = self.version_of(fleet_env(self.dir)["REPLICA_1_HTTP"])
+
+    def tearDown(self):
+        fleet("down", "--dir", self.dir)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    @staticmethod
+    def version_of(addr):
+        return json.load(urllib.request.urlopen(f"http://{addr}/v1/models", timeout=10))["data"][0]["version"]
+
+    def versions(self, sessions, turns=2):
+        """{session: the set of versions its turns got}, through nginx under the stable model's name."""
+        out = collections.defaultdict(set)
+        for t in range(turns):
+            for s in sessions:
+                body = json.dumps({"model": TARGET, "prompt": "Once", "max_tokens": 2}).encode()
+                q = urllib.request.Request(f"http://{self.http}/v1/completions", body,
+                                           {"Content-Type": "application/json", "X-Session-Id": s})
+                with urllib.request.urlopen(q, timeout=30) as r:
+                    out[s].add(r.headers["X-Specula-Model-Version"])
+        return out
+
+    def test_sessions_split_by_hash_and_moved_by_weight(self):
+        self.assertNotEqual(self.stable, self.canary)
+        sessions = [f"user-{i}" for i in range(80)]
+        got = self.versions(sessions)
+        self.assertEqual([s for s, v in got.items() if len(v) != 1], [], "a session on two versions")
+        # split_clients gives the first 30% of the MurmurHash2 range to the canary: predictable offline.
+        expected = {s for s in sessions if murmur2(s.encode()) < 0.30 * 2**32}
+        self.assertEqual({s for s, v in got.items() if v == {self.canary}}, expected)
+        self.assertTrue(0 < len(expected) < len(sessions))
+        r = fleet("weight", "60", "--dir", self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        wider = {s for s, v in self.versions(sessions, 1).items() if v == {self.canary}}
+        self.assertTrue(expected < wider, "a wider canary keeps its sessions and takes more")
+        for w, version in (("0", self.stable), ("100", self.canary)):
+            self.assertEqual(fleet("weight", w, "--dir", self.dir).returncode, 0)
+            self.assertEqual(set().union(*self.versions(sessions[:20], 1).values()), {version}, f"weight {w}")
+        self.assertIn("weight: '-5' is not a percentage", fleet("weight", "-5", "--dir", self.dir).stderr)
 
 
 @unittest.skipUnless(TOOLS, "nginx or redis-server is not on PATH (scripts/install_deps.sh installs both)")
