@@ -420,13 +420,20 @@ absl::StatusOr<std::unique_ptr<GrpcFrontend>> GrpcFrontend::Start(Server* server
     return absl::UnavailableError(absl::StrCat("--grpc-port: cannot listen on ", address, " (in use, or a bad --host",
                                                security.tls() ? "; or gRPC refused the --ssl-* files)" : ")"));
   }
-  impl->server->GetHealthCheckService()->SetServingStatus(true);
-  return std::unique_ptr<GrpcFrontend>(new GrpcFrontend(std::move(impl)));
+  auto front = std::unique_ptr<GrpcFrontend>(new GrpcFrontend(std::move(impl)));
+  front->SetServing(true);
+  front->impl_->server->GetHealthCheckService()->SetServingStatus(kLivenessService, true);
+  return front;
 }
 
 int GrpcFrontend::port() const { return impl_->port; }
 
-void GrpcFrontend::SetServing(bool serving) { impl_->server->GetHealthCheckService()->SetServingStatus(serving); }
+// Per service name: the all-services form would take liveness down with readiness.
+void GrpcFrontend::SetServing(bool serving) {
+  grpc::HealthCheckServiceInterface* health = impl_->server->GetHealthCheckService();
+  health->SetServingStatus("", serving);
+  health->SetServingStatus(v1::Generation::service_full_name(), serving);
+}
 
 void GrpcFrontend::Shutdown(std::chrono::milliseconds grace) {
   impl_->server->Shutdown(std::chrono::system_clock::now() + grace);

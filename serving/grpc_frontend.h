@@ -1,5 +1,8 @@
 // The gRPC front end of `specula serve`: specula.v1.Generation (proto/specula/v1/generation.proto),
-// grpc.health.v1.Health (SERVING, NOT_SERVING while draining) and server reflection. Every
+// grpc.health.v1.Health and server reflection. Health answers readiness for the server ("") and
+// for specula.v1.Generation (SERVING, NOT_SERVING while draining), and liveness for the service
+// name kLivenessService (SERVING while the process serves, draining included: a kubelet's liveness
+// probe must not kill a pod that is finishing its requests). Every
 // Generation call's initial metadata has x-specula-replica (ServeOptions::replica_id) where the
 // server has an id. gRPC types stay in grpc_frontend.cc.
 #pragma once
@@ -19,6 +22,8 @@ namespace specula {
 // (gRPC itself answers those before the call starts).
 absl::StatusOr<ServeRequest> ParseGenerateRequest(const std::string& bytes);
 
+inline constexpr char kLivenessService[] = "liveness";
+
 class GrpcFrontend {
  public:
   // Listens on host:port (0: a free port; see port()). `server` must outlive the front end.
@@ -28,7 +33,8 @@ class GrpcFrontend {
                                                              const SecurityOptions& security = {});
   ~GrpcFrontend();
   int port() const;
-  // Health for every service: SERVING or NOT_SERVING.
+  // Readiness: the server's health ("") and specula.v1.Generation's, SERVING or NOT_SERVING.
+  // kLivenessService stays SERVING.
   void SetServing(bool serving);
   // Stops taking calls; calls still open after `grace` are cancelled. Needs the engine loop running
   // (a cancelled stream ends when its aborted last delta arrives).

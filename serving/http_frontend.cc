@@ -124,6 +124,8 @@ std::vector<HttpRoute> HttpFrontend::Impl::Routes() {
     if (server->draining()) return SendError(*ex, absl::UnavailableError("draining"));
     ex->Respond(200, "", "");
   };
+  // Liveness: 200 while the process serves, draining included (/health is readiness).
+  auto live = [](HttpRequest, std::shared_ptr<HttpExchange> ex) { ex->Respond(200, "", ""); };
   auto metrics = [this](HttpRequest, std::shared_ptr<HttpExchange> ex) {
     ex->Respond(200, "text/plain; version=0.0.4; charset=utf-8", server->MetricsText());
   };
@@ -135,7 +137,7 @@ std::vector<HttpRoute> HttpFrontend::Impl::Routes() {
     ex->Respond(200, "application/json", json{{"reset", true}, {"blocks", *blocks}}.dump());
   };
   return {{"POST", "/v1/completions", handle(false)}, {"POST", "/v1/chat/completions", handle(true)},
-          {"GET", "/v1/models", models}, {"GET", "/health", health}, {"GET", "/metrics", metrics},
+          {"GET", "/v1/models", models}, {"GET", "/health", health}, {"GET", "/live", live}, {"GET", "/metrics", metrics},
           {"POST", "/reset_prefix_cache", reset}};
 }
 

@@ -34,7 +34,7 @@ struct HttpServerOptions {
   int io_threads = 1;
   int worker_threads = 4;                         // run the handlers
   SecurityOptions security;                       // API key and TLS
-  std::vector<std::string> open_paths = {"/health", "/metrics"};  // no API key needed (as vLLM)
+  std::vector<std::string> open_paths = {"/health", "/live", "/metrics"};  // no API key needed (as vLLM)
   // On every response: a handler's answer or stream, an early refusal (400, 401, 404, 405, 413, 431), the
   // 500 of a handler that never answered. Values must be header-safe (no CR or LF).
   HttpHeaders response_headers;

@@ -29,10 +29,12 @@ constexpr char kServeUsage[] = R"(usage: specula serve --model PATH [flags]
 
 Serves one model over gRPC (specula.v1.Generation, proto/specula/v1/generation.proto, with
 grpc.health.v1.Health and reflection) and OpenAI-compatible HTTP (/v1/completions,
-/v1/chat/completions, /v1/models, /health, /metrics, POST /reset_prefix_cache, which empties the
-local prefix cache), until SIGTERM or SIGINT, which drain: health
-turns NOT_SERVING (HTTP 503), new requests get UNAVAILABLE (503), and requests in flight finish
-within --drain-timeout-s; then the process exits 0. One line on stderr says when it is ready.
+/v1/chat/completions, /v1/models, /health, /live, /metrics, POST /reset_prefix_cache, which empties
+the local prefix cache), until SIGTERM or SIGINT, which drain: readiness (gRPC health for "" and
+specula.v1.Generation, HTTP /health) turns NOT_SERVING (503) while liveness (gRPC health for the
+service "liveness", HTTP /live) stays SERVING, new requests get UNAVAILABLE (503), and requests in
+flight finish within --drain-timeout-s; then the process exits 0. One line on stderr says when it
+is ready.
 
   --host H              address to listen on (default 127.0.0.1)
   --grpc-port P         gRPC port (default 50051; 0 = any free port, printed when ready)

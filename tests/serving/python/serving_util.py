@@ -150,15 +150,19 @@ def wait_kv_empty(test, http_base, seconds, what):
 
 
 def free_port_block(n):
-    """A port with n free ports on 127.0.0.1 from it on (each bound once, as a server binds it)."""
+    """A port with n free ports on 127.0.0.1 from it on (each bound once, as a server binds it). Taken
+    below the ephemeral range, where no client connection takes a local port: after a load test,
+    thousands of TIME_WAIT sockets hold ephemeral ports, and a block of them is rarely free."""
+    import random
     import socket
-    for _ in range(50):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        base = s.getsockname()[1]
-        s.close()
-        if base + n > 65535:
-            continue
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    low, high = (10000, ephemeral_low - n) if ephemeral_low - n > 10000 else (1024, 65535 - n)
+    for _ in range(200):
+        base = random.randint(low, high)
         socks = []
         try:
             for p in range(base, base + n):
@@ -172,7 +176,7 @@ def free_port_block(n):
         finally:
             for t in socks:
                 t.close()
-    raise RuntimeError("no block of free ports")
+    raise RuntimeError(f"no block of {n} free ports in [{low}, {high + n})")
 
 
 def machine():

@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from serving_util import BINARY, DRAFT, SOURCE, TARGET, TOKENIZER, free_port_block
+from serving_util import BINARY, DRAFT, SOURCE, TARGET, TOKENIZER, free_port_block, metric, metrics
 
 FLEET = os.path.join(SOURCE, "scripts", "fleet.sh")
 TOOLS = shutil.which("nginx") and shutil.which("redis-server")
@@ -263,11 +263,21 @@ class FleetTest(unittest.TestCase):
         # Long generations straight to replica 1 keep its drain open while the sessions come in.
         body = json.dumps({"model": self.model, "prompt": "Once upon a time", "max_tokens": 400,
                            "ignore_eos": True}).encode()
+
+        def admitted():  # requests replica 1 took: running, waiting or finished
+            m = metrics(f"http://{direct}")
+            return sum(metric(m, f"specula:num_requests_{state}") for state in ("running", "waiting")) + sum(
+                metric(m, "specula:request_success_total", finished_reason=r) for r in ("stop", "length", "abort"))
+        before = admitted()
         long_ones = ThreadPoolExecutor(48)
         futures = [long_ones.submit(urllib.request.urlopen, urllib.request.Request(
             f"http://{direct}/v1/completions", body, {"Content-Type": "application/json"}), timeout=120)
             for _ in range(48)]
-        time.sleep(0.05)
+        # Every one admitted before the drain starts (a request that comes after it gets a 503).
+        deadline = time.monotonic() + 10
+        while admitted() - before < 48:
+            self.assertLess(time.monotonic(), deadline, "the long requests never all reached replica 1")
+            time.sleep(0.005)
         os.kill(fleet_pids(self.dir)["replica-1"], signal.SIGTERM)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:

@@ -1,5 +1,7 @@
-"""/metrics read with prometheus_client agrees with the requests sent; SIGTERM drains: health turns
-NOT_SERVING, new requests get UNAVAILABLE / 503, requests in flight complete, and the exit status is 0."""
+"""/metrics read with prometheus_client agrees with the requests sent; SIGTERM drains: readiness
+(gRPC health for "" and specula.v1.Generation, HTTP /health) turns NOT_SERVING while liveness (the
+"liveness" service, HTTP /live) stays SERVING, new requests get UNAVAILABLE / 503, requests in flight
+complete, and the exit status is 0."""
 import concurrent.futures
 import time
 import unittest
@@ -76,6 +78,12 @@ class DrainTest(unittest.TestCase):
             req = pb.GenerateRequest(prompt="Once upon a time", sampling=pb.SamplingParams(max_tokens=240, ignore_eos=True))
             calls = [stub.Generate(req, timeout=120 * time_scale()) for _ in range(4)]
             firsts = [next(c) for c in calls]  # all four are running
+
+            def statuses():  # readiness (the server's and Generation's) and liveness
+                return [health.Check(health_pb2.HealthCheckRequest(service=name), timeout=5 * time_scale()).status
+                        for name in ("", "specula.v1.Generation", "liveness")]
+            serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+            self.assertEqual(statuses(), [serving] * 3)
             s.proc.send_signal(15)
             deadline = time.time() + 10 * time_scale()
             while health.Check(health_pb2.HealthCheckRequest(), timeout=5 * time_scale()).status == health_pb2.HealthCheckResponse.SERVING:
@@ -87,6 +95,11 @@ class DrainTest(unittest.TestCase):
             with self.assertRaises(urllib.error.HTTPError) as e:
                 urllib.request.urlopen(s.http_base + "/health", timeout=5 * time_scale())
             self.assertEqual(e.exception.code, 503)
+            # While it drains the process is alive: liveness stays SERVING (HTTP: /live 200), so a
+            # kubelet does not kill it before its requests finish.
+            self.assertEqual(statuses(), [not_serving, not_serving, serving])
+            self.assertEqual(urllib.request.urlopen(s.http_base + "/live", timeout=5 * time_scale()).status, 200)
+            self.assertFalse(all(c.done() for c in calls), "the drain was over before liveness was checked")
             for first, call in zip(firsts, calls):
                 msgs = [first, *call]
                 self.assertEqual(sum(len(m.token_ids) for m in msgs), 240)
