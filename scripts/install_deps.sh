@@ -58,6 +58,9 @@ python3 -c "import gguf" >/dev/null 2>&1 || pip_install gguf
 python3 -c "import transformers, tokenizers, gguf" >/dev/null 2>&1 || pip_install transformers tokenizers gguf
 # The structured-output tests' independent checker of outputs against their schemas.
 python3 -c "import jsonschema" >/dev/null 2>&1 || pip_install jsonschema
+# deploy/k8s's manifests checked offline against Kubernetes' schemas (tests/deploy); pinned, since
+# its bundled schemas move with its releases.
+python3 -c "import kubernetes_validate" >/dev/null 2>&1 || pip_install kubernetes-validate==1.37.0
 # The function-length rule of scripts/check_code.sh.
 python3 -c "import lizard" >/dev/null 2>&1 || pip_install lizard
 bash "$(dirname "$0")/fetch_models.sh"

@@ -70,7 +70,7 @@ if [[ $build == 1 ]]; then
 fi
 [[ $test == 1 ]] || exit 0
 ctest --preset tsan -j "$jobs" -L '^(serving|experiments|constrain|kvstore)$' \
-  -E '^(serving\.test_grpc|serving\.test_grpc_security|serving\.test_openai_surface|serving\.test_tool_calls|serving\.test_kv_store|serving\.test_fleet|constrain\.structured_spec_equal|experiments\.test_experiment_run|experiments\.test_report)$' "$@"
+  -E '^(serving\.test_grpc|serving\.test_grpc_security|serving\.test_openai_surface|serving\.test_tool_calls|serving\.test_kv_store|serving\.test_fleet|deploy\.test_manifests|constrain\.structured_spec_equal|experiments\.test_experiment_run|experiments\.test_report)$' "$@"
 # The experiment runner's threaded runs, with the preset's environment (ctest's own entry runs the
 # whole file).
 TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" OMP_NUM_THREADS=1 \
