@@ -45,6 +45,10 @@ struct Reply {
       auto e = gen->Next(std::chrono::milliseconds(0));
       if (!e) break;
       auto bytes = responder->Add(e->index, e->delta);
+      // Counted before its bytes go: a client that has the answer finds it in /metrics.
+      if (bytes.ok() && responder->done() && std::string_view(gen->answered_by()) == "faq") {
+        server->ObserveFaqAnswer(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
       if (!bytes.ok()) {  // not streamed: a sample the engine refused
         SendError(*ex, bytes.status());
       } else if (stream) {
@@ -52,9 +56,6 @@ struct Reply {
         if (responder->done()) ex->End();
       } else if (responder->done()) {
         ex->Respond(200, "application/json", *std::move(bytes), {{kAnsweredByHeader, gen->answered_by()}});
-      }
-      if (bytes.ok() && responder->done() && std::string_view(gen->answered_by()) == "faq") {
-        server->ObserveFaqAnswer(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       }
       if (!bytes.ok() || responder->done()) {
         gen->SetListener(nullptr);

@@ -70,7 +70,7 @@ class ServingMetrics {
   // OnRejected counts too; "faq": the degrade path's table). Thread-safe.
   void OnDegraded(const std::string& reason, const std::string& path);
   // An FAQ answer went out (--degrade faq): the seconds from its request reaching a handler to the
-  // answer's bytes queued to the client. Thread-safe.
+  // answer's bytes about to be queued to the client (counted before they go). Thread-safe.
   void OnFaqAnswered(double seconds);
 
   // The whole exposition: gauges and engine-wide counters (preemptions, prefix cache, spec decode)
