@@ -50,9 +50,7 @@ class Fleet:
 
     def __init__(self, binary, n=3, serve_flags=(), max_fails=2, fail_timeout_s=5, canary=()):
         self.dir = tempfile.mkdtemp(prefix="specula-fleet-eval-")
-        template = os.path.join(self.dir, "plain.jinja")  # stories260K has none: each message on a line
-        with open(template, "w") as f:
-            f.write('{% for m in messages %}{{ m["content"] }}\n{% endfor %}')
+        template = serving_util.plain_chat_template(self.dir)  # stories260K has none: each message on a line
         base = serving_util.free_port_block(2 * (n + (1 if canary else 0)) + 2)
         self.cmd = ["bash", FLEET, "up", str(n), "--model", MODEL, "--dir", self.dir, "--specula", binary,
                     "--http-port", str(base), "--grpc-port", str(base + 1), "--base-port", str(base + 2),

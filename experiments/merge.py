@@ -36,12 +36,8 @@ def _part_of(directory):
 def _lines(directory, run, part):
     """The part's results lines, checked complete: one per key and repeat."""
     path = os.path.join(directory, "results.jsonl")
-    try:
-        with open(path, encoding="utf-8") as f:
-            empty = not f.read().strip()
-    except OSError:
-        empty = True  # none yet: a part that has not run
-    records = [] if empty else results.load_results(path)
+    started = os.path.isfile(path) and os.path.getsize(path) > 0  # no file, or empty: not run yet
+    records = results.load_results(path) if started else []
     want = {(k, r) for k in part["keys"] for r in range(int(run.get("repeats", 1)))}
     have = {(rec["key"], rec.get("repeat", 0)) for rec in records}
     if have - want:

@@ -17,10 +17,7 @@ namespace {
 
 using json = nlohmann::json;
 
-bool IsTrailingPunct(UChar32 c) {
-  const int32_t mask = U_GC_P_MASK;
-  return (U_GET_GC_MASK(c) & mask) != 0;
-}
+bool IsPunctuation(UChar32 c) { return (U_GET_GC_MASK(c) & U_GC_P_MASK) != 0; }  // category P*
 
 absl::Status LineError(const std::string& source, size_t line, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("--faq: ", source, ":", line, ": ", what));
@@ -77,7 +74,7 @@ std::string NormalizeFaqText(std::string_view text) {
     if (n == 0) break;
     const int32_t last = out.moveIndex32(n, -1);
     const UChar32 c = out.char32At(last);
-    if (!IsTrailingPunct(c) && c != ' ') break;
+    if (!IsPunctuation(c) && c != ' ') break;
     out.truncate(last);
   }
   std::string s;

@@ -345,14 +345,9 @@ class GrpcClient final : public LoadClient {
     // Finish has received the initial metadata if no read did (empty where the call never reached a
     // server).
     const auto& initial = ctx.GetServerInitialMetadata();
-    if (const auto it = initial.find(kReplicaMetadata); it != initial.end()) {
-      res.replica.assign(it->second.data(), it->second.size());
-    }
-    if (const auto it = initial.find(kAnsweredByMetadata); it != initial.end()) {
-      res.answered_by.assign(it->second.data(), it->second.size());
-    }
-    if (const auto it = initial.find(kModelVersionMetadata); it != initial.end()) {
-      res.model_version.assign(it->second.data(), it->second.size());
+    for (auto [key, dst] : {std::pair{kReplicaMetadata, &res.replica}, {kAnsweredByMetadata, &res.answered_by},
+                            {kModelVersionMetadata, &res.model_version}}) {
+      if (const auto it = initial.find(key); it != initial.end()) dst->assign(it->second.data(), it->second.size());
     }
     if (res.prompt_tokens == 0) res.prompt_tokens = static_cast<int32_t>(r.prompt_token_ids.size());
     res.outcome = st.ok() ? Outcome::kOk

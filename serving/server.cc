@@ -50,9 +50,8 @@ Server::Server(Engine* engine, const Tokenizer* tokenizer, const ModelConfig& mo
                {.max_model_len = scheduler_.max_model_len,
                 .replica_id = options_.replica_id,
                 .model_version = options_.model_version,
-                .degrade_paths = options_.degrade == ServeOptions::Degrade::kFaq
-                                     ? std::vector<std::string>{"refuse", "faq"}
-                                     : std::vector<std::string>{"refuse"}}),
+                .degrade_paths = options_.faq != nullptr ? std::vector<std::string>{"refuse", "faq"}
+                                                         : std::vector<std::string>{"refuse"}}),
       admission_(options_.admission) {
   LoopHooks hooks;
   hooks.on_first_token = [this](double ttft_ms) { admission_.ObserveTtft(NowS(), ttft_ms); };
@@ -154,12 +153,14 @@ std::string Server::AdmissionRefusal(int32_t priority, std::string* detail) {
 absl::StatusOr<Request> Server::Admit(const ServeRequest& r) {
   ASSIGN_OR_RETURN(Request req, Normalize(r));
   std::string detail;
-  if (std::string reason = AdmissionRefusal(r.priority, &detail); !reason.empty()) {
-    metrics_.OnRejected(reason);
-    metrics_.OnDegraded(reason, "refuse");
-    return absl::ResourceExhaustedError(absl::StrCat("overloaded: ", detail));
-  }
+  if (std::string reason = AdmissionRefusal(r.priority, &detail); !reason.empty()) return Refuse(reason, detail);
   return req;
+}
+
+absl::Status Server::Refuse(const std::string& reason, const std::string& detail) {
+  metrics_.OnRejected(reason);
+  metrics_.OnDegraded(reason, "refuse");
+  return absl::ResourceExhaustedError(absl::StrCat("overloaded: ", detail));
 }
 
 std::shared_ptr<RequestStream> Server::Enqueue(Request r) {
@@ -203,19 +204,11 @@ absl::StatusOr<std::shared_ptr<Generation>> Server::Degrade(const ServeRequest& 
                                                             const std::string& reason, const std::string& detail) {
   // An FAQ answer has no logprobs and follows no grammar: such requests are refused as before.
   const bool plain = first.logprobs < 0 && first.prompt_logprobs < 0 && !first.constraint.active();
-  const std::string* answer = options_.degrade == ServeOptions::Degrade::kFaq && options_.faq != nullptr && plain
-                                  ? options_.faq->Find(r.faq_query)
-                                  : nullptr;
-  if (answer == nullptr || r.faq_query.empty()) {
-    metrics_.OnRejected(reason);
-    metrics_.OnDegraded(reason, "refuse");
-    return absl::ResourceExhaustedError(absl::StrCat("overloaded: ", detail));
-  }
+  const std::string* answer = options_.faq != nullptr && plain ? options_.faq->Find(r.faq_query) : nullptr;
+  if (answer == nullptr) return Refuse(reason, detail);
   metrics_.OnDegraded(reason, "faq");
-  std::vector<RequestDelta> answers;
-  for (int32_t i = 0; i < r.n; ++i) {
-    answers.push_back(AnswerDelta(first, i == 0 ? first.id : next_id_++, *answer, *tokenizer_));
-  }
+  std::vector<RequestDelta> answers(r.n, AnswerDelta(first, first.id, *answer, *tokenizer_));  // encoded once
+  for (int32_t i = 1; i < r.n; ++i) answers[i].id = answers[i].final.id = next_id_++;
   return std::shared_ptr<Generation>(new Generation(this, first.prompt, std::move(answers), "faq"));
 }
 

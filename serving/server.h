@@ -49,13 +49,11 @@ struct ServeOptions {
   // x-specula-model-version and model_version on gRPC, /v1/models, and a label on every metric.
   // Empty: none of them.
   std::string model_version;
-  // What a request that admission control refuses gets (--degrade): kRefuse, the refusal
-  // (RESOURCE_EXHAUSTED: HTTP 429); kFaq, the answer `faq` has for its question when one matches
-  // (Generation::answered_by "faq"), else the same refusal. Either way a refusal is counted by its
-  // reason and path (ServingMetrics::OnDegraded).
-  enum class Degrade { kRefuse, kFaq };
-  Degrade degrade = Degrade::kRefuse;
-  std::shared_ptr<const FaqTable> faq;  // set with kFaq
+  // What a request that admission control refuses gets (--degrade): without a table, the refusal
+  // (RESOURCE_EXHAUSTED: HTTP 429); with one (--degrade faq), the answer `faq` has for its question
+  // when one matches (Generation::answered_by "faq"), else the same refusal. Either way it is
+  // counted by its reason and path (ServingMetrics::OnDegraded).
+  std::shared_ptr<const FaqTable> faq;
 };
 
 // One request as a front end parsed it: its spec (max_tokens 0: the surface's default; seed unset:
@@ -205,6 +203,8 @@ class Server {
   // `detail`, the numbers behind it. Counts nothing.
   std::string AdmissionRefusal(int32_t priority, std::string* detail);
   // What an admission refusal turns into under --degrade: an FAQ answer, or the refusal (counted).
+  // The refusal alone, counted under `reason`: RESOURCE_EXHAUSTED with the numbers behind it.
+  absl::Status Refuse(const std::string& reason, const std::string& detail);
   absl::StatusOr<std::shared_ptr<Generation>> Degrade(const ServeRequest& r, const Request& first,
                                                       const std::string& reason, const std::string& detail);
   std::shared_ptr<RequestStream> Enqueue(Request r);

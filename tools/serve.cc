@@ -109,8 +109,25 @@ std::string DefaultReplicaId(int32_t port) {
   return port == 0 ? absl::StrCat(host, ":pid", getpid()) : absl::StrCat(host, ":", port);
 }
 
-// --model-version as given (the replica id's characters, at most 128), or a hash of the weights: the
-// one the shared KV store salts with, cached by the files' identity (model/weights_hash.h).
+// A flag's value that goes into an HTTP header and a Prometheus label (--replica-id,
+// --model-version): 1 to max_len of ReplicaIdChar's characters. `unset` says what leaving the flag
+// out gives.
+absl::Status CheckLabelValue(const std::string& flag, const std::string& v, size_t max_len, const char* unset) {
+  if (v.empty()) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": empty; give a value, or leave the flag out for ", unset));
+  if (v.size() > max_len) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", v.size(), " characters; at most ", max_len));
+  }
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (ReplicaIdChar(v[i])) continue;
+    const std::string c = v[i] == ' ' ? "' ' (a space)" : absl::StrCat("'", absl::CHexEscape(v.substr(i, 1)), "'");
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": '", absl::CHexEscape(v), "' has ", c, " at position ",
+                                                   i + 1, "; use only letters, digits and . _ : @ / -"));
+  }
+  return absl::OkStatus();
+}
+
+// --model-version as given, or a hash of the weights: the one the shared KV store salts with,
+// cached by the files' identity (model/weights_hash.h).
 absl::StatusOr<std::string> ReadModelVersion(const Flags& flags, const std::string& model) {
   const auto it = flags.values.find("model-version");
   if (it == flags.values.end()) {
@@ -118,29 +135,15 @@ absl::StatusOr<std::string> ReadModelVersion(const Flags& flags, const std::stri
     if (!hash.ok()) return absl::Status(hash.status().code(), absl::StrCat("--model-version: ", hash.status().message()));
     return hash;
   }
-  const std::string& v = it->second;
-  if (v.empty() || v.size() > 128 || !std::all_of(v.begin(), v.end(), ReplicaIdChar)) {
-    return absl::InvalidArgumentError(absl::StrCat("--model-version: '", absl::CHexEscape(v),
-                                                   "' must be 1 to 128 letters, digits and . _ : @ / -"));
-  }
-  return v;
+  RETURN_IF_ERROR(CheckLabelValue("model-version", it->second, 128, "a hash of the weights"));
+  return it->second;
 }
 
 absl::StatusOr<std::string> ReadReplicaId(const Flags& flags, const ServeFlags& f) {
   const auto it = flags.values.find("replica-id");
   if (it == flags.values.end()) return DefaultReplicaId(f.http_port != -1 ? f.http_port : f.grpc_port);
-  const std::string& id = it->second;
-  if (id.empty()) {
-    return absl::InvalidArgumentError("--replica-id: empty; give an id, or leave the flag out for HOSTNAME:PORT");
-  }
-  for (size_t i = 0; i < id.size(); ++i) {
-    if (ReplicaIdChar(id[i])) continue;
-    const std::string c = id[i] == ' ' ? "' ' (a space)" : absl::StrCat("'", absl::CHexEscape(id.substr(i, 1)), "'");
-    return absl::InvalidArgumentError(absl::StrCat("--replica-id: '", absl::CHexEscape(id), "' has ", c,
-                                                   " at position ", i + 1,
-                                                   "; use only letters, digits and . _ : @ / -"));
-  }
-  return id;
+  RETURN_IF_ERROR(CheckLabelValue("replica-id", it->second, std::string::npos, "HOSTNAME:PORT"));
+  return it->second;
 }
 
 // --degrade and --faq: the FAQ file is read and checked here, so that a bad one fails at startup.
@@ -160,7 +163,6 @@ absl::Status ReadDegradeFlags(const Flags& flags, ServeOptions* opt) {
   }
   if (faq == flags.values.end()) return absl::InvalidArgumentError("--degrade faq: needs --faq FILE, the answers");
   ASSIGN_OR_RETURN(FaqTable table, FaqTable::Load(faq->second));
-  opt->degrade = ServeOptions::Degrade::kFaq;
   opt->faq = std::make_shared<const FaqTable>(std::move(table));
   return absl::OkStatus();
 }

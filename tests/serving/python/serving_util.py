@@ -149,6 +149,15 @@ def wait_kv_empty(test, http_base, seconds, what):
     return m
 
 
+def plain_chat_template(directory, separator="\n"):
+    """A chat template file in `directory` for the TinyStories model, which has none: each message's
+    content followed by `separator`. Returns its path."""
+    path = os.path.join(directory, "plain.jinja")
+    with open(path, "w") as f:
+        f.write("{% for m in messages %}{{ m['content'] }}" + separator + "{% endfor %}")
+    return path
+
+
 def free_port_block(n):
     """A port with n free ports on 127.0.0.1 from it on (each bound once, as a server binds it). Taken
     below the ephemeral range, where no client connection takes a local port: after a load test,

@@ -13,13 +13,12 @@ import unittest
 import grpc
 import openai
 
-from serving_util import BINARY, TARGET, TOKENIZER, Serve, metric, metrics, stubs, time_scale
+from serving_util import BINARY, TARGET, TOKENIZER, Serve, metric, metrics, plain_chat_template, stubs, time_scale
 
 FAQ = [
     {"question": "How do I reset my password?", "answer": "Open Settings, then Security, then Reset password."},
     {"question": "What are your opening hours?", "answer": "We are open from 9 to 5, Monday to Friday."},
 ]
-TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
 MODEL = TARGET
 
 
@@ -30,10 +29,8 @@ class DegradeFaqTest(unittest.TestCase):
         faq = os.path.join(cls.tmp.name, "faq.jsonl")
         with open(faq, "w") as f:
             f.write("".join(json.dumps(e) + "\n" for e in FAQ))
-        template = os.path.join(cls.tmp.name, "plain.jinja")
-        with open(template, "w") as f:
-            f.write(TEMPLATE)
-        cls.server = Serve("--chat-template", template, "--ttft-slo-ms", "0.001", "--degrade", "faq", "--faq", faq)
+        cls.server = Serve("--chat-template", plain_chat_template(cls.tmp.name), "--ttft-slo-ms", "0.001",
+                           "--degrade", "faq", "--faq", faq)
         cls.client = openai.OpenAI(base_url=cls.server.http_base + "/v1", api_key="none", max_retries=0,
                                    timeout=30 * time_scale())
 

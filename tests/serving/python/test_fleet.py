@@ -20,7 +20,8 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from serving_util import BINARY, DRAFT, SOURCE, TARGET, TOKENIZER, free_port_block, metric, metrics
+from serving_util import (BINARY, DRAFT, SOURCE, TARGET, TOKENIZER, free_port_block, metric, metrics,
+                          plain_chat_template)
 
 FLEET = os.path.join(SOURCE, "scripts", "fleet.sh")
 TOOLS = shutil.which("nginx") and shutil.which("redis-server")
@@ -192,9 +193,7 @@ class FleetTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.dir = tempfile.mkdtemp(prefix="fleet-")
-        template = os.path.join(cls.dir, "plain.jinja")  # each message's content on its own line
-        with open(template, "w") as f:
-            f.write('{% for m in messages %}{{ m["content"] }}\n{% endfor %}')
+        template = plain_chat_template(cls.dir)  # each message's content on its own line
         base = free_port_block(8)
         cls.http, cls.grpc = f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"
         r = fleet("up", "3", "--model", TARGET, "--dir", cls.dir, "--specula", BINARY, "--http-port", str(base),

@@ -25,7 +25,8 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(__file__))
 import redis_util  # noqa: E402
-from serving_util import BINARY, TARGET, TOKENIZER, Serve, metric, metrics, stubs, time_scale  # noqa: E402
+from serving_util import (BINARY, TARGET, TOKENIZER, Serve, metric, metrics, plain_chat_template, stubs,  # noqa: E402
+                          time_scale)
 
 pb, pb_grpc = stubs()
 KEY = "sk-specula-kv-5c81"
@@ -130,10 +131,7 @@ class CacheSaltAndResetTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.dir = tempfile.TemporaryDirectory()
-        template = os.path.join(cls.dir.name, "plain.jinja")
-        with open(template, "w") as f:
-            f.write("{% for m in messages %}{{ m['content'] }}{% endfor %}")
-        cls.server = Serve("--api-key", KEY, "--chat-template", template)
+        cls.server = Serve("--api-key", KEY, "--chat-template", plain_chat_template(cls.dir.name, separator=""))
         cls.base = cls.server.http_base
 
     @classmethod

@@ -13,9 +13,8 @@ import unittest
 from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from serving_util import BINARY, Serve, time_scale
+from serving_util import BINARY, Serve, plain_chat_template, time_scale
 
-TEMPLATE = '{% for m in messages %}{{ m["content"] }}\n{% endfor %}'
 
 
 class FakeEndpoint:
@@ -83,9 +82,7 @@ class MultiTurnTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
-        template = os.path.join(cls.tmp.name, "plain.jinja")
-        with open(template, "w") as f:
-            f.write(TEMPLATE)
+        template = plain_chat_template(cls.tmp.name)
         cls.servers = [Serve("--chat-template", template, "--replica-id", f"mt-{i}") for i in range(2)]
 
     @classmethod
