@@ -430,7 +430,6 @@ ServeOptions InProcessServeOptions(const LoadedEngine& e, const Experiment& spec
   ServeOptions so;
   so.model_name = "experiment";
   so.default_max_tokens = spec.workload().max_tokens();  // the in-process row's configured default
-  so.add_bos = e.add_bos;
   so.admission.max_queue_len = spec.admission().max_queue_len();
   so.admission.max_queue_delay_ms = spec.admission().max_queue_delay_ms();
   so.admission.ttft_slo_ms = spec.admission().ttft_slo_ms();
@@ -453,7 +452,12 @@ absl::StatusOr<nlohmann::json> RunOnline(LoadedEngine& e, const SchedulerConfig&
   StepLog steps;
   if (!hooks.trace_path.empty()) steps.Attach(engine);
   {
-    Server server(&engine, e.tokenizer.get(), e.model->config(), InProcessServeOptions(e, spec));
+    ModelBundle bundle;
+    bundle.engine = &engine;
+    bundle.tokenizer = e.tokenizer.get();
+    bundle.model = &e.model->config();
+    bundle.add_bos = e.add_bos;
+    Server server(std::move(bundle), InProcessServeOptions(e, spec));
     InProcessClient client(&server, load.slots(), p.temperature, w.seed());
     // Ctrl-C: abort what runs, so that the load returns soon.
     std::atomic<bool> finished{false};

@@ -37,7 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!r.ok()) return 0;
   constexpr int32_t kMaxModelLen = 2048;
   const specula::RequestContext context =
-      specula::ServeRequestContext(tok, tok.vocab_size(), kMaxModelLen, specula::ServeOptions{});
+      specula::ServeRequestContext(tok, tok.vocab_size(), kMaxModelLen, true, specula::kMaxTokensFlagDefault);
   specula::RequestSpec spec = *r;
   auto prompt = specula::NormalizeRequest(r->surface, context, specula::ServePrompt(*r), &spec);
   if (prompt.ok()) {

@@ -58,7 +58,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!parsed.ok()) return 0;
   constexpr int32_t kMaxModelLen = 2048;
   const specula::RequestContext context = specula::ServeRequestContext(
-      *f.tokenizer, f.tokenizer->vocab_size(), kMaxModelLen, specula::ServeOptions{});
+      *f.tokenizer, f.tokenizer->vocab_size(), kMaxModelLen, true, specula::kMaxTokensFlagDefault);
   const specula::ServeRequest& parsed_request = parsed->request;
   specula::RequestSpec r = parsed_request;
   auto admitted = specula::NormalizeRequest(parsed_request.surface, context, specula::ServePrompt(parsed_request), &r);

@@ -75,10 +75,15 @@ struct LoopHooks {
   std::function<void(RequestId)> on_refused;  // the engine refused it (AddRequest failed)
 };
 
+// The loop steps one engine or, for a while after a model reload, several: each request runs on
+// the engine it was submitted to (its lane) until it ends, and a lane that is no longer current is
+// let go (its last reference dropped, on the loop's thread) once it has nothing left to run.
 class EngineLoop {
  public:
   // `engine` must outlive the loop; from here on only the loop's thread touches it.
   explicit EngineLoop(Engine* engine, LoopHooks hooks = {});
+  // The same for an engine the loop shares (it is kept until the loop lets the lane go).
+  explicit EngineLoop(std::shared_ptr<Engine> engine, LoopHooks hooks = {});
   // Stops the loop: requests still running end with FinishReason::kAborted.
   ~EngineLoop();
   // The same, for an owner that must keep the loop callable (Cancel) while its thread ends.
@@ -89,6 +94,12 @@ class EngineLoop {
   // Queues a request for the next step. Refusals (a duplicate id, bad sampling parameters, token
   // ids outside the vocabulary) arrive as the stream's only delta, with `error` set.
   std::shared_ptr<RequestStream> Submit(Request r);
+  // The same on engine `lane`, which becomes one of the loop's lanes until its requests end.
+  std::shared_ptr<RequestStream> Submit(Request r, std::shared_ptr<Engine> lane);
+  // Makes `next` the current engine between two steps (what Submit without a lane, the snapshot's
+  // KV blocks and the engine's counters refer to; its OpenMP threads are the loop's from then on),
+  // and waits for it at most `timeout`. Requests already submitted finish on their own lanes.
+  absl::Status Switch(std::shared_ptr<Engine> next, std::chrono::milliseconds timeout);
   // Aborts a request before the next step: its KV blocks are free once that step's snapshot is
   // out, and its stream ends with FinishReason::kAborted. Unknown or finished ids are ignored.
   void Cancel(RequestId id);
@@ -111,8 +122,12 @@ class EngineLoop {
   void ApplyResets();
   // Pushes the step's deltas to their streams. Loop thread only.
   void PublishDeltas(std::vector<RequestDelta> deltas);
+  // Loop thread only: the lanes' bookkeeping.
+  void AddLane(const std::shared_ptr<Engine>& lane);
+  bool AnyUnfinished() const;
+  void PublishSnapshot(double oldest_queued_ms);
+  void DropIdleLanes();
 
-  Engine* const engine_;
   const LoopHooks hooks_;
   std::atomic<int32_t> num_running_{0};
   std::atomic<double> oldest_queued_ms_{0};
@@ -121,8 +136,12 @@ class EngineLoop {
   struct Add {
     Request request;
     std::shared_ptr<RequestStream> stream;
-    double submit_ms;  // engine clock
+    double submit_ms;  // the lane's clock
+    std::shared_ptr<Engine> lane;
   };
+  std::shared_ptr<Engine> submit_lane_;                                  // guarded by mu_: Submit's default
+  std::shared_ptr<Engine> switch_to_;                                    // guarded by mu_: asked, not yet adopted
+  int64_t switches_asked_ = 0, switches_done_ = 0;                        // guarded by mu_
   std::vector<Add> adds_;                                                // guarded by mu_
   std::vector<RequestId> cancels_;                                       // guarded by mu_
   bool stop_ = false, cancel_all_ = false;                                // guarded by mu_
@@ -134,13 +153,15 @@ class EngineLoop {
   std::condition_variable reset_cv_;
   EngineSnapshot snapshot_;                                              // guarded by mu_
 
-  // Loop thread only: the streams of admitted requests.
+  // Loop thread only: the streams of admitted requests, and the lanes (the current one first).
   struct Active {
     std::shared_ptr<RequestStream> stream;
     double submit_ms = 0;
     bool first_token = false;  // one was sent
+    Engine* lane = nullptr;
   };
   std::unordered_map<RequestId, Active> active_;
+  std::vector<std::shared_ptr<Engine>> lanes_;
   std::thread thread_;  // last: starts once the members above exist
 };
 

@@ -135,9 +135,12 @@ void SetLast(const RequestOutput& out, int32_t spec_tokens, bool kv_store, v1::G
 // deadline (OnCancel) aborts the samples; their aborted last deltas then finish the call.
 class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
-  GenerateReactor(Server* server, grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req)
-      : ctx_(ctx), server_(server), spec_tokens_(server->spec_metrics_tokens()), kv_store_(server->options().kv_store) {
-    auto started = server->Generate(FromProto(req));
+  // On `bundle`: the model whose version the call's initial metadata named.
+  GenerateReactor(Server* server, grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req,
+                  std::shared_ptr<const ModelBundle> bundle)
+      : ctx_(ctx), server_(server), spec_tokens_(server->spec_metrics_tokens(*bundle)),
+        kv_store_(server->options().kv_store) {
+    auto started = server->Generate(FromProto(req), std::move(bundle));
     if (!started.ok()) {
       Finish(ToGrpc(started.status()));
       return;
@@ -267,6 +270,15 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   bool writing_ = false, finished_ = false, broken_ = false;  // guarded by link_->mu
 };
 
+// The replica's id and the model's version in the call's initial metadata, before anything is
+// sent: a call refused at once (UNAUTHENTICATED, RESOURCE_EXHAUSTED, INVALID_ARGUMENT, UNAVAILABLE)
+// carries them too, and custom metadata keeps such a call from being sent as trailers only.
+void NameReplica(const Server* server, grpc::CallbackServerContext* ctx, const std::string& version) {
+  const std::string& id = server->options().replica_id;
+  if (!id.empty()) ctx->AddInitialMetadata(kReplicaMetadata, id);
+  if (!version.empty()) ctx->AddInitialMetadata(kModelVersionMetadata, version);
+}
+
 // A Generate call refused before it reaches the server (no or a wrong API key).
 class RefusedGenerate : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
@@ -305,18 +317,19 @@ class GenerationService final : public v1::Generation::CallbackService {
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
                                                            const v1::GenerateRequest* req) override {
-    NameReplica(ctx);
+    std::shared_ptr<const ModelBundle> bundle = server_->Current();
+    NameReplica(server_, ctx, bundle->version);
     if (grpc::Status auth = Authorize(*ctx, api_key_); !auth.ok()) return new RefusedGenerate(auth);
-    return new GenerateReactor(server_, ctx, *req);
+    return new GenerateReactor(server_, ctx, *req, std::move(bundle));
   }
 
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx, const v1::TokenizeRequest* req,
                                      v1::TokenizeResponse* resp) override {
-    NameReplica(ctx);
+    const std::shared_ptr<const ModelBundle> bundle = server_->Current();
+    NameReplica(server_, ctx, bundle->version);
     if (grpc::Status auth = Authorize(*ctx, api_key_); !auth.ok()) return FinishUnary(ctx, auth);
-    const Tokenizer& tok = server_->tokenizer();
-    const std::vector<TokenId> ids =
-        tok.Encode(req->text(), req->add_special_tokens() && server_->options().add_bos);
+    const Tokenizer& tok = *bundle->tokenizer;
+    const std::vector<TokenId> ids = tok.Encode(req->text(), req->add_special_tokens() && bundle->add_bos);
     TokenId prev = -1;
     for (TokenId id : ids) {
       resp->add_token_ids(id);
@@ -328,37 +341,66 @@ class GenerationService final : public v1::Generation::CallbackService {
 
   grpc::ServerUnaryReactor* ModelInfo(grpc::CallbackServerContext* ctx, const v1::ModelInfoRequest*,
                                       v1::ModelInfoResponse* resp) override {
-    NameReplica(ctx);
+    const std::shared_ptr<const ModelBundle> bundle = server_->Current();
+    NameReplica(server_, ctx, bundle->version);
     if (grpc::Status auth = Authorize(*ctx, api_key_); !auth.ok()) return FinishUnary(ctx, auth);
-    const ModelConfig& m = server_->model_config();
-    const SchedulerConfig& sc = server_->scheduler_config();
+    const ModelConfig& m = *bundle->model;
+    const SchedulerConfig& sc = bundle->scheduler;
     resp->set_model(server_->options().model_name);
     resp->set_vocab_size(m.vocab_size);
     resp->set_max_model_len(sc.max_model_len);
     resp->set_num_layers(m.num_layers);
     resp->set_hidden_size(m.dim);
-    resp->set_spec_method(server_->options().spec_method);
-    resp->set_num_spec_tokens(server_->options().num_spec_tokens);
+    resp->set_spec_method(bundle->spec_method);
+    resp->set_num_spec_tokens(bundle->num_spec_tokens);
     resp->set_max_num_seqs(sc.max_num_seqs);
     resp->set_kv_cache_blocks(sc.num_blocks);
     resp->set_block_size(sc.block_size);
-    resp->set_model_version(server_->options().model_version);
+    resp->set_model_version(bundle->version);
     return FinishUnary(ctx, grpc::Status::OK);
   }
 
  private:
-  // The replica's id and the model's version in the call's initial metadata, before anything is
-  // sent: a call refused at once (UNAUTHENTICATED, RESOURCE_EXHAUSTED, INVALID_ARGUMENT, UNAVAILABLE)
-  // carries them too, and custom metadata keeps such a call from being sent as trailers only.
-  void NameReplica(grpc::CallbackServerContext* ctx) const {
-    const std::string& id = server_->options().replica_id;
-    if (!id.empty()) ctx->AddInitialMetadata(kReplicaMetadata, id);
-    const std::string& version = server_->options().model_version;
-    if (!version.empty()) ctx->AddInitialMetadata(kModelVersionMetadata, version);
-  }
-
   Server* const server_;
   const std::string api_key_;  // empty: no key
+};
+
+// specula.v1.Admin: the Generation key, and refused on a server without one. Reload runs on the
+// callback's thread while the new model loads: reloads are rare, and run one at a time.
+class AdminService final : public v1::Admin::CallbackService {
+ public:
+  AdminService(Server* server, std::string api_key) : server_(server), api_key_(std::move(api_key)) {}
+
+  grpc::ServerUnaryReactor* Reload(grpc::CallbackServerContext* ctx, const v1::ReloadRequest* req,
+                                   v1::ReloadResponse* resp) override {
+    NameReplica(server_, ctx, server_->Current()->version);
+    if (api_key_.empty()) {
+      return FinishUnary(ctx, grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                                           "specula.v1.Admin: admin calls need the server started with --api-key"));
+    }
+    if (grpc::Status auth = Authorize(*ctx, api_key_); !auth.ok()) return FinishUnary(ctx, auth);
+    if (req->model().empty()) {
+      return FinishUnary(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "model: required (the new model's path)"));
+    }
+    const ReloadSpec spec{req->model(), req->tokenizer(), req->chat_template(), req->draft_model(), req->model_version()};
+    absl::StatusOr<ReloadResult> r = server_->Reload(spec);
+    if (!r.ok()) {
+      const absl::Status& st = r.status();
+      return FinishUnary(ctx, st.code() == absl::StatusCode::kFailedPrecondition
+                                  ? ToGrpc(st)
+                                  : grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(st.message())));
+    }
+    resp->set_model(r->source);
+    resp->set_model_version(r->version);
+    resp->set_previous_model_version(r->previous_version);
+    resp->set_load_seconds(r->load_seconds);
+    resp->set_previous_in_flight(r->previous_in_flight);
+    return FinishUnary(ctx, grpc::Status::OK);
+  }
+
+ private:
+  Server* const server_;
+  const std::string api_key_;  // empty: no key, and no admin calls
 };
 
 // Plaintext, or TLS from the checked PEM files; with --ssl-ca-certs, clients must present a
@@ -386,6 +428,7 @@ absl::StatusOr<ServeRequest> ParseGenerateRequest(const std::string& bytes) {
 
 struct GrpcFrontend::Impl {
   std::unique_ptr<GenerationService> service;
+  std::unique_ptr<AdminService> admin;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
 };
@@ -400,6 +443,7 @@ absl::StatusOr<std::unique_ptr<GrpcFrontend>> GrpcFrontend::Start(Server* server
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, Credentials(security));
   auto impl = std::make_unique<Impl>();
   impl->service = std::make_unique<GenerationService>(server, security.api_key);
+  impl->admin = std::make_unique<AdminService>(server, security.api_key);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   // libgrpc++ serves health with messages of its own; reflection describes grpc.health.v1 from the
@@ -409,6 +453,7 @@ absl::StatusOr<std::unique_ptr<GrpcFrontend>> GrpcFrontend::Start(Server* server
   const std::string address = absl::StrCat(host.find(':') != std::string::npos ? "[" + host + "]" : host, ":", port);
   builder.AddListeningPort(address, credentials, &impl->port);
   builder.RegisterService(impl->service.get());
+  builder.RegisterService(impl->admin.get());
   // Compressed requests (identity, deflate, gzip) are accepted: gRPC's default, kept on purpose.
   // Responses go uncompressed (no default algorithm): a streamed delta is a few token ids and bytes
   // of text, which gzip's per-message header and CPU would make no smaller.

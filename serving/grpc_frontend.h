@@ -1,5 +1,6 @@
-// The gRPC front end of `specula serve`: specula.v1.Generation (proto/specula/v1/generation.proto),
-// grpc.health.v1.Health and server reflection. Health answers readiness for the server ("") and
+// The gRPC front end of `specula serve`: specula.v1.Generation and specula.v1.Admin (Reload; only
+// with an API key) from proto/specula/v1/generation.proto, grpc.health.v1.Health and server
+// reflection. Health answers readiness for the server ("") and
 // for specula.v1.Generation (SERVING, NOT_SERVING while draining), and liveness for the service
 // name kLivenessService (SERVING while the process serves, draining included: a kubelet's liveness
 // probe must not kill a pod that is finishing its requests). Every

@@ -1,5 +1,6 @@
 #include "serving/http_frontend.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -21,6 +22,13 @@ using json = nlohmann::json;
 void SendError(HttpExchange& ex, const absl::Status& st) {
   const int status = HttpStatusOf(st);
   ex.Respond(status, "application/json", ErrorJson(st, status));
+}
+
+// A generation's own headers: the path and the model version that answered it.
+HttpHeaders Headers(const Generation& gen) {
+  HttpHeaders h = {{kAnsweredByHeader, gen.answered_by()}};
+  if (!gen.model_version().empty()) h.emplace_back(kModelVersionHeader, gen.model_version());
+  return h;
 }
 
 // One call's answer. The generation's listener (on the engine loop's thread, after each delta)
@@ -55,7 +63,7 @@ struct Reply {
         if (!bytes->empty()) ex->Write(*std::move(bytes));  // false once the client left: OnClose cancelled
         if (responder->done()) ex->End();
       } else if (responder->done()) {
-        ex->Respond(200, "application/json", *std::move(bytes), {{kAnsweredByHeader, gen->answered_by()}});
+        ex->Respond(200, "application/json", *std::move(bytes), Headers(*gen));
       }
       if (!bytes.ok() || responder->done()) {
         gen->SetListener(nullptr);
@@ -69,11 +77,12 @@ struct Reply {
 
 struct HttpFrontend::Impl {
   Server* server;
-  absl::StatusOr<ChatSource> chat_source = absl::NotFoundError("no chat template");
-  std::optional<ChatTemplate> chat_template;  // parsed once at start
   std::unique_ptr<HttpServer> http;
+  bool api_key = false;  // --api-key is set: the admin routes are open to its holders
+  int reload_listener = -1;
 
   void Handle(HttpRequest req, const std::shared_ptr<HttpExchange>& ex, bool chat);
+  void Reload(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const;
   std::vector<HttpRoute> Routes();
 };
 
@@ -83,10 +92,13 @@ struct HttpFrontend::Impl {
 void HttpFrontend::Impl::Handle(HttpRequest req, const std::shared_ptr<HttpExchange>& ex, bool chat) {
   const auto start = std::chrono::steady_clock::now();
   const std::string model = server->options().model_name;
-  auto parsed = ParseHttpRequestBody(req.body, chat, model, chat_template.has_value() ? &*chat_template : nullptr,
-                                     chat_source);
+  // The model this request is bound to: its template renders it, its tokenizer encodes it.
+  std::shared_ptr<const ModelBundle> bundle = server->Current();
+  auto parsed = ParseHttpRequestBody(req.body, chat, model,
+                                     bundle->chat_template.has_value() ? &*bundle->chat_template : nullptr,
+                                     bundle->chat_source);
   if (!parsed.ok()) return SendError(*ex, parsed.status());
-  auto started = server->Generate(parsed->request);
+  auto started = server->Generate(parsed->request, bundle);
   if (!started.ok()) return SendError(*ex, started.status());
   std::shared_ptr<Generation> gen = *std::move(started);
   auto reply = std::make_shared<Reply>();
@@ -95,13 +107,13 @@ void HttpFrontend::Impl::Handle(HttpRequest req, const std::shared_ptr<HttpExcha
   reply->ex = ex;
   reply->stream = parsed->stream;
   reply->responder = std::make_unique<OpenAiResponder>(
-      *parsed, model, absl::StrCat(chat ? "chatcmpl-" : "cmpl-", gen->id()), *gen, &server->tokenizer());
+      *parsed, model, absl::StrCat(chat ? "chatcmpl-" : "cmpl-", gen->id()), *gen, gen->bundle().tokenizer);
   reply->gen = gen;
   // A client that goes away cancels its samples, which frees their KV blocks.
   ex->OnClose([weak = std::weak_ptr<Generation>(gen)] {
     if (auto g = weak.lock()) g->Cancel();
   });
-  if (parsed->stream) ex->StartStream(200, "text/event-stream", {{kAnsweredByHeader, gen->answered_by()}});
+  if (parsed->stream) ex->StartStream(200, "text/event-stream", Headers(*gen));
   gen->SetListener([reply] {
     if (reply->drain_due.exchange(true)) return;
     reply->ex->Defer([reply] {
@@ -111,14 +123,56 @@ void HttpFrontend::Impl::Handle(HttpRequest req, const std::shared_ptr<HttpExcha
   });
 }
 
+// POST /admin/reload {"model": PATH, "tokenizer", "chat_template", "draft_model", "model_version"}:
+// on a handler thread, which waits while the new model loads (Server::Reload). The key checked by
+// HttpServer is required: without one configured, the route is refused.
+void HttpFrontend::Impl::Reload(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const {
+  if (!api_key) {
+    return SendError(*ex, absl::PermissionDeniedError("/admin/reload: admin routes need the server started with --api-key"));
+  }
+  const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (!body.is_object()) return SendError(*ex, absl::InvalidArgumentError("body: not a JSON object"));
+  ReloadSpec spec;
+  const std::pair<const char*, std::string*> fields[] = {{"model", &spec.model}, {"tokenizer", &spec.tokenizer},
+                                                         {"chat_template", &spec.chat_template},
+                                                         {"draft_model", &spec.draft_model},
+                                                         {"model_version", &spec.model_version}};
+  for (const auto& [key, value] : body.items()) {
+    const auto* f = std::find_if(std::begin(fields), std::end(fields), [&](const auto& f) { return key == f.first; });
+    if (f == std::end(fields)) {
+      return SendError(*ex, absl::InvalidArgumentError(absl::StrCat(
+                                key, ": unknown field (model, tokenizer, chat_template, draft_model, model_version)")));
+    }
+    if (!value.is_string() || value.get<std::string>().empty()) {
+      return SendError(*ex, absl::InvalidArgumentError(absl::StrCat(key, ": must be a non-empty string")));
+    }
+    *f->second = value.get<std::string>();
+  }
+  if (spec.model.empty()) return SendError(*ex, absl::InvalidArgumentError("model: required (the new model's path)"));
+  absl::StatusOr<ReloadResult> r = server->Reload(spec);
+  if (!r.ok()) {
+    const absl::Status& st = r.status();
+    // A load's error names the field; a reload refused by the server's state is a conflict.
+    if (st.code() == absl::StatusCode::kFailedPrecondition) {
+      return ex->Respond(409, "application/json", ErrorJson(st, 409));
+    }
+    return SendError(*ex, absl::InvalidArgumentError(st.message()));
+  }
+  ex->Respond(200, "application/json",
+              json{{"reloaded", true}, {"model", r->source}, {"model_version", r->version},
+                   {"previous_model_version", r->previous_version}, {"load_seconds", r->load_seconds},
+                   {"previous_in_flight", r->previous_in_flight}}.dump());
+}
+
 std::vector<HttpRoute> HttpFrontend::Impl::Routes() {
   auto handle = [this](bool chat) {
     return [this, chat](HttpRequest q, std::shared_ptr<HttpExchange> ex) { Handle(std::move(q), ex, chat); };
   };
   auto models = [this](HttpRequest, std::shared_ptr<HttpExchange> ex) {
+    const std::shared_ptr<const ModelBundle> b = server->Current();
     json m = {{"id", server->options().model_name}, {"object", "model"}, {"created", std::time(nullptr)},
-              {"owned_by", "specula"}, {"max_model_len", server->scheduler_config().max_model_len}};
-    if (!server->options().model_version.empty()) m["version"] = server->options().model_version;
+              {"owned_by", "specula"}, {"max_model_len", b->scheduler.max_model_len}};
+    if (!b->version.empty()) m["version"] = b->version;
     ex->Respond(200, "application/json", json{{"object", "list"}, {"data", {m}}}.dump());
   };
   auto health = [this](HttpRequest, std::shared_ptr<HttpExchange> ex) {
@@ -139,27 +193,20 @@ std::vector<HttpRoute> HttpFrontend::Impl::Routes() {
   };
   return {{"POST", "/v1/completions", handle(false)}, {"POST", "/v1/chat/completions", handle(true)},
           {"GET", "/v1/models", models}, {"GET", "/health", health}, {"GET", "/live", live}, {"GET", "/metrics", metrics},
-          {"POST", "/reset_prefix_cache", reset}};
+          {"POST", "/reset_prefix_cache", reset},
+          {"POST", "/admin/reload", [this](HttpRequest q, std::shared_ptr<HttpExchange> ex) { Reload(q, ex); }}};
 }
 
 HttpFrontend::HttpFrontend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-HttpFrontend::~HttpFrontend() { Stop(); }
+HttpFrontend::~HttpFrontend() {
+  Stop();
+  if (impl_->reload_listener >= 0) impl_->server->RemoveReloadListener(impl_->reload_listener);
+}
 
-absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(Server* server, const HttpOptions& options,
-                                                                  absl::StatusOr<ChatSource> chat) {
+absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(Server* server, const HttpOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->server = server;
-  if (chat.ok()) {
-    // A template the renderer cannot parse leaves chat off (with the reason), not the server.
-    auto t = ChatTemplate::Parse(chat->template_text);
-    if (t.ok()) {
-      impl->chat_template = *std::move(t);
-    } else {
-      chat = absl::InvalidArgumentError(absl::StrCat(chat->origin, ": ", t.status().message()));
-      std::fprintf(stderr, "[specula] chat disabled: %s\n", std::string(chat.status().message()).c_str());
-    }
-  }
-  impl->chat_source = std::move(chat);
+  impl->api_key = !options.security.api_key.empty();
   HttpServerOptions o;
   o.host = options.host;
   o.port = options.port;
@@ -168,17 +215,19 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(Server* server
   o.worker_threads = options.threads;
   o.io_threads = 1;  // parsing and writing bytes: one core's fraction even under a flood
   o.security = options.security;
-  // Every response names the replica, refusals and probes included: a router's retries and a
-  // benchmark see which replica answered.
+  // Every response names the replica and the current model version, refusals and probes included:
+  // a router's retries and a benchmark see which replica answered. A generation names its own
+  // version (Headers), which a reload may have made the previous one.
   if (const std::string& id = server->options().replica_id; !id.empty()) o.response_headers = {{kReplicaHeader, id}};
-  if (const std::string& v = server->options().model_version; !v.empty()) {
-    o.response_headers.emplace_back(kModelVersionHeader, v);
-  }
+  if (const std::string v = server->Current()->version; !v.empty()) o.response_headers.emplace_back(kModelVersionHeader, v);
   auto http = HttpServer::Start(std::move(o), impl->Routes());
   if (!http.ok()) {
     return absl::Status(http.status().code(), absl::StrCat("--http-port: ", http.status().message()));
   }
   impl->http = *std::move(http);
+  impl->reload_listener = server->AddReloadListener([http = impl->http.get()](const ModelBundle& b) {
+    if (!b.version.empty()) http->SetResponseHeader(kModelVersionHeader, b.version);
+  });
   return std::unique_ptr<HttpFrontend>(new HttpFrontend(std::move(impl)));
 }
 

@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
@@ -62,7 +63,11 @@ std::string Head(int status, std::string_view content_type, std::optional<size_t
   }
   if (!keep_alive) absl::StrAppend(&h, "Connection: close\r\n");
   for (const auto& [k, v] : extra) absl::StrAppend(&h, k, ": ", v, "\r\n");
-  for (const auto& [k, v] : common) absl::StrAppend(&h, k, ": ", v, "\r\n");
+  for (const auto& [k, v] : common) {
+    // A handler's own value wins over the server's (a response's model version over the current one).
+    const bool own = std::any_of(extra.begin(), extra.end(), [&k](const auto& e) { return absl::EqualsIgnoreCase(e.first, k); });
+    if (!own) absl::StrAppend(&h, k, ": ", v, "\r\n");
+  }
   h += "\r\n";
   return h;
 }
@@ -71,10 +76,26 @@ std::string Head(int status, std::string_view content_type, std::optional<size_t
 // (soon destroyed) io_context. It holds the headers of every response, which an exchange's last
 // answer (its destructor's 500) may need after the server is gone.
 struct Gate {
-  explicit Gate(HttpHeaders headers) : response_headers(std::move(headers)) {}
-  const HttpHeaders response_headers;  // HttpServerOptions::response_headers; never changes
+  explicit Gate(HttpHeaders headers) : headers_(std::move(headers)) {}
+  HttpHeaders response_headers() {
+    std::lock_guard<std::mutex> l(mu);
+    return headers_;
+  }
+  void Set(const std::string& name, const std::string& value) {
+    std::lock_guard<std::mutex> l(mu);
+    for (auto& [k, v] : headers_) {
+      if (k == name) {
+        v = value;
+        return;
+      }
+    }
+    headers_.emplace_back(name, value);
+  }
   std::mutex mu;
   bool stopped = false;  // guarded by mu
+
+ private:
+  HttpHeaders headers_;  // HttpServerOptions::response_headers, and SetResponseHeader's; guarded by mu
 };
 
 // The connection as its exchange sees it; every method runs on the connection's strand.
@@ -100,7 +121,7 @@ class ExchangeImpl final : public HttpExchange {
     if (state_ == kStreaming) Send("0\r\n\r\n", true);
     if (state_ == kNew) {
       const std::string body = HttpErrorJson(500, "the handler did not respond", "internal_error");
-      Send(Head(500, "application/json", body.size(), {}, gate_->response_headers, keep_alive_) + body, true);
+      Send(Head(500, "application/json", body.size(), {}, gate_->response_headers(), keep_alive_) + body, true);
     }
   }
 
@@ -108,7 +129,7 @@ class ExchangeImpl final : public HttpExchange {
     std::lock_guard<std::mutex> l(mu_);
     if (state_ != kNew) return;
     state_ = kEnded;
-    std::string bytes = Head(status, content_type, body.size(), extra, gate_->response_headers, keep_alive_);
+    std::string bytes = Head(status, content_type, body.size(), extra, gate_->response_headers(), keep_alive_);
     bytes += body;
     Send(std::move(bytes), true);
   }
@@ -117,7 +138,7 @@ class ExchangeImpl final : public HttpExchange {
     std::lock_guard<std::mutex> l(mu_);
     if (state_ != kNew) return;
     state_ = kStreaming;
-    Send(Head(status, content_type, std::nullopt, extra, gate_->response_headers, keep_alive_), false);
+    Send(Head(status, content_type, std::nullopt, extra, gate_->response_headers(), keep_alive_), false);
   }
 
   bool Write(std::string chunk) override {
@@ -400,7 +421,7 @@ class Session final : public SessionBase {
     const std::string body = HttpErrorJson(status, message, type, param);
     state_ = kClosing;
     SetDeadline(Clock::now() + kLinger);
-    Queue(Head(status, "application/json", body.size(), extra, core_->gate->response_headers, /*keep_alive=*/false) +
+    Queue(Head(status, "application/json", body.size(), extra, core_->gate->response_headers(), /*keep_alive=*/false) +
           body);
     Flush();
   }
@@ -635,6 +656,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
 HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 HttpServer::~HttpServer() { Stop(); }
 int HttpServer::port() const { return impl_->port; }
+
+void HttpServer::SetResponseHeader(const std::string& name, const std::string& value) {
+  impl_->core.gate->Set(name, value);
+}
 
 void HttpServer::Stop() {
   Impl& m = *impl_;

@@ -84,6 +84,9 @@ class HttpServer {
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(HttpServerOptions options, std::vector<HttpRoute> routes);
   ~HttpServer();  // Stop()
   int port() const;
+  // Sets (or adds) a header that every response from now on carries (HttpServerOptions::
+  // response_headers); a handler's header of the same name wins. Thread-safe.
+  void SetResponseHeader(const std::string& name, const std::string& value);
   // Stops accepting, waits for running handlers, closes every connection (OnClose fires for the
   // unfinished responses) and joins the threads. Later calls on exchanges do nothing.
   void Stop();

@@ -293,6 +293,7 @@ class GrpcClient final : public LoadClient {
   absl::Status Probe(const std::string& endpoint) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    if (!opt_.api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + opt_.api_key);
     v1::ModelInfoResponse info;
     const grpc::Status st = stub_->ModelInfo(&ctx, v1::ModelInfoRequest(), &info);
     if (!st.ok()) return absl::UnavailableError(absl::StrCat("cannot reach ", endpoint, ": ", st.error_message()));
@@ -320,6 +321,7 @@ class GrpcClient final : public LoadClient {
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::microseconds(static_cast<int64_t>(opt_.request_timeout_s * 1e6)));
     if (!r.session.id.empty()) ctx.AddMetadata("x-session-id", r.session.id);
+    if (!opt_.api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + opt_.api_key);
     RequestResult res;
     const Clock::time_point t0 = Clock::now();
     double last = 0;
@@ -452,7 +454,9 @@ class HttpClient final : public LoadClient {
     httplib::Client c(host_, port_);
     c.set_connection_timeout(10);
     c.set_read_timeout(10);
-    const auto res = c.Get("/v1/models");
+    httplib::Headers auth;
+    if (!opt_.api_key.empty()) auth.emplace("Authorization", "Bearer " + opt_.api_key);
+    const auto res = c.Get("/v1/models", auth);
     if (!res) return absl::UnavailableError(absl::StrCat("cannot reach ", endpoint, ": ", HttpError(res.error())));
     if (res->status != 200) {
       return absl::UnavailableError(absl::StrCat(endpoint, ": GET /v1/models: HTTP ", res->status, ": ",
@@ -492,6 +496,7 @@ class HttpClient final : public LoadClient {
     q.path = r.messages.empty() ? "/v1/completions" : "/v1/chat/completions";
     q.headers = {{"Content-Type", "application/json"}, {"Accept", "text/event-stream"}};
     if (!r.session.id.empty()) q.headers.emplace("X-Session-Id", r.session.id);
+    if (!opt_.api_key.empty()) q.headers.emplace("Authorization", "Bearer " + opt_.api_key);
     q.body = body.dump();
     return q;
   }

@@ -97,6 +97,7 @@ struct ClientOptions {
   std::string model;  // HTTP "model"; empty: the first of GET /v1/models
   double temperature = 0.0;
   double request_timeout_s = 600.0;  // the gRPC deadline; the HTTP read timeout
+  std::string api_key;  // non-empty: `Authorization: Bearer KEY` on every request (gRPC: metadata)
 };
 
 // Sends requests and times their streams. Send is called from many threads at once.

@@ -211,6 +211,11 @@ void ServingMetrics::OnFaqAnswered(double seconds) {
   faq_answer_.Observe(seconds);
 }
 
+void ServingMetrics::SetModelVersion(std::string version) {
+  std::lock_guard<std::mutex> lock(mu_);
+  model_version_ = std::move(version);
+}
+
 void ServingMetrics::OnDegraded(const std::string& reason, const std::string& path) {
   std::lock_guard<std::mutex> lock(mu_);
   ++degraded_[{reason, path}];

@@ -72,6 +72,10 @@ class ServingMetrics {
   // An FAQ answer went out (--degrade faq): the seconds from its request reaching a handler to the
   // answer's bytes about to be queued to the client (counted before they go). Thread-safe.
   void OnFaqAnswered(double seconds);
+  // A reload made `version` the served one: every series carries it from now on. The engine's own
+  // counters (spec decode, prefix cache, preemptions) start again with the new engine; the rest
+  // carry on. Thread-safe.
+  void SetModelVersion(std::string version);
 
   // The whole exposition: gauges and engine-wide counters (preemptions, prefix cache, spec decode)
   // from the engine's snapshot, the rest from what OnFinished / OnRejected recorded. The snapshot is
@@ -96,7 +100,7 @@ class ServingMetrics {
 
   const std::string model_name_;
   const std::string replica_id_;     // empty: no replica_info
-  const std::string model_version_;  // empty: no model_version label
+  std::string model_version_;  // empty: no model_version label; guarded by mu_
   const bool token_histograms_;
   mutable std::mutex mu_;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0;            // guarded by mu_

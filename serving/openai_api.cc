@@ -291,6 +291,7 @@ int HttpStatusOf(const absl::Status& st) {
   switch (st.code()) {
     case absl::StatusCode::kInvalidArgument: return 400;
     case absl::StatusCode::kUnauthenticated: return 401;
+    case absl::StatusCode::kPermissionDenied: return 403;
     case absl::StatusCode::kNotFound: return 404;
     case absl::StatusCode::kResourceExhausted: return 429;
     case absl::StatusCode::kUnavailable: return 503;
@@ -304,6 +305,8 @@ std::string ErrorJson(const absl::Status& st, int code) {
   if (code == 400 || code == 413) param = msg.substr(0, msg.find_first_of(":[ "));
   const char* type = code == 400 || code == 413 ? "invalid_request_error"
                      : code == 401              ? "authentication_error"
+                     : code == 403              ? "permission_error"
+                     : code == 409              ? "conflict_error"
                      : code == 404              ? "not_found_error"
                      : code == 429              ? "rate_limit_error"
                      : code == 503              ? "service_unavailable_error"

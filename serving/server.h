@@ -24,6 +24,7 @@
 #include "serving/engine_loop.h"
 #include "serving/faq.h"
 #include "serving/metrics.h"
+#include "serving/model_bundle.h"
 #include "serving/replica.h"
 
 namespace specula {
@@ -31,9 +32,7 @@ namespace specula {
 struct ServeOptions {
   std::string model_name;  // the served model's name (--model as given)
   int32_t default_max_tokens = kMaxTokensFlagDefault;  // --max-tokens: the table's configured default
-  bool add_bos = true;     // prepend BOS to text prompts
   AdmissionConfig admission;
-  std::string spec_method = "none", num_spec_tokens = "0";  // for ModelInfo
   // Each finished request's speculative-decoding metrics in its response (on unless
   // --per-request-spec-decode-metrics none; nothing for a request without drafts on a server without
   // a proposer).
@@ -44,11 +43,6 @@ struct ServeOptions {
   // Which replica this is (--replica-id): X-Specula-Replica on every HTTP response, x-specula-replica
   // in every Generation call's initial metadata, /metrics' replica_info. Empty: none of them.
   std::string replica_id;
-  // The served weights' version (--model-version; default their hash, model/weights_hash.h):
-  // X-Specula-Model-Version on every HTTP response and system_fingerprint in every body,
-  // x-specula-model-version and model_version on gRPC, /v1/models, and a label on every metric.
-  // Empty: none of them.
-  std::string model_version;
   // What a request that admission control refuses gets (--degrade): without a table, the refusal
   // (RESOURCE_EXHAUSTED: HTTP 429); with one (--degrade faq), the answer `faq` has for its question
   // when one matches (Generation::answered_by "faq"), else the same refusal. Either way it is
@@ -101,13 +95,16 @@ class Generation : public std::enable_shared_from_this<Generation> {
   // Which path answers: "model" (the engine), or "faq" (the degrade path's table, whose answer is
   // each sample's one delta, ready at once).
   const char* answered_by() const { return answered_by_; }
-  const std::string& model_version() const;  // ServeOptions::model_version: the version that answers
+  // The model it was admitted to: its version names the answer, its tokenizer decodes it.
+  const ModelBundle& bundle() const { return *bundle_; }
+  const std::string& model_version() const { return bundle_->version; }
 
  private:
   friend class Server;
-  Generation(Server* server, std::vector<Request> requests);
+  Generation(Server* server, std::shared_ptr<const ModelBundle> bundle, std::vector<Request> requests);
   // Answered without the engine: each sample's last delta given (`answered_by` names the path).
-  Generation(Server* server, std::vector<TokenId> prompt, std::vector<RequestDelta> answers, const char* answered_by);
+  Generation(Server* server, std::shared_ptr<const ModelBundle> bundle, std::vector<TokenId> prompt,
+             std::vector<RequestDelta> answers, const char* answered_by);
   // Submits samples [submitted, n) (mu_ held) and returns their streams, whose listeners Listen
   // sets once mu_ is released (a listener may run at once, and it takes mu_). Never from Next.
   std::vector<std::shared_ptr<RequestStream>> SubmitUpTo(size_t n);
@@ -115,6 +112,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   void Notify();
 
   Server* const server_;
+  const std::shared_ptr<const ModelBundle> bundle_;
   std::vector<TokenId> prompt_;
   std::vector<Request> requests_;  // [n] (none when answered without the engine): what each sample
                                    // submits (moved out when it does)
@@ -132,9 +130,10 @@ class Generation : public std::enable_shared_from_this<Generation> {
 };
 
 // NormalizeRequest's context for this server's requests: the model's vocabulary and context, text
-// encoded with `tokenizer` (BOS per `add_bos`), --max-tokens, and at most `max_prompt_bytes` of text.
-RequestContext ServeRequestContext(const Tokenizer& tokenizer, int32_t vocab, int32_t max_model_len,
-                                   const ServeOptions& options, size_t max_prompt_bytes = SIZE_MAX);
+// encoded with `tokenizer` (BOS per `add_bos`), `default_max_tokens` (--max-tokens), and at most
+// `max_prompt_bytes` of text.
+RequestContext ServeRequestContext(const Tokenizer& tokenizer, int32_t vocab, int32_t max_model_len, bool add_bos,
+                                   int32_t default_max_tokens, size_t max_prompt_bytes = SIZE_MAX);
 
 // The longest text prompt that could fit the context: a token decodes to at most the vocabulary's
 // longest piece, so more bytes than twice max_model_len of those (slack for normalization) cannot,
@@ -148,17 +147,38 @@ struct Admitted {
   int32_t prompt_tokens;
 };
 
+// What a reload asks for (POST /admin/reload, gRPC Admin.Reload, SIGHUP): the model's path and,
+// where given, its tokenizer, chat template, draft model and version (empty: as at startup, or the
+// new weights' hash for the version).
+struct ReloadSpec {
+  std::string model, tokenizer, chat_template, draft_model, model_version;
+};
+
+struct ReloadResult {
+  std::string source, version, previous_version;
+  double load_seconds = 0;  // loading the new bundle, the old one serving meanwhile
+  int64_t previous_in_flight = 0;  // requests that finish on the previous model
+};
+
 class Server {
  public:
-  // `engine` and `tokenizer` must outlive the server. The engine's thread starts here.
+  // Loads the bundle a reload asks for, beside the one serving; errors name the field.
+  using Loader = std::function<absl::StatusOr<ModelBundle>(const ReloadSpec&)>;
+
+  // Serves `bundle`; the engine's thread starts here. Without a loader, Reload is refused.
+  Server(ModelBundle bundle, ServeOptions options, Loader loader = nullptr);
+  // A bundle of these (which must outlive the server), BOS added, no version.
   Server(Engine* engine, const Tokenizer* tokenizer, const ModelConfig& model, ServeOptions options);
   ~Server();
 
-  // Validates, admits and queues a request. Errors: INVALID_ARGUMENT naming the field and value,
-  // RESOURCE_EXHAUSTED when admission refuses, UNAVAILABLE while draining. Refusals are counted.
+  // Validates, admits and queues a request on the current model. Errors: INVALID_ARGUMENT naming
+  // the field and value, RESOURCE_EXHAUSTED when admission refuses, UNAVAILABLE while draining.
+  // Refusals are counted.
   absl::StatusOr<Admitted> Submit(const ServeRequest& r);
-  // The same for a request of r.n samples (one admission for all of them).
-  absl::StatusOr<std::shared_ptr<Generation>> Generate(const ServeRequest& r);
+  // The same for a request of r.n samples (one admission for all of them), on `bundle` (the one a
+  // front end parsed the request with; null: the current one).
+  absl::StatusOr<std::shared_ptr<Generation>> Generate(const ServeRequest& r,
+                                                       std::shared_ptr<const ModelBundle> bundle = nullptr);
   // Aborts an admitted request; its KV blocks are free after the next step.
   void Cancel(RequestId id);
   void CancelAll() { loop_->CancelAll(); }
@@ -167,6 +187,18 @@ class Server {
   // store (--kv-store) keeps its own.
   static constexpr std::chrono::milliseconds kResetTimeout{10000};
   absl::StatusOr<int32_t> ResetPrefixCache() { return loop_->ResetPrefixCache(kResetTimeout); }
+
+  // The model requests are admitted to now.
+  std::shared_ptr<const ModelBundle> Current() const;
+  // Loads spec's model beside the current one, then makes it current between two steps: requests
+  // admitted before finish on the model they started on, whose bundle is freed when the last one
+  // ends. Reloads run one at a time (a second waits for the first). On any error the current model
+  // keeps serving: FAILED_PRECONDITION without a loader or while draining, the loader's error naming
+  // the field, INVALID_ARGUMENT for a chat template the new vocabulary cannot serve.
+  absl::StatusOr<ReloadResult> Reload(const ReloadSpec& spec);
+  // Calls `f` after each reload (under the reload's lock), until RemoveReloadListener(id).
+  int AddReloadListener(std::function<void(const ModelBundle&)> f);
+  void RemoveReloadListener(int id);
 
   // Drain: from now on Submit answers UNAVAILABLE. WaitIdle returns true once no admitted request
   // is unfinished, false if `timeout` passed first.
@@ -182,45 +214,46 @@ class Server {
   // A front end sent an FAQ answer (Generation::answered_by "faq"), `seconds` after the request
   // reached it.
   void ObserveFaqAnswer(double seconds) { metrics_.OnFaqAnswered(seconds); }
-  const Tokenizer& tokenizer() const { return *tokenizer_; }
-  const ModelConfig& model_config() const { return model_; }
   const ServeOptions& options() const { return options_; }
-  const SchedulerConfig& scheduler_config() const { return scheduler_; }
-  // num_spec_tokens of the responses' speculative-decoding metrics: the engine's k (the largest under
-  // auto; 0 without a proposer, where a constrained request's grammar may still force drafts), or -1
-  // when responses carry none (ServeOptions::spec_metrics off). ShowsSpecDecoding decides per request.
-  int32_t spec_metrics_tokens() const {
-    return options_.spec_metrics ? std::max(scheduler_.num_spec_tokens, 0) : -1;
+  // num_spec_tokens of the responses' speculative-decoding metrics on `bundle`: the engine's k (the
+  // largest under auto; 0 without a proposer, where a constrained request's grammar may still force
+  // drafts), or -1 when responses carry none (ServeOptions::spec_metrics off). ShowsSpecDecoding
+  // decides per request.
+  int32_t spec_metrics_tokens(const ModelBundle& bundle) const {
+    return options_.spec_metrics ? std::max(bundle.scheduler.num_spec_tokens, 0) : -1;
   }
 
  private:
   friend class Generation;
+  // The bundle with what the server derives from it (ModelBundle::context, scheduler).
+  std::shared_ptr<const ModelBundle> Bind(ModelBundle b) const;
+  absl::StatusOr<ReloadResult> ReloadLocked(const ReloadSpec& spec);  // reload_mu_ held
   // Normalization and admission: the engine request of sample 0, or the refusal (counted).
-  absl::StatusOr<Request> Admit(const ServeRequest& r);
+  absl::StatusOr<Request> Admit(const ServeRequest& r, const ModelBundle& b);
   // The draining check, then NormalizeRequest and the constraint's compile (refusals counted).
-  absl::StatusOr<Request> Normalize(const ServeRequest& r);
+  absl::StatusOr<Request> Normalize(const ServeRequest& r, const ModelBundle& b);
   // Admission control's decision on a normalized request: empty to admit, else its reason and, in
   // `detail`, the numbers behind it. Counts nothing.
-  std::string AdmissionRefusal(int32_t priority, std::string* detail);
-  // What an admission refusal turns into under --degrade: an FAQ answer, or the refusal (counted).
+  std::string AdmissionRefusal(int32_t priority, const ModelBundle& b, std::string* detail);
   // The refusal alone, counted under `reason`: RESOURCE_EXHAUSTED with the numbers behind it.
   absl::Status Refuse(const std::string& reason, const std::string& detail);
+  // What an admission refusal turns into under --degrade: an FAQ answer, or the refusal (counted).
   absl::StatusOr<std::shared_ptr<Generation>> Degrade(const ServeRequest& r, const Request& first,
+                                                      const std::shared_ptr<const ModelBundle>& b,
                                                       const std::string& reason, const std::string& detail);
-  std::shared_ptr<RequestStream> Enqueue(Request r);
+  std::shared_ptr<RequestStream> Enqueue(const std::shared_ptr<const ModelBundle>& b, Request r);
   double NowS() const;
   void OnFinished(const RequestOutput& out);
   void Done();  // an admitted request is no longer in flight
 
-  const Tokenizer* tokenizer_;
-  // Compiles constraints on the handler threads (Engine::CompileConstraint is thread-safe); the
-  // loop's thread alone steps it.
-  const Engine* const engine_;
-  const ModelConfig& model_;
-  const SchedulerConfig scheduler_;
   const ServeOptions options_;
-  const RequestContext context_;  // what requests are normalized against
+  const Loader loader_;
   const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  mutable std::mutex current_mu_;
+  std::shared_ptr<const ModelBundle> current_;  // guarded by current_mu_
+  std::mutex reload_mu_;                        // one reload at a time; held while it runs
+  std::vector<std::pair<int, std::function<void(const ModelBundle&)>>> reload_listeners_;  // guarded by reload_mu_
+  int next_listener_ = 0;                                                                  // guarded by reload_mu_
   ServingMetrics metrics_;
   Admission admission_;
   std::atomic<bool> draining_{false};

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -146,6 +147,8 @@ absl::Status ParseCommon(const Flags& flags, BenchOptions* o) {
   o->endpoint = get("endpoint");
   if (o->endpoint.empty()) return absl::InvalidArgumentError("--endpoint is required (grpc://HOST:PORT or http://HOST:PORT)");
   o->endpoints = absl::StrSplit(o->endpoint, ',');
+  if (const char* env = std::getenv("OPENAI_API_KEY"); env != nullptr) o->client.api_key = env;
+  if (flags.values.count("api-key")) o->client.api_key = get("api-key");
   if (!std::isfinite(o->client.temperature) || o->client.temperature < 0) return bad("temperature", "must be >= 0");
   if (!(o->client.request_timeout_s > 0) || o->client.request_timeout_s > 1e7) return bad("request-timeout-s", "must be > 0");
   if (flags.values.count("goodput")) {
@@ -166,7 +169,7 @@ absl::Status Parse(int argc, char** argv, BenchOptions* o, bool* help) {
   std::vector<char*> ptrs;
   for (std::string& a : args) ptrs.push_back(a.data());
   std::set<std::string> known = {"endpoint", "model", "goodput", "seed", "result-json", "temperature",
-                                 "request-timeout-s"};
+                                 "request-timeout-s", "api-key"};
   known.insert(kScheduleFlags.begin(), kScheduleFlags.end());
   known.insert(kMultiTurnFlags.begin(), kMultiTurnFlags.end());
   known.erase("ignore-eos");

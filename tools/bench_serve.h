@@ -34,6 +34,8 @@ Prompts (synthetic unless --dataset-path):
 
   --temperature T         sampling temperature (default 0)
   --request-timeout-s S   per-request deadline (default 600)
+  --api-key KEY           the server's key, sent as `Authorization: Bearer KEY` (gRPC: metadata);
+                          default $OPENAI_API_KEY, as vllm bench serve
   --goodput SLOS          e.g. --goodput ttft:500 tpot:50 (ms; keys ttft, tpot, e2el): request
                           goodput counts the requests that meet every one
   --seed S                seed of the schedule and the synthetic prompts (default 0)

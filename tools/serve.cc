@@ -5,11 +5,15 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <iostream>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/mapped_file.h"
 #include "serving/grpc_frontend.h"
@@ -27,14 +31,14 @@ namespace {
 
 constexpr char kServeUsage[] = R"(usage: specula serve --model PATH [flags]
 
-Serves one model over gRPC (specula.v1.Generation, proto/specula/v1/generation.proto, with
+Serves one model over gRPC (specula.v1.Generation and Admin, proto/specula/v1/generation.proto, with
 grpc.health.v1.Health and reflection) and OpenAI-compatible HTTP (/v1/completions,
 /v1/chat/completions, /v1/models, /health, /live, /metrics, POST /reset_prefix_cache, which empties
-the local prefix cache), until SIGTERM or SIGINT, which drain: readiness (gRPC health for "" and
-specula.v1.Generation, HTTP /health) turns NOT_SERVING (503) while liveness (gRPC health for the
-service "liveness", HTTP /live) stays SERVING, new requests get UNAVAILABLE (503), and requests in
-flight finish within --drain-timeout-s; then the process exits 0. One line on stderr says when it
-is ready.
+the local prefix cache, POST /admin/reload), until SIGTERM or SIGINT, which drain: readiness (gRPC
+health for "" and specula.v1.Generation, HTTP /health) turns NOT_SERVING (503) while liveness (gRPC
+health for the service "liveness", HTTP /live) stays SERVING, new requests get UNAVAILABLE (503),
+and requests in flight finish within --drain-timeout-s; then the process exits 0. One line on
+stderr says when it is ready.
 
   --host H              address to listen on (default 127.0.0.1)
   --grpc-port P         gRPC port (default 50051; 0 = any free port, printed when ready)
@@ -64,6 +68,16 @@ gRPC health and reflection stay open for probes and scrapers: keep them private 
   --ssl-certfile PEM    TLS on both ports with this certificate chain ...
   --ssl-keyfile PEM     ... and this private key
   --ssl-ca-certs PEM    and require client certificates signed by these CAs
+
+Hot reload (docs/reload.md; needs --api-key, refused with 403 / PERMISSION_DENIED without one):
+  POST /admin/reload {"model": PATH} (or gRPC specula.v1.Admin/Reload) loads PATH beside the model
+  serving, then switches between two steps: requests admitted before finish on the model they
+  started on, which is freed when the last one ends. Optional fields: "tokenizer", "chat_template"
+  (empty: the new model's own), "draft_model" (with --spec-method draft; default --draft-model's),
+  "model_version" (default: a hash of the new weights). A missing or corrupt file, or a draft or
+  chat template for another vocabulary, is a 400 naming the field, and the old model keeps serving.
+  Reloads run one at a time. SIGHUP reloads the startup's files. Not under --tensor-parallel-size > 1
+  or --device cuda (409 / FAILED_PRECONDITION).
 
 Admission control (refused at once: gRPC RESOURCE_EXHAUSTED, HTTP 429):
   --max-queue-len N     most requests waiting for a slot (default 0 = no limit)
@@ -112,37 +126,37 @@ std::string DefaultReplicaId(int32_t port) {
 // A flag's value that goes into an HTTP header and a Prometheus label (--replica-id,
 // --model-version): 1 to max_len of ReplicaIdChar's characters. `unset` says what leaving the flag
 // out gives.
-absl::Status CheckLabelValue(const std::string& flag, const std::string& v, size_t max_len, const char* unset) {
-  if (v.empty()) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": empty; give a value, or leave the flag out for ", unset));
+absl::Status CheckLabelValue(const std::string& name, const std::string& v, size_t max_len, const char* unset) {
+  if (v.empty()) return absl::InvalidArgumentError(absl::StrCat(name, ": empty; give a value, or leave it out for ", unset));
   if (v.size() > max_len) {
-    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", v.size(), " characters; at most ", max_len));
+    return absl::InvalidArgumentError(absl::StrCat(name, ": ", v.size(), " characters; at most ", max_len));
   }
   for (size_t i = 0; i < v.size(); ++i) {
     if (ReplicaIdChar(v[i])) continue;
     const std::string c = v[i] == ' ' ? "' ' (a space)" : absl::StrCat("'", absl::CHexEscape(v.substr(i, 1)), "'");
-    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": '", absl::CHexEscape(v), "' has ", c, " at position ",
+    return absl::InvalidArgumentError(absl::StrCat(name, ": '", absl::CHexEscape(v), "' has ", c, " at position ",
                                                    i + 1, "; use only letters, digits and . _ : @ / -"));
   }
   return absl::OkStatus();
 }
 
-// --model-version as given, or a hash of the weights: the one the shared KV store salts with,
-// cached by the files' identity (model/weights_hash.h).
-absl::StatusOr<std::string> ReadModelVersion(const Flags& flags, const std::string& model) {
-  const auto it = flags.values.find("model-version");
-  if (it == flags.values.end()) {
+// The version given (--model-version, or a reload's model_version; `name` says which), or a hash of
+// the weights: the one the shared KV store salts with, cached by the files' identity
+// (model/weights_hash.h).
+absl::StatusOr<std::string> ModelVersion(const std::string& name, const std::string& given, const std::string& model) {
+  if (given.empty()) {
     absl::StatusOr<std::string> hash = WeightsHash(model, DefaultWeightsHashCacheDir());
-    if (!hash.ok()) return absl::Status(hash.status().code(), absl::StrCat("--model-version: ", hash.status().message()));
+    if (!hash.ok()) return absl::Status(hash.status().code(), absl::StrCat(name, ": ", hash.status().message()));
     return hash;
   }
-  RETURN_IF_ERROR(CheckLabelValue("model-version", it->second, 128, "a hash of the weights"));
-  return it->second;
+  RETURN_IF_ERROR(CheckLabelValue(name, given, 128, "a hash of the weights"));
+  return given;
 }
 
 absl::StatusOr<std::string> ReadReplicaId(const Flags& flags, const ServeFlags& f) {
   const auto it = flags.values.find("replica-id");
   if (it == flags.values.end()) return DefaultReplicaId(f.http_port != -1 ? f.http_port : f.grpc_port);
-  RETURN_IF_ERROR(CheckLabelValue("replica-id", it->second, std::string::npos, "HOSTNAME:PORT"));
+  RETURN_IF_ERROR(CheckLabelValue("--replica-id", it->second, std::string::npos, "HOSTNAME:PORT"));
   return it->second;
 }
 
@@ -216,12 +230,93 @@ absl::StatusOr<ServeFlags> ReadServeFlags(const Flags& flags) {
   return f;
 }
 
+// What the served model is loaded from: the startup's flags; a reload changes the paths it names.
+struct ModelSource {
+  EngineOptions options;                  // as the flags gave them
+  std::optional<KvStoreOptions> kv_store;  // --kv-store: each engine gets its own connection
+  ReloadSpec spec;                        // the startup's own: what SIGHUP reloads
+};
+
+// Keeps a bundle's engine and what it was loaded from; the engine goes first.
+struct OwnedModel {
+  std::unique_ptr<LoadedEngine> loaded;
+  std::unique_ptr<Engine> engine;
+};
+
+// The bundle over a loaded engine: its engine (with --kv-store attached), version, chat template.
+absl::StatusOr<ModelBundle> MakeBundle(std::unique_ptr<LoadedEngine> loaded, const ModelSource& src,
+                                       const ReloadSpec& spec, const std::string& version_name) {
+  LoadedEngine& e = *loaded;
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, MakeEngine(e));
+  if (src.kv_store.has_value()) RETURN_IF_ERROR(AttachKvStore(e, *src.kv_store, engine.get()));
+  ModelBundle b;
+  ASSIGN_OR_RETURN(b.version, ModelVersion(version_name, spec.model_version, spec.model));
+  b.engine = engine.get();
+  b.tokenizer = e.tokenizer.get();
+  b.model = &e.model->config();
+  b.add_bos = e.add_bos;
+  b.spec_method = e.options.speculation.method;
+  b.num_spec_tokens = e.proposer == nullptr ? "0" : e.adaptive() ? "auto" : absl::StrCat(e.num_spec());
+  b.source = spec.model;
+  SetChat(FindChatTemplate(spec.model, spec.chat_template), &b);
+  b.owner = std::make_shared<OwnedModel>(OwnedModel{std::move(loaded), std::move(engine)});
+  return b;
+}
+
+// A reload's bundle: the startup's engine flags with the paths `spec` names (empty: the new model's
+// own tokenizer and template; the startup's draft). Errors name the request's field.
+absl::StatusOr<ModelBundle> LoadForReload(const ModelSource& src, const ReloadSpec& spec) {
+  const TargetOptions& t = src.options.target;
+  if (t.tensor_parallel_size > 1) {
+    return absl::FailedPreconditionError(absl::StrCat("reload: not offered under --tensor-parallel-size ",
+                                                      t.tensor_parallel_size, " (restart the ranks instead)"));
+  }
+  if (t.device != "cpu") {
+    return absl::FailedPreconditionError(absl::StrCat("reload: not offered on --device ", t.device, " yet"));
+  }
+  EngineOptions o = src.options;
+  const bool draft = o.speculation.method == "draft";
+  if (!spec.draft_model.empty() && !draft) {
+    return absl::InvalidArgumentError(absl::StrCat("draft_model: the server runs --spec-method ", o.speculation.method,
+                                                   ", which has no draft model"));
+  }
+  for (auto [field, path] : {std::pair<const char*, const std::string*>{"model", &spec.model}, {"tokenizer", &spec.tokenizer},
+                             {"chat_template", &spec.chat_template}, {"draft_model", &spec.draft_model}}) {
+    if (!path->empty() && access(path->c_str(), R_OK) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": ", *path, ": ", std::strerror(errno)));
+    }
+  }
+  o.target.model = spec.model;
+  o.target.tokenizer = spec.tokenizer;
+  if (!spec.draft_model.empty()) o.speculation.draft_model = spec.draft_model;
+  absl::StatusOr<std::unique_ptr<LoadedEngine>> loaded = LoadEngine(o);
+  if (!loaded.ok()) {
+    const std::string m(loaded.status().message());
+    const bool of_draft = draft && absl::StartsWith(m, o.speculation.draft_model);
+    return absl::InvalidArgumentError(absl::StrCat(of_draft ? "draft_model: " : "model: ", m));
+  }
+  absl::StatusOr<ModelBundle> b = MakeBundle(*std::move(loaded), src, spec, "model_version");
+  if (!b.ok()) return b.status();
+  if (!spec.chat_template.empty() && !b->chat_source.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("chat_template: ", b->chat_source.status().message()));
+  }
+  return b;
+}
+
 // Waits for SIGTERM or SIGINT, then drains: new requests refused, those in flight given up to
-// drain_timeout_s, the rest aborted. `http` is null under --http-port -1.
-void ServeUntilSignal(const sigset_t& signals, double drain_timeout_s, Server& server, GrpcFrontend& grpc,
-                      HttpFrontend* http) {
+// drain_timeout_s, the rest aborted. SIGHUP reloads the startup's model (its files, re-read) on a
+// thread of its own, so that a drain is never held up by a load. `http` is null under --http-port -1.
+void ServeUntilSignal(const sigset_t& signals, double drain_timeout_s, const ReloadSpec& startup, Server& server,
+                      GrpcFrontend& grpc, HttpFrontend* http) {
   int sig = 0;
-  sigwait(&signals, &sig);
+  std::vector<std::thread> reloads;
+  for (;;) {
+    sigwait(&signals, &sig);
+    if (sig != SIGHUP) break;
+    std::fprintf(stderr, "[specula] SIGHUP: reloading %s\n", startup.model.c_str());
+    reloads.emplace_back([&server, startup] { server.Reload(startup).IgnoreError(); });  // Reload logs the outcome
+  }
+  for (std::thread& t : reloads) t.join();
   std::fprintf(stderr, "[specula] %s: draining %lld requests in flight (up to %.0f s)\n",
                sig == SIGTERM ? "SIGTERM" : "SIGINT", static_cast<long long>(server.in_flight()), drain_timeout_s);
   server.StartDrain();
@@ -256,47 +351,48 @@ absl::Status RunServe(int argc, char** argv) {
   ASSIGN_OR_RETURN(ServeFlags f, ReadServeFlags(flags));
   ASSIGN_OR_RETURN(std::optional<KvStoreOptions> kv_store, ReadKvStoreFlags(flags));
   ASSIGN_OR_RETURN(EngineOptions options, EngineOptionsFromFlags(flags));
-  // SIGTERM and SIGINT are taken by sigwait: blocked here, before any thread starts, so that every
-  // thread inherits the mask and none is interrupted.
+  // SIGTERM, SIGINT and SIGHUP are taken by sigwait: blocked here, before any thread starts, so that
+  // every thread inherits the mask and none is interrupted.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  ModelSource src{options, kv_store, {}};
+  src.spec = {options.target.model, options.target.tokenizer,
+              flags.values.count("chat-template") ? flags.values["chat-template"] : "",
+              options.speculation.draft_model, flags.values.count("model-version") ? flags.values["model-version"] : ""};
+  if (flags.values.count("model-version")) {
+    RETURN_IF_ERROR(CheckLabelValue("--model-version", src.spec.model_version, 128, "a hash of the weights"));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<LoadedEngine> loaded, LoadEngine(options));
   if (loaded->follower) return absl::OkStatus();  // a tensor-parallel rank other than 0: only rank 0 serves
-  LoadedEngine& e = *loaded;
-  ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, MakeEngine(e));
-  if (kv_store.has_value()) RETURN_IF_ERROR(AttachKvStore(e, *kv_store, engine.get()));
-  const SchedulerConfig& sc = engine->scheduler().config();
+  ASSIGN_OR_RETURN(ModelBundle bundle, MakeBundle(std::move(loaded), src, src.spec, "--model-version"));
 
   ServeOptions& opt = f.opt;
   opt.model_name = flags.values.count("served-model-name") ? flags.values["served-model-name"] : options.target.model;
   opt.default_max_tokens = options.defaults.max_tokens;
-  opt.add_bos = e.add_bos;
-  opt.spec_method = options.speculation.method;
-  opt.num_spec_tokens = e.proposer == nullptr ? "0" : e.adaptive() ? "auto" : absl::StrCat(e.num_spec());
   opt.kv_store = kv_store.has_value();
-  ASSIGN_OR_RETURN(opt.model_version, ReadModelVersion(flags, options.target.model));
-  Server server(engine.get(), e.tokenizer.get(), e.model->config(), opt);
+  Server server(std::move(bundle), opt, [&src](const ReloadSpec& spec) { return LoadForReload(src, spec); });
+  const std::shared_ptr<const ModelBundle> first = server.Current();
+  const SchedulerConfig& sc = first->scheduler;
   ASSIGN_OR_RETURN(auto grpc, GrpcFrontend::Start(&server, f.host, f.grpc_port, f.security));
   std::unique_ptr<HttpFrontend> http;
   std::string http_where = "off";
   if (f.http_port != -1) {
-    const std::string chat_template = flags.values.count("chat-template") ? flags.values["chat-template"] : "";
     const HttpOptions http_options{f.host, f.http_port, f.http_threads, static_cast<size_t>(f.max_request_bytes),
                                    f.security};
-    ASSIGN_OR_RETURN(http, HttpFrontend::Start(&server, http_options,
-                                               FindChatTemplate(options.target.model, chat_template)));
+    ASSIGN_OR_RETURN(http, HttpFrontend::Start(&server, http_options));
     http_where = absl::StrCat(f.host, ":", http->port());
   }
   std::fprintf(stderr,
                "[specula] serving %s version %s on grpc %s:%d and http %s (max %d sequences, %d KV blocks, replica %s%s): ready\n",
-               opt.model_name.c_str(), opt.model_version.c_str(), f.host.c_str(), grpc->port(), http_where.c_str(), sc.max_num_seqs,
+               opt.model_name.c_str(), first->version.c_str(), f.host.c_str(), grpc->port(), http_where.c_str(), sc.max_num_seqs,
                sc.num_blocks, opt.replica_id.c_str(),
                opt.faq != nullptr ? absl::StrCat(", degrade faq: ", opt.faq->size(), " answers").c_str() : "");
-  ServeUntilSignal(signals, f.drain_timeout_s, server, *grpc, http.get());
+  ServeUntilSignal(signals, f.drain_timeout_s, src.spec, server, *grpc, http.get());
   return absl::OkStatus();
 }
 

@@ -1,10 +1,12 @@
 // The serving step loop (serving/engine_loop.h) with the real tinystories target: requests
 // submitted from several threads at once stream exactly the tokens the engine gives offline;
 // a cancelled request ends aborted with its KV blocks free; a bad request is refused on its
-// stream; stopping the loop ends what is still running; a prefix-cache reset runs between steps.
+// stream; stopping the loop ends what is still running; a prefix-cache reset and a switch to
+// another engine run between steps.
 #include "serving/engine_loop.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <thread>
 #include <tuple>
@@ -283,6 +285,35 @@ TEST_F(EngineLoopTest, ResetPrefixCacheRunsBetweenSteps) {
   EXPECT_EQ(end.final.tokens.size(), 400u);
   loop.Stop();
   EXPECT_EQ(loop.ResetPrefixCache(milliseconds(10000)).status().code(), absl::StatusCode::kUnavailable);
+}
+
+// A switch (a model reload) between steps: the request running keeps its engine to its end, the
+// next one runs on the new engine, and the old engine is let go once its last request has ended.
+TEST_F(EngineLoopTest, SwitchKeepsRunningRequestsOnTheirEngine) {
+  std::atomic<bool> old_released{false};
+  auto old_engine = std::shared_ptr<Engine>(new Engine(model_, tok_, Config(256)), [&](Engine* e) {
+    delete e;
+    old_released = true;
+  });
+  EngineLoop loop(std::move(old_engine));
+  auto running = loop.Submit(Make(1, 200));
+  std::optional<RequestDelta> first = running->Next(milliseconds(10000));
+  ASSERT_TRUE(first.has_value());
+  ASSERT_FALSE(first->finished);
+  ASSERT_TRUE(loop.Switch(std::make_shared<Engine>(model_, tok_, Config(128)), milliseconds(10000)).ok());
+  EXPECT_FALSE(old_released);  // its request still runs there
+  auto next = loop.Submit(Make(2, 8));
+  std::vector<TokenId> tokens = first->tokens, t2;
+  std::string text;
+  EXPECT_EQ(Drain(*running, &tokens, &text).final.finish, FinishReason::kMaxTokens);
+  EXPECT_EQ(tokens.size(), 200u);
+  EXPECT_EQ(Drain(*next, &t2, &text).final.finish, FinishReason::kMaxTokens);
+  EXPECT_EQ(t2.size(), 8u);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!old_released && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(milliseconds(1));
+  EXPECT_TRUE(old_released);
+  EXPECT_EQ(loop.Snapshot().kv_blocks_total, 128);  // the new engine's pool is the one reported
+  EXPECT_EQ(loop.Snapshot().kv_blocks_used, 0);
 }
 
 }  // namespace

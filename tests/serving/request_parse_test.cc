@@ -231,7 +231,7 @@ TEST(ServeRequestBoundaryTest, RangesAndPromptBytes) {
   ASSERT_TRUE(tok.ok()) << tok.status();
   auto check = [&](const ServeRequest& r, size_t max_bytes = SIZE_MAX) {
     RequestSpec spec = r;
-    return NormalizeRequest(r.surface, ServeRequestContext(**tok, 512, 256, ServeOptions{}, max_bytes), ServePrompt(r),
+    return NormalizeRequest(r.surface, ServeRequestContext(**tok, 512, 256, true, kMaxTokensFlagDefault, max_bytes), ServePrompt(r),
                             &spec)
         .status();
   };

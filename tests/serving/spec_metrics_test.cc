@@ -283,7 +283,7 @@ TEST_F(ResponderSpecMetricsTest, NoDraftsWithoutAProposerOrMetricsOffLeaveTheRes
   // No proposer and a request without drafts; a proposer's drafts with the metrics off.
   for (auto [k, on, spec] : {std::tuple{0, true, SpecStats{}}, std::tuple{3, false, FourSteps()}}) {
     Start(k, on);
-    EXPECT_EQ(server_->spec_metrics_tokens(), on ? 0 : -1);
+    EXPECT_EQ(server_->spec_metrics_tokens(*server_->Current()), on ? 0 : -1);
     for (int32_t n : {1, 2}) {
       auto body = Responder(n, false, false);
       std::string text;
@@ -300,7 +300,7 @@ TEST_F(ResponderSpecMetricsTest, NoDraftsWithoutAProposerOrMetricsOffLeaveTheRes
 
 TEST_F(ResponderSpecMetricsTest, ForcedDraftsWithoutAProposerShowTheirs) {
   Start(0, true);
-  EXPECT_EQ(server_->spec_metrics_tokens(), 0);
+  EXPECT_EQ(server_->spec_metrics_tokens(*server_->Current()), 0);
   auto one = Responder(1, false, false);
   const json j = json::parse(*one->Add(0, Last(ForcedOnly())));
   EXPECT_EQ(j["metrics"]["speculative_decoding"], SpecDecodingJson(ForcedOnly(), 0)) << j.dump();

@@ -17,6 +17,8 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.error
+import urllib.request
 
 SPECULA = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else "build/release/specula"
 MODELS = os.path.abspath(sys.argv[2]) if len(sys.argv) > 2 else os.path.join(
@@ -186,6 +188,38 @@ class TensorParallelTest(unittest.TestCase):
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("needs 2 processes, but 1 were launched", p.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "exp-refused", "results.jsonl")))
+
+    def test_serve_refuses_a_reload_by_name(self):
+        # A reload would have every rank load its shard in step: refused (409) while rank 0 serves on.
+        cmd = MPIRUN + ["-np", "2", SPECULA, "serve", "--model", f"{MODELS}/stories260K.bin", "--tokenizer",
+                        f"{MODELS}/tok512.bin", "--tensor-parallel-size", "2", "--api-key", "k", "--grpc-port", "0",
+                        "--http-port", "0"]
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, OMP_NUM_THREADS="1"))
+        try:
+            lines = []
+            while not (m := re.search(r"and http (\S+):(\d+) .*ready", lines[-1] if lines else "")):
+                line = p.stderr.readline()
+                self.assertTrue(line, "".join(lines))
+                lines.append(line)
+            base = f"http://{m.group(1)}:{m.group(2)}"
+            req = urllib.request.Request(base + "/admin/reload", method="POST", headers={"Authorization": "Bearer k"},
+                                         data=json.dumps({"model": f"{MODELS}/stories260K-draft.bin"}).encode())
+            with self.assertRaises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(req, timeout=60)
+            self.assertEqual(e.exception.code, 409)
+            self.assertIn("not offered under --tensor-parallel-size 2", e.exception.read().decode())
+            req = urllib.request.Request(base + "/v1/completions", headers={"Authorization": "Bearer k"},
+                                         data=json.dumps({"prompt": "Once", "max_tokens": 4}).encode())
+            with urllib.request.urlopen(req, timeout=60) as r:
+                self.assertEqual(json.loads(r.read())["usage"]["completion_tokens"], 4)
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=60)  # mpirun's own status when it forwards a signal: not the server's
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            p.stderr.close()
 
     def test_refusals_name_the_numbers(self):
         # Without mpirun: the launch is refused with the command to use.
