@@ -61,6 +61,10 @@ python3 -c "import jsonschema" >/dev/null 2>&1 || pip_install jsonschema
 # deploy/k8s's manifests checked offline against Kubernetes' schemas (tests/deploy); pinned, since
 # its bundled schemas move with its releases.
 python3 -c "import kubernetes_validate" >/dev/null 2>&1 || pip_install kubernetes-validate==1.37.0
+# The CRD kinds (ServiceMonitor, ScaledObject) and kustomization files against deploy/k8s/schemas/;
+# pinned like the above. PyYAML: deploy/k8s/render.py, which renders the overlays.
+python3 -c "import check_jsonschema" >/dev/null 2>&1 || pip_install check-jsonschema==0.39.0
+python3 -c "import yaml" >/dev/null 2>&1 || pip_install pyyaml
 # The function-length rule of scripts/check_code.sh.
 python3 -c "import lizard" >/dev/null 2>&1 || pip_install lizard
 bash "$(dirname "$0")/fetch_models.sh"
