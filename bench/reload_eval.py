@@ -7,6 +7,7 @@ as the client and no admission limits.
    then RSS (smaps_rollup) once idle; the peak while loaded is sampled every 20 ms.
 3. The reload: a server on Q4_1 under the same load; at half time, POST /admin/reload to Q8_0.
    Sampled: RSS throughout (peak), and once idle after the run.
+Every server has a KV pool of 1,024 blocks (16K tokens), which it touches whole within the run.
 
 Reports: failed requests; each response's version (X-Specula-Model-Version) against when it was
 sent (the old version before the switch, the new one after); P99 TTFT of the requests sent in the
@@ -51,15 +52,15 @@ class Sampler(threading.Thread):
 
     def __init__(self, pid):
         super().__init__(daemon=True)
-        self.pid, self.peak, self._stop = pid, 0.0, threading.Event()
+        self.pid, self.peak, self.done = pid, 0.0, threading.Event()
 
     def run(self):
-        while not self._stop.is_set():
+        while not self.done.is_set():
             self.peak = max(self.peak, rss_mb(self.pid))
             time.sleep(0.02)
 
     def stop(self):
-        self._stop.set()
+        self.done.set()
         self.join()
         return self.peak
 
@@ -81,8 +82,11 @@ def idle_rss(s):
 
 
 def serve(model):
-    return serving_util.Serve("--api-key", KEY, "--max-num-seqs", "32", model=model, tokenizer=None,
-                              ready_timeout=300)
+    # A KV pool of 1,024 blocks (16K tokens), which each server touches whole within the run: the
+    # default pool (4 GiB here) is touched as tokens are served, so its RSS would measure how many
+    # requests each model served rather than what a reload keeps.
+    return serving_util.Serve("--api-key", KEY, "--max-num-seqs", "32", "--num-blocks", "1024", model=model,
+                              tokenizer=None, ready_timeout=300)
 
 
 def p99(values):

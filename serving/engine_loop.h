@@ -150,7 +150,7 @@ class EngineLoop {
   int64_t resets_asked_ = 0, resets_done_ = 0;                            // guarded by mu_
   int32_t reset_blocks_ = 0;                                             // guarded by mu_
   bool stopped_ = false;  // the thread has ended: no reset will run; guarded by mu_
-  std::condition_variable reset_cv_;
+  std::condition_variable reset_cv_;  // wakes the callers of ResetPrefixCache and Switch
   EngineSnapshot snapshot_;                                              // guarded by mu_
 
   // Loop thread only: the streams of admitted requests, and the lanes (the current one first).

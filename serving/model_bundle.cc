@@ -17,6 +17,7 @@ ModelBundle::~ModelBundle() {
   // The weights and KV pool of a replaced model: freed pages go back to the system now, so that the
   // process's size after a reload is that of a fresh one on the new model.
   malloc_trim(0);
+  std::fprintf(stderr, "[specula] freed %s (version %s)\n", source.c_str(), version.c_str());
 }
 
 void SetChat(absl::StatusOr<ChatSource> chat, ModelBundle* bundle) {

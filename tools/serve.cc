@@ -1,5 +1,6 @@
 #include "tools/serve.h"
 
+#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -360,6 +361,10 @@ absl::Status RunServe(int argc, char** argv) {
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // Buffers of 1 MiB and more (weights, KV pools, scratch) are mapped on their own and unmapped when
+  // freed. glibc's default raises that threshold after the first such free, which after a reload
+  // leaves the new model's buffers on the heap, held beyond a fresh server's size (docs/reload.md).
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   ModelSource src{options, kv_store, {}};
   src.spec = {options.target.model, options.target.tokenizer,
               flags.values.count("chat-template") ? flags.values["chat-template"] : "",
@@ -376,8 +381,9 @@ absl::Status RunServe(int argc, char** argv) {
   opt.default_max_tokens = options.defaults.max_tokens;
   opt.kv_store = kv_store.has_value();
   Server server(std::move(bundle), opt, [&src](const ReloadSpec& spec) { return LoadForReload(src, spec); });
-  const std::shared_ptr<const ModelBundle> first = server.Current();
-  const SchedulerConfig& sc = first->scheduler;
+  // Copies: holding the bundle here would keep it after a reload.
+  const SchedulerConfig sc = server.Current()->scheduler;
+  const std::string version = server.Current()->version;
   ASSIGN_OR_RETURN(auto grpc, GrpcFrontend::Start(&server, f.host, f.grpc_port, f.security));
   std::unique_ptr<HttpFrontend> http;
   std::string http_where = "off";
@@ -389,7 +395,7 @@ absl::Status RunServe(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "[specula] serving %s version %s on grpc %s:%d and http %s (max %d sequences, %d KV blocks, replica %s%s): ready\n",
-               opt.model_name.c_str(), first->version.c_str(), f.host.c_str(), grpc->port(), http_where.c_str(), sc.max_num_seqs,
+               opt.model_name.c_str(), version.c_str(), f.host.c_str(), grpc->port(), http_where.c_str(), sc.max_num_seqs,
                sc.num_blocks, opt.replica_id.c_str(),
                opt.faq != nullptr ? absl::StrCat(", degrade faq: ", opt.faq->size(), " answers").c_str() : "");
   ServeUntilSignal(signals, f.drain_timeout_s, src.spec, server, *grpc, http.get());

@@ -2,8 +2,8 @@
 routes need the server's API key and are refused without one; a request admitted before a reload
 finishes on the model it started on (every chunk names that version); a missing or corrupt file, a
 draft or a chat template for another vocabulary is refused by field while the old model keeps
-serving; concurrent reloads run one after the other; /v1/models, the headers, gRPC and the metrics'
-label follow the new version."""
+serving; concurrent reloads run one after the other; the old model is freed after its last request;
+/v1/models, the headers, gRPC and the metrics' label follow the new version."""
 import json
 import os
 import re
@@ -143,6 +143,11 @@ class ReloadTest(unittest.TestCase):
             chunks += list(stream)
             self.assertEqual({c.system_fingerprint for c in chunks}, {old})
             self.assertEqual(chunks[-1].choices[0].finish_reason, "length")
+            # Its last request done, the old model is freed.
+            deadline = time.time() + 30 * time_scale()
+            while f"freed {slow} (version {old})" not in s.stderr() and time.time() < deadline:
+                time.sleep(0.05)
+            self.assertIn(f"freed {slow} (version {old})", s.stderr())
             self.assertEqual(models_version(s), new)
             with urllib.request.urlopen(s.http_base + "/metrics", timeout=30) as r:
                 text = r.read().decode()
