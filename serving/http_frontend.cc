@@ -137,8 +137,10 @@ void HttpFrontend::Impl::Reload(const HttpRequest& req, const std::shared_ptr<Ht
                                                          {"chat_template", &spec.chat_template},
                                                          {"draft_model", &spec.draft_model},
                                                          {"model_version", &spec.model_version}};
-  for (const auto& [key, value] : body.items()) {
-    const auto* f = std::find_if(std::begin(fields), std::end(fields), [&](const auto& f) { return key == f.first; });
+  for (const auto& item : body.items()) {
+    const std::string& key = item.key();
+    const json& value = item.value();
+    const auto* f = std::find_if(std::begin(fields), std::end(fields), [&key](const auto& f) { return key == f.first; });
     if (f == std::end(fields)) {
       return SendError(*ex, absl::InvalidArgumentError(absl::StrCat(
                                 key, ": unknown field (model, tokenizer, chat_template, draft_model, model_version)")));

@@ -63,10 +63,12 @@ std::string Head(int status, std::string_view content_type, std::optional<size_t
   }
   if (!keep_alive) absl::StrAppend(&h, "Connection: close\r\n");
   for (const auto& [k, v] : extra) absl::StrAppend(&h, k, ": ", v, "\r\n");
-  for (const auto& [k, v] : common) {
+  for (const auto& header : common) {
     // A handler's own value wins over the server's (a response's model version over the current one).
-    const bool own = std::any_of(extra.begin(), extra.end(), [&k](const auto& e) { return absl::EqualsIgnoreCase(e.first, k); });
-    if (!own) absl::StrAppend(&h, k, ": ", v, "\r\n");
+    const std::string& name = header.first;
+    const bool own =
+        std::any_of(extra.begin(), extra.end(), [&name](const auto& e) { return absl::EqualsIgnoreCase(e.first, name); });
+    if (!own) absl::StrAppend(&h, name, ": ", header.second, "\r\n");
   }
   h += "\r\n";
   return h;

@@ -317,7 +317,6 @@ void ServeUntilSignal(const sigset_t& signals, double drain_timeout_s, const Rel
     std::fprintf(stderr, "[specula] SIGHUP: reloading %s\n", startup.model.c_str());
     reloads.emplace_back([&server, startup] { server.Reload(startup).IgnoreError(); });  // Reload logs the outcome
   }
-  for (std::thread& t : reloads) t.join();
   std::fprintf(stderr, "[specula] %s: draining %lld requests in flight (up to %.0f s)\n",
                sig == SIGTERM ? "SIGTERM" : "SIGINT", static_cast<long long>(server.in_flight()), drain_timeout_s);
   server.StartDrain();
@@ -331,6 +330,7 @@ void ServeUntilSignal(const sigset_t& signals, double drain_timeout_s, const Rel
   // The engine loop still runs here, so calls still open end with their aborted last delta.
   grpc.Shutdown(std::chrono::milliseconds(1000));
   if (http != nullptr) http->Stop();
+  for (std::thread& t : reloads) t.join();  // a load still running finishes (its switch changes nothing now)
   std::fprintf(stderr, "[specula] drained; exiting\n");
 }
 
