@@ -30,6 +30,7 @@ import tempfile
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests/serving/python"))
 import serving_util  # noqa: E402
+from serving_util import p99  # noqa: E402
 
 MODEL = os.path.expanduser("~/.cache/specula/smollm2/SmolLM2-135M-Instruct.Q8_0.gguf")
 TOPICS = ["password", "invoice", "refund", "delivery", "account", "subscription", "address", "warranty",
@@ -58,13 +59,6 @@ def bench(binary, base, out, *flags):
                     "--save-detailed", *map(str, flags)], check=True, capture_output=True, text=True, timeout=900)
     with open(out) as f:
         return json.load(f)
-
-
-def p99(values):
-    if not values:
-        return float("nan")
-    v = sorted(values)
-    return v[max(0, -(-99 * len(v) // 100) - 1)]
 
 
 def faq_server_ms(m):

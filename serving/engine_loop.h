@@ -118,6 +118,10 @@ class EngineLoop {
 
  private:
   void Run();
+  // Asks the loop for work counted by `done` (ticket: its number) and waits, mu_ held through `lock`,
+  // until the loop has done it, at most `timeout`; `what` names the work in errors.
+  absl::Status AwaitLoop(std::unique_lock<std::mutex>& lock, const int64_t& done, int64_t ticket,
+                         std::chrono::milliseconds timeout, const char* what);
   // Applies the resets asked so far (before a step's requests are added) and wakes their callers.
   void ApplyResets();
   // Pushes the step's deltas to their streams. Loop thread only.

@@ -384,12 +384,7 @@ class AdminService final : public v1::Admin::CallbackService {
     }
     const ReloadSpec spec{req->model(), req->tokenizer(), req->chat_template(), req->draft_model(), req->model_version()};
     absl::StatusOr<ReloadResult> r = server_->Reload(spec);
-    if (!r.ok()) {
-      const absl::Status& st = r.status();
-      return FinishUnary(ctx, st.code() == absl::StatusCode::kFailedPrecondition
-                                  ? ToGrpc(st)
-                                  : grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(st.message())));
-    }
+    if (!r.ok()) return FinishUnary(ctx, ToGrpc(r.status()));
     resp->set_model(r->source);
     resp->set_model_version(r->version);
     resp->set_previous_model_version(r->previous_version);

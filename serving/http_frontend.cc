@@ -152,14 +152,7 @@ void HttpFrontend::Impl::Reload(const HttpRequest& req, const std::shared_ptr<Ht
   }
   if (spec.model.empty()) return SendError(*ex, absl::InvalidArgumentError("model: required (the new model's path)"));
   absl::StatusOr<ReloadResult> r = server->Reload(spec);
-  if (!r.ok()) {
-    const absl::Status& st = r.status();
-    // A load's error names the field; a reload refused by the server's state is a conflict.
-    if (st.code() == absl::StatusCode::kFailedPrecondition) {
-      return ex->Respond(409, "application/json", ErrorJson(st, 409));
-    }
-    return SendError(*ex, absl::InvalidArgumentError(st.message()));
-  }
+  if (!r.ok()) return SendError(*ex, r.status());
   ex->Respond(200, "application/json",
               json{{"reloaded", true}, {"model", r->source}, {"model_version", r->version},
                    {"previous_model_version", r->previous_version}, {"load_seconds", r->load_seconds},

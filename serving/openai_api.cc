@@ -292,6 +292,7 @@ int HttpStatusOf(const absl::Status& st) {
     case absl::StatusCode::kInvalidArgument: return 400;
     case absl::StatusCode::kUnauthenticated: return 401;
     case absl::StatusCode::kPermissionDenied: return 403;
+    case absl::StatusCode::kFailedPrecondition: return 409;  // the server's state refuses (a reload)
     case absl::StatusCode::kNotFound: return 404;
     case absl::StatusCode::kResourceExhausted: return 429;
     case absl::StatusCode::kUnavailable: return 503;

@@ -45,7 +45,8 @@ absl::StatusOr<HttpRequestBody> ParseHttpRequestBody(const std::string& body, bo
                                                      const absl::StatusOr<ChatSource>& chat_source);
 
 // OpenAI's error JSON ({"error": {"message", "type", "param", "code"}}) and its HTTP status: 400
-// bad input (param: the field the message starts with), 401, 404, 413, 429 overload, 503 draining.
+// bad input (param: the field the message starts with), 401, 403, 404, 409 (a reload the server's state
+// refuses), 413, 429 overload, 503 draining.
 int HttpStatusOf(const absl::Status& status);
 std::string ErrorJson(const absl::Status& status, int http_status);
 

@@ -107,8 +107,14 @@ absl::StatusOr<ReloadResult> Server::Reload(const ReloadSpec& spec) {
 absl::StatusOr<ReloadResult> Server::ReloadLocked(const ReloadSpec& spec) {
   if (draining_) return absl::FailedPreconditionError("reload: the server is draining");
   const auto t0 = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(ModelBundle loaded, loader_(spec));
-  std::shared_ptr<const ModelBundle> next = Bind(std::move(loaded));
+  absl::StatusOr<ModelBundle> loaded = loader_(spec);
+  if (!loaded.ok()) {
+    // The request's files are at fault unless the server's own state refuses (tensor parallelism, CUDA).
+    const absl::Status& st = loaded.status();
+    if (st.code() == absl::StatusCode::kFailedPrecondition) return st;
+    return absl::InvalidArgumentError(st.message());
+  }
+  std::shared_ptr<const ModelBundle> next = Bind(*std::move(loaded));
   RETURN_IF_ERROR(CheckChatVocabulary(*next, spec.chat_template.empty() ? "model" : "chat_template"));
   ReloadResult result;
   result.source = next->source;

@@ -193,8 +193,9 @@ class Server {
   // Loads spec's model beside the current one, then makes it current between two steps: requests
   // admitted before finish on the model they started on, whose bundle is freed when the last one
   // ends. Reloads run one at a time (a second waits for the first). On any error the current model
-  // keeps serving: FAILED_PRECONDITION without a loader or while draining, the loader's error naming
-  // the field, INVALID_ARGUMENT for a chat template the new vocabulary cannot serve.
+  // keeps serving: FAILED_PRECONDITION where the server's state refuses (no loader, draining, or the
+  // loader's own), else INVALID_ARGUMENT naming the field (the loader's errors, a chat template the
+  // new vocabulary cannot serve).
   absl::StatusOr<ReloadResult> Reload(const ReloadSpec& spec);
   // Calls `f` after each reload (under the reload's lock), until RemoveReloadListener(id).
   int AddReloadListener(std::function<void(const ModelBundle&)> f);

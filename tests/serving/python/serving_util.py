@@ -135,6 +135,12 @@ def rss_mb(pid):
     return 0.0
 
 
+def p99(values):
+    """The nearest-rank 99th percentile; NaN for no values."""
+    v = sorted(values)
+    return v[max(0, -(-99 * len(v) // 100) - 1)] if v else float("nan")
+
+
 def wait_kv_empty(test, http_base, seconds, what):
     """Polls /metrics until the KV cache is empty and nothing runs (fails `test` after `seconds`);
     returns the last metrics, where nothing waits either."""
